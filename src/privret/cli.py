@@ -1,0 +1,220 @@
+"""The ``privret`` command line: one command per stage, ``pipeline`` for a grid, ``demo``."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+
+from privret.errors import EXIT_BAD_INPUT, InputError
+
+app = typer.Typer(help="Dense retrieval on private query logs with differential privacy.",
+                  no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False)
+data_app = typer.Typer(help="Validate and prepare datasets.", no_args_is_help=True)
+generator_app = typer.Typer(help="DP fine-tuning of the query generator.", no_args_is_help=True)
+retriever_app = typer.Typer(help="Training the dual-encoder retriever.", no_args_is_help=True)
+app.add_typer(data_app, name="data")
+app.add_typer(generator_app, name="generator")
+app.add_typer(retriever_app, name="retriever")
+out = Console()
+
+DataOpt = Annotated[Optional[Path], typer.Option("--data", help="BEIR dataset directory")]
+SplitOpt = Annotated[str, typer.Option(help="qrels split holding the private training pairs")]
+PairsOpt = Annotated[Optional[Path], typer.Option("--pairs", help="pairs JSONL ({query, doc_id|doc[, user_id]})")]
+
+
+def _training_pairs(data: Path | None, split: str, pairs: Path | None):
+    """Pairs from a BEIR split, or from a pairs file (its doc_ids resolved against --data's corpus)."""
+    from privret.data.beir import load_beir, load_corpus
+    from privret.data.pairs import load_pairs_jsonl, pairs_from_beir
+    from privret.io import file_sha256
+
+    if pairs is not None:
+        corpus = load_corpus(data / "corpus.jsonl") if data is not None else None
+        return load_pairs_jsonl(pairs, corpus), file_sha256(pairs)
+    if data is None:
+        raise InputError("give --data DIR (BEIR) or --pairs FILE", field="--data")
+    dataset = load_beir(data, splits=[split])
+    from privret.pipeline import dataset_hash
+
+    return pairs_from_beir(dataset, split), dataset_hash(dataset, split)
+
+
+@data_app.command("validate")
+def data_validate(path: Annotated[Path, typer.Argument(help="BEIR directory or pairs JSONL file")]) -> None:
+    """Check a dataset strictly; exit 2 with file, line and field on the first problem."""
+    from privret.data.beir import load_beir
+    from privret.data.pairs import load_pairs_jsonl
+
+    if path.is_dir():
+        ds = load_beir(path)
+        out.print(f"ok: {len(ds.corpus)} documents, {len(ds.queries)} queries, splits "
+                  + ", ".join(f"{s} ({len(q)} queries)" for s, q in ds.qrels.items()))
+    else:
+        tp = load_pairs_jsonl(path)
+        out.print(f"ok: {len(tp.pairs)} pairs, {len(tp.units('query'))} query units")
+
+
+@generator_app.command("train")
+def generator_train(
+    out_dir: Annotated[Path, typer.Option("--out", help="output directory (generator + privacy ledger)")],
+    data: DataOpt = None, split: SplitOpt = "train", pairs: PairsOpt = None,
+    model: Annotated[str, typer.Option(help="registry name, local path or HF id")] = "smollm2-135m",
+    epsilon: Annotated[float, typer.Option(help="target epsilon; 'inf' for non-private")] = 8.0,
+    delta: Annotated[Optional[float], typer.Option(help="default 1/(2n), n units")] = None,
+    unit: Annotated[str, typer.Option(help="privacy unit: query, pair or user")] = "query",
+    clip_norm: Annotated[float, typer.Option(help="per-unit L2 clipping norm C")] = 1.0,
+    batch_size: Annotated[int, typer.Option(help="expected units per step (Poisson)")] = 64,
+    epochs: Annotated[float, typer.Option()] = 4.0,
+    learning_rate: Annotated[float, typer.Option("--lr")] = 1e-3,
+    trainable: Annotated[str, typer.Option(help="lora or full")] = "lora",
+    lora_rank: Annotated[int, typer.Option()] = 16,
+    trained_layers: Annotated[int, typer.Option(help="train the top k layers (0 = all)")] = 12,
+    max_doc_tokens: Annotated[int, typer.Option()] = 128,
+    accountant: Annotated[str, typer.Option(help="prv or rdp")] = "prv",
+    seed: Annotated[int, typer.Option()] = 0,
+    resume: Annotated[bool, typer.Option(help="continue an interrupted run in --out")] = False,
+) -> None:
+    """DP fine-tune a generator on document -> query pairs (DP-Adam, per-unit clipping, Poisson)."""
+    from privret.train.generator import GeneratorTrainConfig, train_generator
+
+    training, data_hash = _training_pairs(data, split, pairs)
+    cfg = _config(GeneratorTrainConfig, model=model, epsilon=epsilon, delta=delta, unit=unit, clip_norm=clip_norm,
+                  batch_size=batch_size, epochs=epochs, learning_rate=learning_rate, trainable=trainable,
+                  lora_rank=lora_rank, trained_layers=trained_layers or None, max_doc_tokens=max_doc_tokens,
+                  accountant=accountant, seed=seed)
+    ledger = train_generator(training, out_dir, cfg, data_hash=data_hash, resume=resume)
+    out.print(f"generator written to {out_dir}: {ledger.summary()}")
+
+
+@app.command("generate")
+def generate(
+    generator: Annotated[Path, typer.Option(help="directory written by `privret generator train`")],
+    data: Annotated[Path, typer.Option("--data", help="BEIR dataset with the public documents")],
+    out_dir: Annotated[Path, typer.Option("--out", help="synthetic BEIR dataset to write")],
+    documents: Annotated[str, typer.Option(help="'corpus' (all) or a qrels split name (its documents)")] = "train",
+    num_queries: Annotated[int, typer.Option(help="queries per document")] = 1,
+    top_p: Annotated[float, typer.Option(help="nucleus sampling p")] = 0.8,
+    batch_size: Annotated[int, typer.Option()] = 32,
+    seed: Annotated[int, typer.Option()] = 0,
+    resume: Annotated[bool, typer.Option(help="continue an interrupted generation")] = False,
+) -> None:
+    """Sample synthetic queries for public documents; writes a BEIR dataset carrying the ledger."""
+    from privret.data.beir import load_beir
+    from privret.synth.generate import GenerateConfig, generate_synthetic
+
+    dataset = load_beir(data)
+    private = set(dataset.queries.values())
+    if documents == "corpus":
+        docs = list(dataset.corpus.values())
+    else:
+        docs = [dataset.corpus[d] for d in dict.fromkeys(d for q in dataset.split(documents).values() for d in q)]
+    cfg = _config(GenerateConfig, num_queries=num_queries, top_p=top_p, batch_size=batch_size, seed=seed)
+    manifest = generate_synthetic(generator, docs, out_dir, cfg, private_queries=private, resume=resume)
+    out.print(f"{manifest['kept']} synthetic queries for {manifest['documents']} documents in {out_dir} "
+              f"({manifest['dropped_copies_of_private_queries']} copies of private queries dropped)")
+
+
+@retriever_app.command("train")
+def retriever_train(
+    out_dir: Annotated[Path, typer.Option("--out", help="output directory (SentenceTransformer)")],
+    data: DataOpt = None, split: SplitOpt = "train", pairs: PairsOpt = None,
+    model: Annotated[str, typer.Option(help="encoder: registry name, local path or HF id")] = "minilm-l6",
+    epochs: Annotated[float, typer.Option()] = 1.0,
+    batch_size: Annotated[int, typer.Option()] = 32,
+    learning_rate: Annotated[float, typer.Option("--lr")] = 2e-5,
+    temperature: Annotated[float, typer.Option()] = 0.05,
+    seed: Annotated[int, typer.Option()] = 0,
+) -> None:
+    """Train a dual encoder (in-batch softmax, non-private) on original or synthetic pairs."""
+    from privret.pipeline import non_private_ledger
+    from privret.privacy.ledger import LEDGER_FILE, PrivacyLedger
+    from privret.train.retriever import RetrieverTrainConfig, train_retriever
+
+    training, data_hash = _training_pairs(data, split, pairs)
+    cfg = _config(RetrieverTrainConfig, model=model, epochs=epochs, batch_size=batch_size,
+                  learning_rate=learning_rate, temperature=temperature, seed=seed)
+    synthetic = data is not None and pairs is None and (data / LEDGER_FILE).exists()
+    ledger = PrivacyLedger.load(data) if synthetic else non_private_ledger(training, model, data_hash, "query")
+    train_retriever(training, out_dir, cfg, ledger=ledger)
+    out.print(f"retriever written to {out_dir} ({ledger.summary()})")
+
+
+@app.command("evaluate")
+def evaluate(
+    model: Annotated[str, typer.Option(help="retriever directory, registry name or HF id")],
+    data: Annotated[Path, typer.Option("--data", help="BEIR dataset")],
+    split: Annotated[str, typer.Option(help="qrels split to evaluate on")] = "test",
+    json_out: Annotated[Optional[Path], typer.Option("--json", help="also write the metrics here")] = None,
+) -> None:
+    """Exact FAISS search over the corpus; NDCG@10, Recall@10/100, MRR@10 (pytrec_eval)."""
+    from rich.table import Table
+
+    from privret.data.beir import load_beir
+    from privret.evaluate.retrieval import METRICS, evaluate_retriever
+    from privret.io import write_json_atomic
+    from privret.models.encoder import load_encoder
+
+    dataset = load_beir(data, splits=[split])
+    metrics = evaluate_retriever(load_encoder(model), dataset.corpus, dataset.queries, dataset.split(split))
+    table = Table(title=f"{model} on {data.name}/{split} ({metrics['queries']} queries)")
+    for m in METRICS:
+        table.add_column(m, justify="right")
+    table.add_row(*(f"{metrics[m]:.4f}" for m in METRICS))
+    out.print(table)
+    if json_out is not None:
+        write_json_atomic(json_out, metrics)
+
+
+@app.command("pipeline")
+def pipeline(
+    config: Annotated[Path, typer.Argument(help="pipeline YAML (see configs/)")],
+    run_dir: Annotated[Optional[Path], typer.Option(help="default runs/<name>")] = None,
+) -> None:
+    """Zero-shot, original pairs and DP synthetic at every epsilon; re-running skips finished stages."""
+    from privret.config import load_config
+    from privret.pipeline import run_pipeline, summary_table
+
+    cfg = load_config(config)
+    target = run_dir or Path("runs") / cfg.name
+    rows = run_pipeline(cfg, target)
+    out.print(summary_table(rows))
+    out.print(f"results: {target.resolve()}/summary.md")
+
+
+@app.command("demo")
+def demo(run_dir: Annotated[Path, typer.Option(help="where to write the demo run")] = Path("runs/demo")) -> None:
+    """The pipeline at epsilon = 8 plus the non-private references on the bundled demo dataset."""
+    from privret.data.demo import demo_config
+    from privret.pipeline import run_pipeline, summary_table
+
+    rows = run_pipeline(demo_config(), run_dir)
+    out.print(summary_table(rows))
+    out.print(f"results: {run_dir.resolve()}/summary.md")
+
+
+def _config(cls, **values):
+    from pydantic import ValidationError
+
+    try:
+        return cls(**values)
+    except ValidationError as err:
+        first = err.errors()[0]
+        raise InputError(first["msg"], field="--" + "-".join(str(p) for p in first["loc"]).replace("_", "-")) from None
+
+
+def main() -> None:
+    try:
+        app()
+    except InputError as err:
+        Console(stderr=True).print(f"[bold red]error:[/] {err.one_line()}", highlight=False, soft_wrap=True)
+        sys.exit(EXIT_BAD_INPUT)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,76 @@
+"""Pipeline configuration (YAML), validated with pydantic.
+
+Relative paths in a config file are resolved against the directory that holds the file.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from privret.data.pairs import PrivacyUnit
+from privret.errors import InputError
+from privret.synth.generate import GenerateConfig
+from privret.train.generator import GeneratorTrainConfig
+from privret.train.retriever import RetrieverTrainConfig
+
+
+class GeneratorStage(GeneratorTrainConfig):
+    """Generator settings shared by every epsilon of the grid (epsilon itself comes from the grid)."""
+
+    epsilon: float = Field(math.inf, exclude=True)
+
+
+class PipelineConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1)
+    dataset: Path
+    train_split: str = "train"
+    eval_split: str = "test"
+    unit: PrivacyUnit = PrivacyUnit.query
+    epsilons: list[float] = Field(min_length=1)
+    synthetic_documents: str = Field("training", pattern="^(training|corpus)$",
+                                     description="generate for the documents of the private pairs or the whole corpus")
+    generator: GeneratorStage = GeneratorStage()
+    generate: GenerateConfig = GenerateConfig()
+    retriever: RetrieverTrainConfig = RetrieverTrainConfig()
+
+    @field_validator("epsilons")
+    @classmethod
+    def _positive(cls, values: list[float]) -> list[float]:
+        for eps in values:
+            if math.isnan(eps) or eps <= 0:
+                raise ValueError(f"every epsilon must be > 0 or inf, got {eps}")
+        return values
+
+    def generator_config(self, epsilon: float) -> GeneratorTrainConfig:
+        return GeneratorTrainConfig(**{**self.generator.model_dump(exclude={"epsilon"}), "epsilon": epsilon,
+                                       "unit": self.unit})
+
+
+def load_config(path: str | Path) -> PipelineConfig:
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise InputError("config file not found", path=path) from None
+    except UnicodeDecodeError:
+        raise InputError("config is not valid UTF-8", path=path) from None
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        raise InputError(f"invalid YAML ({getattr(err, 'problem', err)})", path=path,
+                         line=mark.line + 1 if mark else None) from None
+    if not isinstance(raw, dict):
+        raise InputError("config must be a YAML mapping", path=path)
+    try:
+        config = PipelineConfig.model_validate(raw)
+    except ValidationError as err:
+        first = err.errors()[0]
+        raise InputError(first["msg"], path=path, field=".".join(str(p) for p in first["loc"])) from None
+    if not config.dataset.is_absolute():
+        config.dataset = (path.parent / config.dataset).resolve()
+    return config

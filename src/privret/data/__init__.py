@@ -1,0 +1,1 @@
+"""Datasets: BEIR-format corpora/queries/qrels, pairs JSONL, privacy units, the demo dataset."""

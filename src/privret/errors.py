@@ -1,0 +1,37 @@
+"""User-facing errors.
+
+Every problem with what the user gave us (a file, a config, a flag) is raised as an
+:class:`InputError`. The CLI prints it as one line and exits with status 2, so a script
+can tell bad input (2) from a crash (1).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+EXIT_BAD_INPUT = 2
+
+
+class InputError(Exception):
+    """Bad user input, located as precisely as we can: file, line (1-based) and field."""
+
+    def __init__(self, message: str, *, path: str | Path | None = None, line: int | None = None,
+                 field: str | None = None):
+        self.message = message
+        self.path = str(path) if path is not None else None
+        self.line = line
+        self.field = field
+        super().__init__(self.one_line())
+
+    def one_line(self) -> str:
+        where = []
+        if self.path:
+            where.append(self.path if self.line is None else f"{self.path}:{self.line}")
+        if self.field:
+            where.append(f"field '{self.field}'")
+        prefix = ", ".join(where)
+        return f"{prefix}: {self.message}" if prefix else self.message
+
+
+class ModelUnavailableError(InputError):
+    """A model id or path that cannot be resolved (offline and not cached, or missing)."""

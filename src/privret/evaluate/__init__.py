@@ -1,0 +1,1 @@
+"""Measurements: retrieval quality (and, in later modules, similarity and privacy audits)."""

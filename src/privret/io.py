@@ -1,0 +1,113 @@
+"""Atomic file output and strict JSONL reading.
+
+Nothing privret writes is ever half-written: files go to a temporary name in the same
+directory and are renamed into place (``os.replace`` is atomic on POSIX); whole output
+directories are staged the same way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from privret.errors import InputError
+
+
+@contextlib.contextmanager
+def atomic_path(target: str | Path) -> Iterator[Path]:
+    """Yield a temporary path beside ``target``; rename it onto ``target`` only on success.
+
+    Works for a file or a directory written at the yielded path.
+    """
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
+    staged = tmp / target.name
+    try:
+        yield staged
+        if target.is_dir() and staged.is_dir():
+            old = target.with_name(f".{target.name}.old")
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(target, old)
+            os.replace(staged, target)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(staged, target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def write_text_atomic(path: str | Path, text: str) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+
+
+def write_json_atomic(path: str | Path, obj: Any) -> None:
+    write_text_atomic(path, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> None:
+    """Write rows as JSON lines to ``path`` (callers stage ``path`` inside an atomic directory)."""
+    with open(path, "w", encoding="utf-8") as f:
+        for row in rows:
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+
+
+def read_lines(path: str | Path) -> Iterator[tuple[int, str]]:
+    """Yield (1-based line number, text) of a UTF-8 file, skipping blank lines.
+
+    Raises :class:`InputError` naming the line on bytes that are not UTF-8.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise InputError("file not found", path=path)
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, start=1):
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as err:
+                raise InputError(f"not valid UTF-8 (byte {err.start})", path=path, line=number) from None
+            if text.strip():
+                yield number, text.rstrip("\r\n")
+
+
+def read_jsonl(path: str | Path) -> Iterator[tuple[int, dict]]:
+    """Yield (line number, object) for every non-blank line; each line must be a JSON object."""
+    for number, text in read_lines(path):
+        try:
+            obj = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise InputError(f"malformed JSON ({err.msg})", path=path, line=number) from None
+        if not isinstance(obj, dict):
+            raise InputError("expected a JSON object", path=path, line=number)
+        yield number, obj
+
+
+def require_text(obj: dict, key: str, *, path: str | Path, line: int, allow_empty: bool = False) -> str:
+    """Return ``obj[key]`` as a string; missing, non-scalar or empty values are input errors."""
+    if key not in obj or obj[key] is None:
+        raise InputError("missing", path=path, line=line, field=key)
+    value = obj[key]
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        raise InputError(f"expected a string, got {type(value).__name__}", path=path, line=line, field=key)
+    value = str(value)
+    if not allow_empty and not value.strip():
+        raise InputError("empty", path=path, line=line, field=key)
+    return value
+
+
+def file_sha256(*paths: str | Path) -> str:
+    """Content hash of one or more files, used to identify the private dataset in ledgers."""
+    digest = hashlib.sha256()
+    for path in paths:
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+    return digest.hexdigest()

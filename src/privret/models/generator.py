@@ -1,0 +1,417 @@
+"""Query generators: a public pretrained LM fine-tuned to write a query for a document.
+
+Two model families sit behind one interface, :class:`QueryGenerator`:
+
+* causal LMs (Llama-style decoders such as SmolLM2, or any ``AutoModelForCausalLM``): the
+  document is put in a prompt (the model's chat template when it has one) and the loss is the
+  mean cross-entropy of the *query tokens only*;
+* seq2seq models (T5 family): input ``generate_query: <document>``, target the query (seed 4.1).
+
+Training reads batches through :meth:`QueryGenerator.loss_module`, an ``nn.Module`` that maps a
+padded batch to one loss per example (what per-example gradient hooks need).
+
+Speed (causal LMs with ``model.layers``): with ``trained_layers = k`` only the top ``k`` decoder
+layers are trained (LoRA or full). The frozen lower layers are a fixed function of the input,
+so their output is computed once per example and cached (:meth:`prepare`); each step then runs
+only the top layers, and the LM head only at the positions that predict query tokens.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from privret.models.loading import load_pretrained
+
+INSTRUCTION = "Write a short search query that this document answers."
+GENERATOR_FILE = "generator.json"
+
+
+@dataclass
+class Example:
+    """One (document, query) pair as tokens: ``ids = prompt + target`` (seq2seq: kept apart)."""
+
+    prompt_ids: list[int]
+    target_ids: list[int]
+
+
+def _device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def autocast(device: torch.device, enabled: bool = True):
+    """bf16 autocast: a large speed-up on CPUs with AMX/AVX512-BF16 and on GPUs."""
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=enabled)
+
+
+class QueryGenerator:
+    """Common interface; build with :func:`load_generator`."""
+
+    kind: str
+
+    def __init__(self, model, tokenizer, *, name: str, max_doc_tokens: int, max_query_tokens: int,
+                 trained_layers: int | None = None):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.name = name
+        self.max_doc_tokens = max_doc_tokens
+        self.max_query_tokens = max_query_tokens
+        self.trained_layers = trained_layers
+        self.trainable = "none"
+        self.device = _device()
+        self.model.to(self.device)
+        if self.tokenizer.pad_token_id is None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+
+    # -- trainable parameters -------------------------------------------------------------
+    def make_trainable(self, mode: str, *, lora_rank: int = 16, lora_alpha: int = 32) -> None:
+        """``lora``: LoRA adapters on every linear layer of the trained layers; ``full``: their
+        linear weights themselves. Everything else stays frozen."""
+        for p in self.model.parameters():
+            p.requires_grad_(False)
+        layers = self._trained_layer_indices()
+        if mode == "lora":
+            from peft import LoraConfig, get_peft_model
+
+            targets = [name for name, module in self._base().named_modules()
+                       if isinstance(module, nn.Linear) and self._in_trained_layer(name, layers)
+                       and "lm_head" not in name]
+            config = LoraConfig(r=lora_rank, lora_alpha=lora_alpha, lora_dropout=0.0, target_modules=targets,
+                                bias="none")
+            self.model = get_peft_model(self.model, config)
+        elif mode == "full":
+            for name, module in self._base().named_modules():
+                if isinstance(module, nn.Linear) and self._in_trained_layer(name, layers) and "lm_head" not in name:
+                    module.weight.requires_grad_(True)
+        else:
+            raise ValueError(f"unknown trainable mode '{mode}' (lora or full)")
+        self.trainable = mode
+
+    def trainable_parameters(self) -> dict[str, nn.Parameter]:
+        return {n: p for n, p in self.model.named_parameters() if p.requires_grad}
+
+    def _base(self) -> nn.Module:
+        return self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
+
+    def _trained_layer_indices(self) -> list[int] | None:
+        return None
+
+    @staticmethod
+    def _in_trained_layer(name: str, layers: list[int] | None) -> bool:
+        if layers is None:
+            return True
+        parts = name.split(".")
+        return any(parts[i] == "layers" and int(parts[i + 1]) in layers
+                   for i in range(len(parts) - 1) if parts[i + 1].isdigit())
+
+    # -- data ------------------------------------------------------------------------------
+    def truncate_doc(self, doc: str) -> str:
+        ids = self.tokenizer(doc, add_special_tokens=False).input_ids[: self.max_doc_tokens]
+        return self.tokenizer.decode(ids)
+
+    def example(self, doc: str, query: str) -> Example:
+        raise NotImplementedError
+
+    def prepare(self, examples: list[Example], progress=None) -> list[dict[str, torch.Tensor]]:
+        """Per-example tensors that :meth:`collate` batches (causal: cached frozen activations)."""
+        raise NotImplementedError
+
+    def collate(self, items: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+        raise NotImplementedError
+
+    def loss_module(self) -> nn.Module:
+        """Maps a collated batch to a vector of per-example losses."""
+        raise NotImplementedError
+
+    # -- sampling --------------------------------------------------------------------------
+    @torch.no_grad()
+    def generate(self, docs: list[str], *, num_queries: int = 1, top_p: float = 0.8, temperature: float = 1.0,
+                 max_new_tokens: int = 48, seed: int | None = None) -> list[list[str]]:
+        """Nucleus-sample ``num_queries`` queries for each document (one batched call, KV cache)."""
+        raise NotImplementedError
+
+    def _decode(self, ids: torch.Tensor) -> str:
+        text = self.tokenizer.decode(ids, skip_special_tokens=True).strip()
+        return text.splitlines()[0].strip() if text else ""
+
+    # -- persistence -----------------------------------------------------------------------
+    def save(self, directory: Path) -> None:
+        """Write the fine-tuned generator (LoRA: adapter only, merged at load) as safetensors."""
+        directory.mkdir(parents=True, exist_ok=True)
+        self.model.save_pretrained(directory / ("adapter" if self.trainable == "lora" else "model"),
+                                   safe_serialization=True)
+        self.tokenizer.save_pretrained(directory / "tokenizer")
+        meta = {"base_model": self.name, "kind": self.kind, "trainable": self.trainable,
+                "max_doc_tokens": self.max_doc_tokens, "max_query_tokens": self.max_query_tokens,
+                "trained_layers": self.trained_layers}
+        (directory / GENERATOR_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+
+
+# ------------------------------------------------------------------------------------------
+class _TopLayersLoss(nn.Module):
+    """Top decoder layers + final norm + LM head at target positions -> per-example loss.
+
+    Input ``hidden`` is the (cached) input of layer ``start``; positions are 0..T-1 (right padding).
+    """
+
+    def __init__(self, causal_lm: nn.Module, start: int):
+        super().__init__()
+        body = causal_lm.model
+        self.config = causal_lm.config
+        self.layers = nn.ModuleList(list(body.layers)[start:])
+        self.norm = body.norm
+        self.rotary_emb = body.rotary_emb
+        self.lm_head = causal_lm.lm_head
+
+    def forward(self, hidden, attention_mask, predict_positions, target_ids, target_mask):
+        from transformers.masking_utils import create_causal_mask
+
+        batch, length, _ = hidden.shape
+        position_ids = torch.arange(length, device=hidden.device).unsqueeze(0).expand(batch, -1)
+        mask = create_causal_mask(config=self.config, inputs_embeds=hidden, attention_mask=attention_mask,
+                                  past_key_values=None, position_ids=position_ids)
+        position_embeddings = self.rotary_emb(hidden, position_ids=position_ids)
+        for layer in self.layers:
+            hidden = layer(hidden, attention_mask=mask, position_embeddings=position_embeddings,
+                           position_ids=position_ids)
+        hidden = self.norm(hidden)
+        index = predict_positions.unsqueeze(-1).expand(-1, -1, hidden.shape[-1])
+        logits = self.lm_head(hidden.gather(1, index)).float()
+        token_loss = F.cross_entropy(logits.transpose(1, 2), target_ids, reduction="none") * target_mask
+        return token_loss.sum(1) / target_mask.sum(1).clamp(min=1)
+
+
+class _CausalFullLoss(nn.Module):
+    """Any causal LM without a Llama-style layer stack: whole model, loss on target tokens."""
+
+    def __init__(self, causal_lm: nn.Module):
+        super().__init__()
+        self.lm = causal_lm
+
+    def forward(self, input_ids, attention_mask, predict_positions, target_ids, target_mask):
+        logits = self.lm(input_ids=input_ids, attention_mask=attention_mask).logits
+        index = predict_positions.unsqueeze(-1).expand(-1, -1, logits.shape[-1])
+        logits = logits.gather(1, index).float()
+        token_loss = F.cross_entropy(logits.transpose(1, 2), target_ids, reduction="none") * target_mask
+        return token_loss.sum(1) / target_mask.sum(1).clamp(min=1)
+
+
+class _StopForward(Exception):
+    pass
+
+
+class CausalQueryGenerator(QueryGenerator):
+    kind = "causal"
+
+    @property
+    def _layered(self) -> bool:
+        body = getattr(self._base(), "model", None)
+        return all(hasattr(body, a) for a in ("layers", "norm", "rotary_emb"))
+
+    @property
+    def num_layers(self) -> int:
+        return len(self._base().model.layers) if self._layered else 0
+
+    @property
+    def first_trained_layer(self) -> int:
+        if not self._layered or self.trained_layers is None:
+            return 0
+        return max(0, self.num_layers - self.trained_layers)
+
+    def _trained_layer_indices(self) -> list[int] | None:
+        if not self._layered or self.trained_layers is None:
+            return None
+        return list(range(self.first_trained_layer, self.num_layers))
+
+    def prompt(self, doc: str) -> str:
+        doc = self.truncate_doc(doc)
+        if self.tokenizer.chat_template:
+            messages = [{"role": "system", "content": INSTRUCTION}, {"role": "user", "content": doc}]
+            return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return f"{INSTRUCTION}\nDocument: {doc}\nQuery:"
+
+    def example(self, doc: str, query: str) -> Example:
+        prompt_ids = self.tokenizer(self.prompt(doc), add_special_tokens=False).input_ids
+        text = query if self.tokenizer.chat_template else " " + query
+        target = self.tokenizer(text, add_special_tokens=False).input_ids[: self.max_query_tokens]
+        return Example(prompt_ids, target + [self.tokenizer.eos_token_id])
+
+    @torch.no_grad()
+    def prepare(self, examples: list[Example], progress=None, batch_size: int = 16) -> list[dict[str, torch.Tensor]]:
+        items = []
+        for ex in examples:
+            ids = torch.tensor(ex.prompt_ids + ex.target_ids)
+            n_prompt = len(ex.prompt_ids)
+            items.append({"input_ids": ids, "predict_positions": torch.arange(n_prompt - 1, len(ids) - 1),
+                          "target_ids": torch.tensor(ex.target_ids)})
+        if not self._layered:
+            return items
+        # Cache the input of the first trained layer: the frozen lower layers never change.
+        base = self._base()
+        start = self.first_trained_layer
+        captured: list[torch.Tensor] = []
+
+        def grab(_module, args, kwargs):
+            captured.append(args[0] if args else kwargs["hidden_states"])
+            raise _StopForward
+
+        handle = base.model.layers[start].register_forward_pre_hook(grab, with_kwargs=True)
+        try:
+            for lo in range(0, len(items), batch_size):
+                chunk = items[lo: lo + batch_size]
+                ids, mask = _right_pad([c["input_ids"] for c in chunk], self.tokenizer.pad_token_id)
+                captured.clear()
+                with autocast(self.device):
+                    try:
+                        base.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device))
+                    except _StopForward:
+                        pass
+                hidden = captured[0].to(torch.bfloat16).cpu()
+                for row, c in enumerate(chunk):
+                    c["hidden"] = hidden[row, : len(c["input_ids"])].clone()
+                if progress is not None:
+                    progress(len(chunk))
+        finally:
+            handle.remove()
+        return items
+
+    def collate(self, items):
+        pad = self.tokenizer.pad_token_id
+        ids, mask = _right_pad([it["input_ids"] for it in items], pad)
+        predict, target_mask = _right_pad([it["predict_positions"] for it in items], 0)
+        targets, _ = _right_pad([it["target_ids"] for it in items], pad)
+        batch = {"attention_mask": mask, "predict_positions": predict, "target_ids": targets,
+                 "target_mask": target_mask.float()}
+        if "hidden" in items[0]:
+            length = ids.shape[1]
+            hidden = torch.zeros(len(items), length, items[0]["hidden"].shape[-1], dtype=torch.bfloat16)
+            for row, it in enumerate(items):
+                hidden[row, : len(it["hidden"])] = it["hidden"]
+            batch["hidden"] = hidden
+        else:
+            batch["input_ids"] = ids
+        return {k: v.to(self.device) for k, v in batch.items()}
+
+    def loss_module(self) -> nn.Module:
+        base = self._base()
+        if self._layered:
+            return _TopLayersLoss(base, self.first_trained_layer)
+        return _CausalFullLoss(base)
+
+    @torch.no_grad()
+    def generate(self, docs, *, num_queries=1, top_p=0.8, temperature=1.0, max_new_tokens=48, seed=None):
+        if seed is not None:
+            torch.manual_seed(seed)
+        self.tokenizer.padding_side = "left"
+        enc = self.tokenizer([self.prompt(d) for d in docs], return_tensors="pt", padding=True,
+                             add_special_tokens=False).to(self.device)
+        self.model.eval()
+        with autocast(self.device):
+            out = self.model.generate(**enc, do_sample=True, top_p=top_p, top_k=0, temperature=temperature,
+                                      max_new_tokens=max_new_tokens, num_return_sequences=num_queries,
+                                      pad_token_id=self.tokenizer.pad_token_id)
+        new = out[:, enc["input_ids"].shape[1]:]
+        texts = [self._decode(row) for row in new]
+        return [texts[i * num_queries: (i + 1) * num_queries] for i in range(len(docs))]
+
+
+class _Seq2SeqLoss(nn.Module):
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.seq2seq = model
+
+    def forward(self, input_ids, attention_mask, labels, target_mask):
+        logits = self.seq2seq(input_ids=input_ids, attention_mask=attention_mask, labels=labels).logits.float()
+        token_loss = F.cross_entropy(logits.transpose(1, 2), labels.clamp(min=0), reduction="none") * target_mask
+        return token_loss.sum(1) / target_mask.sum(1).clamp(min=1)
+
+
+class Seq2SeqQueryGenerator(QueryGenerator):
+    kind = "seq2seq"
+    PREFIX = "generate_query: "
+
+    def example(self, doc, query):
+        source = self.tokenizer(self.PREFIX + doc, truncation=True, max_length=self.max_doc_tokens).input_ids
+        target = self.tokenizer(query, truncation=True, max_length=self.max_query_tokens).input_ids
+        return Example(source, target)
+
+    def prepare(self, examples, progress=None):
+        if progress is not None:
+            progress(len(examples))
+        return [{"input_ids": torch.tensor(e.prompt_ids), "labels": torch.tensor(e.target_ids)} for e in examples]
+
+    def collate(self, items):
+        ids, mask = _right_pad([it["input_ids"] for it in items], self.tokenizer.pad_token_id)
+        labels, target_mask = _right_pad([it["labels"] for it in items], self.tokenizer.pad_token_id)
+        labels = labels.masked_fill(target_mask == 0, -100)
+        batch = {"input_ids": ids, "attention_mask": mask, "labels": labels, "target_mask": target_mask.float()}
+        return {k: v.to(self.device) for k, v in batch.items()}
+
+    def loss_module(self):
+        return _Seq2SeqLoss(self.model)
+
+    @torch.no_grad()
+    def generate(self, docs, *, num_queries=1, top_p=0.8, temperature=1.0, max_new_tokens=48, seed=None):
+        if seed is not None:
+            torch.manual_seed(seed)
+        enc = self.tokenizer([self.PREFIX + d for d in docs], return_tensors="pt", padding=True, truncation=True,
+                             max_length=self.max_doc_tokens).to(self.device)
+        self.model.eval()
+        with autocast(self.device):
+            out = self.model.generate(**enc, do_sample=True, top_p=top_p, top_k=0, temperature=temperature,
+                                      max_new_tokens=max_new_tokens, num_return_sequences=num_queries)
+        texts = [self._decode(row) for row in out]
+        return [texts[i * num_queries: (i + 1) * num_queries] for i in range(len(docs))]
+
+
+def _right_pad(seqs: list[torch.Tensor], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    length = max(len(s) for s in seqs)
+    out = torch.full((len(seqs), length), pad, dtype=seqs[0].dtype)
+    mask = torch.zeros(len(seqs), length, dtype=torch.long)
+    for row, s in enumerate(seqs):
+        out[row, : len(s)] = s
+        mask[row, : len(s)] = 1
+    return out, mask
+
+
+def load_generator(name: str, *, max_doc_tokens: int = 128, max_query_tokens: int = 48,
+                   trained_layers: int | None = None) -> QueryGenerator:
+    """Load a pretrained generator by registry name, local path or hub id."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer
+
+    def build(location: str) -> QueryGenerator:
+        config = AutoConfig.from_pretrained(location, trust_remote_code=False)
+        tokenizer = AutoTokenizer.from_pretrained(location, trust_remote_code=False)
+        cls, auto = ((Seq2SeqQueryGenerator, AutoModelForSeq2SeqLM) if config.is_encoder_decoder
+                     else (CausalQueryGenerator, AutoModelForCausalLM))
+        model = auto.from_pretrained(location, trust_remote_code=False, dtype=torch.float32)
+        return cls(model, tokenizer, name=name, max_doc_tokens=max_doc_tokens, max_query_tokens=max_query_tokens,
+                   trained_layers=trained_layers)
+
+    return load_pretrained(name, build)
+
+
+def load_trained_generator(directory: str | Path) -> QueryGenerator:
+    """Load what :meth:`QueryGenerator.save` wrote (LoRA adapters are merged for fast sampling)."""
+    directory = Path(directory)
+    meta = json.loads((directory / GENERATOR_FILE).read_text())
+    generator = load_generator(meta["base_model"], max_doc_tokens=meta["max_doc_tokens"],
+                               max_query_tokens=meta["max_query_tokens"], trained_layers=meta["trained_layers"])
+    if meta["trainable"] == "lora":
+        from peft import PeftModel
+
+        merged = PeftModel.from_pretrained(generator.model, str(directory / "adapter")).merge_and_unload()
+        generator.model = merged.to(generator.device)
+    elif meta["trainable"] == "full":
+        from safetensors.torch import load_file
+
+        state = {}
+        for shard in sorted((directory / "model").glob("*.safetensors")):
+            state.update(load_file(str(shard)))
+        generator.model.load_state_dict(state, strict=False)
+    return generator

@@ -1,0 +1,27 @@
+"""Loading Hugging Face models safely and with clear errors.
+
+``trust_remote_code`` is always off and weights are read from safetensors when the repository
+has them; a load failure (missing files, no network) becomes a one-line
+:class:`~privret.errors.ModelUnavailableError` that says how to make the model available.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TypeVar
+
+from privret.errors import ModelUnavailableError
+from privret.models.registry import resolve
+
+T = TypeVar("T")
+
+
+def load_pretrained(name: str, loader: Callable[[str], T]) -> T:
+    """Resolve ``name`` and call ``loader(path_or_id)``, translating failures into a clear error."""
+    location = resolve(name)
+    try:
+        return loader(location)
+    except OSError as err:
+        raise ModelUnavailableError(
+            f"cannot load model '{name}' ({str(err).splitlines()[0]}); pass a local directory, or download it "
+            f"first with `hf download {name}` on a machine with network") from None

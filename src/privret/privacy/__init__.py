@@ -1,0 +1,1 @@
+"""Differential privacy: accounting, the privacy ledger, Poisson unit sampling, per-unit clipping."""

@@ -1,0 +1,1 @@
+"""Sampling DP synthetic queries for public documents."""

@@ -1,0 +1,1 @@
+"""Training loops: the DP generator fine-tune and the dual-encoder retriever."""

@@ -1,0 +1,226 @@
+"""DP fine-tuning of a query generator (seed 4.1): DP-Adam over Poisson-sampled privacy units.
+
+One step, for a private run with target (epsilon, delta):
+
+1. every unit joins the batch with probability q = batch_size / n (Poisson sampling);
+2. per-row gradients of the per-example loss come from Opacus's ``GradSampleModule`` hooks;
+   rows are summed per unit and each unit gradient is clipped to norm C (see
+   :mod:`privret.privacy.clipping`), micro-batching whole units so memory stays bounded;
+3. the sum gets N(0, sigma^2 C^2) noise, is divided by the expected batch size q n, and Adam
+   takes a step. sigma is calibrated by the accountant for T = ceil(epochs / q) steps.
+
+``epsilon = inf`` trains the non-private reference with the same sampler and no clip/noise.
+Checkpoints are written atomically every ``checkpoint_every`` steps; ``resume`` continues from
+the last one with *fresh* noise (never replayed), and the ledger counts every step that
+reached disk.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from pathlib import Path
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from privret.data.pairs import PrivacyUnit, TrainingPairs
+from privret.errors import InputError
+from privret.io import atomic_path, write_json_atomic
+from privret.models.generator import QueryGenerator, autocast, load_generator
+from privret.models.registry import DEFAULT_GENERATOR
+from privret.privacy.accounting import calibrate_noise, check_budget, default_delta, spent_epsilon
+from privret.privacy.clipping import clip_units, gaussian_noise_like
+from privret.privacy.ledger import PrivacyLedger
+from privret.privacy.sampling import PoissonUnitSampler
+from privret.progress import Progress
+
+
+class GeneratorTrainConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = DEFAULT_GENERATOR
+    epsilon: float = Field(8.0, description="target epsilon; inf = non-private")
+    delta: float | None = Field(None, description="default 1/(2n), n = number of units")
+    unit: PrivacyUnit = PrivacyUnit.query
+    clip_norm: float = Field(1.0, gt=0, allow_inf_nan=False)
+    batch_size: int = Field(64, gt=0, description="expected number of units per step")
+    epochs: float = Field(4.0, gt=0, allow_inf_nan=False)
+    learning_rate: float = Field(1e-3, gt=0, allow_inf_nan=False)
+    trainable: str = Field("lora", pattern="^(lora|full)$")
+    lora_rank: int = Field(16, gt=0)
+    trained_layers: int | None = Field(12, gt=0, description="train only the top k layers (None: all)")
+    max_doc_tokens: int = Field(128, gt=0)
+    max_query_tokens: int = Field(48, gt=0)
+    physical_batch: int = Field(16, gt=0, description="rows per forward pass (memory, not privacy)")
+    accountant: str = "prv"
+    seed: int = 0
+    checkpoint_every: int = Field(10, gt=0)
+
+
+def _plan(cfg: GeneratorTrainConfig, n_units: int) -> tuple[float, int, float, float]:
+    """(sample rate, steps, delta, sigma) for the run."""
+    sample_rate = min(1.0, cfg.batch_size / n_units)
+    steps = max(1, math.ceil(cfg.epochs / sample_rate))
+    delta = cfg.delta if cfg.delta is not None else default_delta(n_units)
+    check_budget(cfg.epsilon, delta, n_units)
+    if not math.isfinite(cfg.epsilon):
+        return sample_rate, steps, delta, 0.0
+    sigma = calibrate_noise(target_epsilon=cfg.epsilon, delta=delta, sample_rate=sample_rate, steps=steps,
+                            accountant=cfg.accountant)
+    return sample_rate, steps, delta, sigma
+
+
+def micro_batches(units: list[list[int]], chosen: list[int], max_rows: int) -> list[list[int]]:
+    """Split the chosen units into groups of whole units with about ``max_rows`` rows each."""
+    groups, current, rows = [], [], 0
+    for u in chosen:
+        if current and rows + len(units[u]) > max_rows:
+            groups.append(current)
+            current, rows = [], 0
+        current.append(u)
+        rows += len(units[u])
+    if current:
+        groups.append(current)
+    return groups
+
+
+def train_generator(pairs: TrainingPairs, out_dir: str | Path, cfg: GeneratorTrainConfig, *,
+                    data_hash: str, resume: bool = False) -> PrivacyLedger:
+    """Fine-tune ``cfg.model`` on ``pairs`` into ``out_dir``; returns the ledger."""
+    from opacus import GradSampleModule
+
+    out_dir = Path(out_dir)
+    units = pairs.units(cfg.unit)
+    n_units = len(units)
+    sample_rate, steps, delta, sigma = _plan(cfg, n_units)
+    private = math.isfinite(cfg.epsilon)
+    ckpt_dir = out_dir / "checkpoint"
+    if (out_dir / "generator.json").exists() and not resume:
+        raise InputError("already holds a trained generator (use another directory)", path=out_dir)
+    if ckpt_dir.exists() and not resume:
+        raise InputError("holds an interrupted run; pass --resume to continue it", path=out_dir)
+
+    torch.manual_seed(cfg.seed)
+    generator = load_generator(cfg.model, max_doc_tokens=cfg.max_doc_tokens, max_query_tokens=cfg.max_query_tokens,
+                               trained_layers=cfg.trained_layers)
+    generator.make_trainable(cfg.trainable, lora_rank=cfg.lora_rank, lora_alpha=2 * cfg.lora_rank)
+    params = generator.trainable_parameters()
+    optimizer = torch.optim.Adam(params.values(), lr=cfg.learning_rate)
+
+    def ledger(done: int) -> PrivacyLedger:
+        eps = (spent_epsilon(noise_multiplier=sigma, sample_rate=sample_rate, steps=done, delta=delta,
+                             accountant=cfg.accountant) if private else math.inf)
+        return PrivacyLedger(mechanism="dp-sgd" if private else "none", epsilon=eps, delta=delta if private else 0.0,
+                             noise_multiplier=sigma, sample_rate=sample_rate, steps=done, planned_steps=steps,
+                             accountant=cfg.accountant if private else "none", unit=cfg.unit.value, n_units=n_units,
+                             n_pairs=len(pairs.pairs), clip_norm=cfg.clip_norm if private else math.inf,
+                             model=cfg.model, trainable=f"{cfg.trainable}:top{cfg.trained_layers or 'all'}",
+                             data_hash=data_hash)
+
+    start_step = 0
+    if resume and ckpt_dir.exists():
+        start_step = _load_checkpoint(ckpt_dir, params, optimizer, expected=ledger(0))
+    # Fresh entropy for sampling and noise, also on resume: noise is never replayed.
+    rng = torch.Generator().manual_seed(int.from_bytes(os.urandom(8), "little") if private else cfg.seed + start_step)
+    sampler = PoissonUnitSampler(n_units, sample_rate, rng)
+
+    with Progress() as progress:
+        examples = [generator.example(pairs.corpus[p.doc_id].full_text, p.query) for p in pairs.pairs]
+        task = progress.add_task("caching frozen layers", total=len(examples))
+        items = generator.prepare(examples, progress=lambda k: progress.advance(task, k))
+        loss_module = generator.loss_module()
+        if private:
+            loss_module = GradSampleModule(loss_module, batch_first=True, loss_reduction="sum")
+        loss_module.train()
+        task = progress.add_task(f"training generator (epsilon={cfg.epsilon:g})", total=steps, completed=start_step)
+        for step in range(start_step, steps):
+            chosen = sampler.sample()
+            loss = _dp_step(generator, loss_module, items, units, chosen, params, cfg, sigma, sample_rate * n_units,
+                            rng) if private else _plain_step(generator, loss_module, items, units, chosen, params)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            progress.update(task, advance=1, description=f"training generator (epsilon={cfg.epsilon:g}) loss={loss:.3f}")
+            if (step + 1) % cfg.checkpoint_every == 0 and step + 1 < steps:
+                _save_checkpoint(ckpt_dir, params, optimizer, ledger(step + 1))
+    final = ledger(steps)
+    with atomic_path(out_dir) as staged:
+        generator.save(staged)
+        final.save(staged)
+        write_json_atomic(staged / "train_config.json", cfg.model_dump(mode="json"))
+    return final
+
+
+def _rows_of(units, group):
+    rows, owner = [], []
+    for k, u in enumerate(group):
+        rows += units[u]
+        owner += [k] * len(units[u])
+    return rows, torch.tensor(owner)
+
+
+def _dp_step(generator: QueryGenerator, loss_module, items, units, chosen, params, cfg, sigma, expected_batch,
+             rng) -> float:
+    names = list(params)
+    total = {n: torch.zeros_like(p, dtype=torch.float32) for n, p in params.items()}
+    losses = []
+    for group in micro_batches(units, chosen, cfg.physical_batch):
+        rows, owner = _rows_of(units, group)
+        batch = generator.collate([items[r] for r in rows])
+        with autocast(generator.device):
+            per_example = loss_module(**batch)
+        per_example.sum().backward()
+        losses.append(per_example.detach().float())
+        grads = [params[n].grad_sample for n in names]
+        clipped, _ = clip_units(grads, owner.to(grads[0].device), len(group), cfg.clip_norm)
+        for n, g in zip(names, clipped):
+            total[n] += g
+            params[n].grad_sample = None
+            params[n].grad = None
+    for n, p in params.items():
+        noisy = total[n] + gaussian_noise_like(total[n], sigma * cfg.clip_norm, rng)
+        p.grad = (noisy / expected_batch).to(p.dtype)
+    return torch.cat(losses).mean().item() if losses else float("nan")
+
+
+def _plain_step(generator, loss_module, items, units, chosen, params) -> float:
+    rows = [r for u in chosen for r in units[u]]
+    if not rows:
+        return float("nan")
+    losses = []
+    for lo in range(0, len(rows), 16):
+        batch = generator.collate([items[r] for r in rows[lo: lo + 16]])
+        with autocast(generator.device):
+            per_example = loss_module(**batch)
+        (per_example.sum() / len(rows)).backward()
+        losses.append(per_example.detach().float())
+    return torch.cat(losses).mean().item()
+
+
+def _save_checkpoint(ckpt_dir: Path, params, optimizer, ledger: PrivacyLedger) -> None:
+    from safetensors.torch import save_file
+
+    with atomic_path(ckpt_dir) as staged:
+        staged.mkdir()
+        save_file({n: p.detach().contiguous() for n, p in params.items()}, str(staged / "params.safetensors"))
+        torch.save(optimizer.state_dict(), staged / "optimizer.pt")
+        ledger.save(staged)
+
+
+def _load_checkpoint(ckpt_dir: Path, params, optimizer, *, expected: PrivacyLedger) -> int:
+    """Restore params and optimizer; refuse when the checkpoint belongs to another plan."""
+    from safetensors.torch import load_file
+
+    saved = PrivacyLedger.load(ckpt_dir)
+    for key in ("noise_multiplier", "sample_rate", "planned_steps", "unit", "n_units", "clip_norm", "data_hash",
+                "model", "trainable", "delta", "accountant"):
+        if getattr(saved, key) != getattr(expected, key):
+            raise InputError(f"checkpoint was made with {key}={getattr(saved, key)!r}, this run has "
+                             f"{getattr(expected, key)!r}; cannot resume", path=ckpt_dir)
+    state = load_file(str(ckpt_dir / "params.safetensors"))
+    with torch.no_grad():
+        for n, p in params.items():
+            p.copy_(state[n])
+    optimizer.load_state_dict(torch.load(ckpt_dir / "optimizer.pt", weights_only=True))
+    return saved.steps
