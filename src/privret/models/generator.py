@@ -44,18 +44,13 @@ def _device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def autocast(device: torch.device, enabled: bool = True):
-    """bf16 autocast: a large speed-up on CPUs with AMX/AVX512-BF16 and on GPUs."""
-    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=enabled)
-
-
 class QueryGenerator:
     """Common interface; build with :func:`load_generator`."""
 
     kind: str
 
     def __init__(self, model, tokenizer, *, name: str, max_doc_tokens: int, max_query_tokens: int,
-                 trained_layers: int | None = None):
+                 trained_layers: int | None = None, bf16: bool = True):
         self.model = model
         self.tokenizer = tokenizer
         self.name = name
@@ -63,10 +58,14 @@ class QueryGenerator:
         self.max_query_tokens = max_query_tokens
         self.trained_layers = trained_layers
         self.trainable = "none"
+        self.bf16 = bf16  # bf16 autocast (and bf16 activation cache): ~2-3x faster on AMX CPUs and GPUs
         self.device = _device()
         self.model.to(self.device)
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
+
+    def autocast(self):
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16)
 
     # -- trainable parameters -------------------------------------------------------------
     def make_trainable(self, mode: str, *, lora_rank: int = 16, lora_alpha: int = 32) -> None:
@@ -266,12 +265,12 @@ class CausalQueryGenerator(QueryGenerator):
                 chunk = items[lo: lo + batch_size]
                 ids, mask = _right_pad([c["input_ids"] for c in chunk], self.tokenizer.pad_token_id)
                 captured.clear()
-                with autocast(self.device):
+                with self.autocast():
                     try:
                         base.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device))
                     except _StopForward:
                         pass
-                hidden = captured[0].to(torch.bfloat16).cpu()
+                hidden = captured[0].to(torch.bfloat16 if self.bf16 else torch.float32).cpu()
                 for row, c in enumerate(chunk):
                     c["hidden"] = hidden[row, : len(c["input_ids"])].clone()
                 if progress is not None:
@@ -289,7 +288,8 @@ class CausalQueryGenerator(QueryGenerator):
                  "target_mask": target_mask.float()}
         if "hidden" in items[0]:
             length = ids.shape[1]
-            hidden = torch.zeros(len(items), length, items[0]["hidden"].shape[-1], dtype=torch.bfloat16)
+            first = items[0]["hidden"]
+            hidden = torch.zeros(len(items), length, first.shape[-1], dtype=first.dtype)
             for row, it in enumerate(items):
                 hidden[row, : len(it["hidden"])] = it["hidden"]
             batch["hidden"] = hidden
@@ -311,7 +311,7 @@ class CausalQueryGenerator(QueryGenerator):
         enc = self.tokenizer([self.prompt(d) for d in docs], return_tensors="pt", padding=True,
                              add_special_tokens=False).to(self.device)
         self.model.eval()
-        with autocast(self.device):
+        with self.autocast():
             out = self.model.generate(**enc, do_sample=True, top_p=top_p, top_k=0, temperature=temperature,
                                       max_new_tokens=max_new_tokens, num_return_sequences=num_queries,
                                       pad_token_id=self.tokenizer.pad_token_id)
@@ -362,7 +362,7 @@ class Seq2SeqQueryGenerator(QueryGenerator):
         enc = self.tokenizer([self.PREFIX + d for d in docs], return_tensors="pt", padding=True, truncation=True,
                              max_length=self.max_doc_tokens).to(self.device)
         self.model.eval()
-        with autocast(self.device):
+        with self.autocast():
             out = self.model.generate(**enc, do_sample=True, top_p=top_p, top_k=0, temperature=temperature,
                                       max_new_tokens=max_new_tokens, num_return_sequences=num_queries)
         texts = [self._decode(row) for row in out]
@@ -380,7 +380,7 @@ def _right_pad(seqs: list[torch.Tensor], pad: int) -> tuple[torch.Tensor, torch.
 
 
 def load_generator(name: str, *, max_doc_tokens: int = 128, max_query_tokens: int = 48,
-                   trained_layers: int | None = None) -> QueryGenerator:
+                   trained_layers: int | None = None, bf16: bool = True) -> QueryGenerator:
     """Load a pretrained generator by registry name, local path or hub id."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer
 
@@ -391,7 +391,7 @@ def load_generator(name: str, *, max_doc_tokens: int = 128, max_query_tokens: in
                      else (CausalQueryGenerator, AutoModelForCausalLM))
         model = auto.from_pretrained(location, trust_remote_code=False, dtype=torch.float32)
         return cls(model, tokenizer, name=name, max_doc_tokens=max_doc_tokens, max_query_tokens=max_query_tokens,
-                   trained_layers=trained_layers)
+                   trained_layers=trained_layers, bf16=bf16)
 
     return load_pretrained(name, build)
 

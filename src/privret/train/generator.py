@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from privret.data.pairs import PrivacyUnit, TrainingPairs
 from privret.errors import InputError
 from privret.io import atomic_path, write_json_atomic
-from privret.models.generator import QueryGenerator, autocast, load_generator
+from privret.models.generator import QueryGenerator, load_generator
 from privret.models.registry import DEFAULT_GENERATOR
 from privret.privacy.accounting import calibrate_noise, check_budget, default_delta, spent_epsilon
 from privret.privacy.clipping import clip_units, gaussian_noise_like
@@ -54,6 +54,7 @@ class GeneratorTrainConfig(BaseModel):
     max_doc_tokens: int = Field(128, gt=0)
     max_query_tokens: int = Field(48, gt=0)
     physical_batch: int = Field(16, gt=0, description="rows per forward pass (memory, not privacy)")
+    bf16: bool = Field(True, description="bf16 autocast (faster on AMX CPUs and GPUs)")
     accountant: str = "prv"
     seed: int = 0
     checkpoint_every: int = Field(10, gt=0)
@@ -104,7 +105,7 @@ def train_generator(pairs: TrainingPairs, out_dir: str | Path, cfg: GeneratorTra
 
     torch.manual_seed(cfg.seed)
     generator = load_generator(cfg.model, max_doc_tokens=cfg.max_doc_tokens, max_query_tokens=cfg.max_query_tokens,
-                               trained_layers=cfg.trained_layers)
+                               trained_layers=cfg.trained_layers, bf16=cfg.bf16)
     generator.make_trainable(cfg.trainable, lora_rank=cfg.lora_rank, lora_alpha=2 * cfg.lora_rank)
     params = generator.trainable_parameters()
     optimizer = torch.optim.Adam(params.values(), lr=cfg.learning_rate)
@@ -168,7 +169,7 @@ def _dp_step(generator: QueryGenerator, loss_module, items, units, chosen, param
     for group in micro_batches(units, chosen, cfg.physical_batch):
         rows, owner = _rows_of(units, group)
         batch = generator.collate([items[r] for r in rows])
-        with autocast(generator.device):
+        with generator.autocast():
             per_example = loss_module(**batch)
         per_example.sum().backward()
         losses.append(per_example.detach().float())
@@ -191,7 +192,7 @@ def _plain_step(generator, loss_module, items, units, chosen, params) -> float:
     losses = []
     for lo in range(0, len(rows), 16):
         batch = generator.collate([items[r] for r in rows[lo: lo + 16]])
-        with autocast(generator.device):
+        with generator.autocast():
             per_example = loss_module(**batch)
         (per_example.sum() / len(rows)).backward()
         losses.append(per_example.detach().float())

@@ -1,0 +1,119 @@
+"""BEIR and pairs parsing: every kind of bad input gives one located InputError; units group rows."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from privret.data.beir import load_beir, write_beir
+from privret.data.pairs import PrivacyUnit, QueryDocPair, group_units, load_pairs_jsonl, pairs_from_beir
+from privret.errors import InputError
+
+
+def test_load_toy_dataset(toy_beir):
+    ds = load_beir(toy_beir)
+    assert len(ds.corpus) == 6 and set(ds.qrels) == {"train", "test"}
+    pairs = pairs_from_beir(ds, "train")
+    assert len(pairs.pairs) == 6  # q3 has two relevant documents
+    assert [len(u) for u in pairs.units("query")] == [1, 1, 2, 1, 1]
+    assert len(pairs.units("pair")) == 6
+
+
+@pytest.mark.parametrize("line, field, message", [
+    ('{"_id": "d1", "title": "t", "text": "x"\n', None, "malformed JSON"),
+    ('{"_id": "d7", "title": "t"}\n', "text", "missing"),
+    ('{"_id": "d7", "title": "t", "text": "   "}\n', "text", "empty"),
+    ('{"_id": "d7", "title": "t", "text": ["x"]}\n', "text", "expected a string"),
+    ('{"_id": "d1", "title": "t", "text": "again"}\n', "_id", "duplicate document id"),
+    ('["not", "an", "object"]\n', None, "expected a JSON object"),
+])
+def test_corpus_errors_name_file_line_field(toy_beir, line, field, message):
+    corpus = toy_beir / "corpus.jsonl"
+    corpus.write_text(corpus.read_text() + line)
+    with pytest.raises(InputError) as err:
+        load_beir(toy_beir)
+    assert err.value.path == str(corpus) and err.value.line == 7 and err.value.field == field
+    assert message in err.value.one_line() and "\n" not in err.value.one_line()
+
+
+def test_duplicate_ids(toy_beir):
+    queries = toy_beir / "queries.jsonl"
+    queries.write_text(queries.read_text() + json.dumps({"_id": "q1", "text": "again"}) + "\n")
+    with pytest.raises(InputError, match="duplicate query id 'q1'") as err:
+        load_beir(toy_beir)
+    assert err.value.line == 8 and err.value.field == "_id"
+
+
+@pytest.mark.parametrize("row, field", [("q404\td1\t1", "query-id"), ("q1\td404\t1", "corpus-id"),
+                                        ("q1\td2\tone", "score")])
+def test_qrels_unknown_ids_and_bad_scores(toy_beir, row, field):
+    qrels = toy_beir / "qrels" / "train.tsv"
+    qrels.write_text(qrels.read_text() + row + "\n")
+    with pytest.raises(InputError) as err:
+        load_beir(toy_beir)
+    assert err.value.field == field and err.value.line == 8
+
+
+def test_non_utf8_bytes(toy_beir):
+    corpus = toy_beir / "corpus.jsonl"
+    corpus.write_bytes(corpus.read_bytes() + b'{"_id": "d9", "text": "caf\xe9"}\n')
+    with pytest.raises(InputError, match="not valid UTF-8") as err:
+        load_beir(toy_beir)
+    assert err.value.line == 7
+
+
+def test_write_beir_roundtrip_and_no_partial_output(toy_beir, tmp_path, monkeypatch):
+    ds = load_beir(toy_beir)
+    write_beir(tmp_path / "copy", ds, manifest={"note": "x"})
+    again = load_beir(tmp_path / "copy")
+    assert again.corpus == ds.corpus and again.queries == ds.queries and again.qrels == ds.qrels
+    # a crash after the data files but before the manifest leaves no target and no temporary directory
+    import privret.data.beir as beir
+
+    def crash(*_args, **_kwargs):
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(beir, "write_json_atomic", crash)
+    with pytest.raises(RuntimeError):
+        write_beir(tmp_path / "broken", ds, manifest={"note": "x"})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["copy", "toy"]  # no "broken", no ".broken.*.tmp"
+
+
+def test_pairs_jsonl_both_forms_and_units(tmp_path, toy_beir):
+    ds = load_beir(toy_beir)
+    path = tmp_path / "pairs.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in [
+        {"query": "aspirin heart", "doc_id": "d1", "user_id": "u1"},
+        {"query": "aspirin heart", "doc_id": "d5", "user_id": "u2"},
+        {"query": "tea and sleep", "doc": "a new inline document about tea", "user_id": "u1"},
+    ]) + "\n")
+    tp = load_pairs_jsonl(path, ds.corpus)
+    assert len(tp.pairs) == 3 and tp.pairs[2].doc_id in tp.corpus
+    assert tp.units("query") == [[0, 1], [2]]
+    assert tp.units("user") == [[0, 2], [1]]
+    assert tp.units("pair") == [[0], [1], [2]]
+
+
+def test_pairs_errors(tmp_path, toy_beir):
+    corpus = load_beir(toy_beir).corpus
+    path = tmp_path / "pairs.jsonl"
+    path.write_text(json.dumps({"query": "x", "doc_id": "nope"}) + "\n")
+    with pytest.raises(InputError, match="unknown document id") as err:
+        load_pairs_jsonl(path, corpus)
+    assert (err.value.line, err.value.field) == (1, "doc_id")
+    path.write_text(json.dumps({"query": "x"}) + "\n")
+    with pytest.raises(InputError, match="need 'doc_id' or 'doc'"):
+        load_pairs_jsonl(path, corpus)
+
+
+def test_query_units_merge_shared_ids_and_texts():
+    pairs = [QueryDocPair("a", "d1", "q1"), QueryDocPair("b", "d2", "q1"), QueryDocPair("b", "d3", "q9"),
+             QueryDocPair("c", "d4", "q4")]
+    # rows 0-1 share an id, rows 1-2 share a text: one unit of three rows
+    assert group_units(pairs, PrivacyUnit.query) == [[0, 1, 2], [3]]
+
+
+def test_user_unit_requires_user_ids():
+    with pytest.raises(InputError, match="user_id"):
+        group_units([QueryDocPair("a", "d1")], PrivacyUnit.user)

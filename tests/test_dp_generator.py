@@ -1,0 +1,188 @@
+"""DP fine-tuning of the generator: clipping, noise, sampling and accounting against references."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from privret.data.beir import Document
+from privret.data.pairs import QueryDocPair, TrainingPairs
+from privret.models.generator import load_generator
+from privret.privacy.accounting import calibrate_noise, default_delta, spent_epsilon
+from privret.privacy.ledger import PrivacyLedger
+from privret.privacy.sampling import PoissonUnitSampler
+from privret.train import generator as gtrain
+from privret.train.generator import GeneratorTrainConfig, micro_batches, train_generator
+
+torch.set_num_threads(1)
+
+DOCS = ["aspirin can reduce the risk of heart disease in adults", "mice with the gene show low memory",
+        "vitamin levels in blood are high in children", "sleep and exercise increase the immune response",
+        "the drug trial in patients with cancer", "cells of the immune system respond to the virus"]
+QUERIES = ["aspirin heart risk", "gene memory mice", "vitamin blood children", "sleep immune",
+           "cancer drug trial", "immune cells virus", "what does aspirin reduce", "how do mice memory"]
+
+
+def toy_pairs() -> TrainingPairs:
+    corpus = {f"d{i}": Document(f"d{i}", "", t) for i, t in enumerate(DOCS)}
+    # query 0 and query 6 map to several documents: units of 3 and 2 rows
+    rows = [(0, 0), (0, 4), (0, 5), (1, 1), (2, 2), (3, 3), (4, 4), (5, 5), (6, 0), (6, 1), (7, 1)]
+    pairs = [QueryDocPair(QUERIES[q], f"d{d}", query_id=f"q{q}") for q, d in rows]
+    return TrainingPairs(pairs, corpus)
+
+
+@pytest.fixture()
+def tiny_setup(tiny_llama_dir):
+    gen = load_generator(str(tiny_llama_dir), trained_layers=1, bf16=False)
+    gen.make_trainable("lora", lora_rank=4)
+    pairs = toy_pairs()
+    items = gen.prepare([gen.example(pairs.corpus[p.doc_id].full_text, p.query) for p in pairs.pairs])
+    return gen, pairs, items
+
+
+def test_top_layer_loss_matches_full_model(tiny_llama_dir):
+    gen = load_generator(str(tiny_llama_dir), trained_layers=1, bf16=False)
+    ex = [gen.example(DOCS[0], QUERIES[0]), gen.example(DOCS[1], QUERIES[6])]
+    batch = gen.collate(gen.prepare(ex))
+    with torch.no_grad():
+        cached = gen.loss_module()(**batch)
+        for row, e in enumerate(ex):
+            ids = torch.tensor([e.prompt_ids + e.target_ids])
+            logits = gen.model(input_ids=ids).logits[0]
+            n = len(e.prompt_ids)
+            reference = torch.nn.functional.cross_entropy(logits[n - 1:-1], torch.tensor(e.target_ids))
+            assert cached[row].item() == pytest.approx(reference.item(), rel=1e-5)
+
+
+def brute_force_clipped_sum(gen, pairs, items, units, chosen, clip_norm):
+    """Per-unit gradients by plain autograd, one unit at a time, clipped and summed."""
+    params = gen.trainable_parameters()
+    module = gen.loss_module()
+    total = {n: torch.zeros_like(p) for n, p in params.items()}
+    norms = []
+    for u in chosen:
+        for p in params.values():
+            p.grad = None
+        loss = module(**gen.collate([items[r] for r in units[u]])).sum()
+        loss.backward()
+        norm = math.sqrt(sum(float(p.grad.pow(2).sum()) for p in params.values()))
+        norms.append(norm)
+        factor = min(1.0, clip_norm / norm)
+        for n, p in params.items():
+            total[n] += factor * p.grad
+    for p in params.values():
+        p.grad = None
+    return total, norms
+
+
+def test_dp_step_equals_brute_force_per_unit_clipping(tiny_setup):
+    from opacus import GradSampleModule
+
+    gen, pairs, items = tiny_setup
+    units = pairs.units("query")
+    assert sorted(len(u) for u in units) == [1, 1, 1, 1, 1, 1, 2, 3]
+    chosen = list(range(len(units)))
+    _, norms = brute_force_clipped_sum(gen, pairs, items, units, chosen, clip_norm=1e9)
+    clip = sorted(norms)[len(norms) // 2]  # half the units get clipped
+    reference, _ = brute_force_clipped_sum(gen, pairs, items, units, chosen, clip_norm=clip)
+    module = GradSampleModule(gen.loss_module(), batch_first=True, loss_reduction="sum")
+    params = gen.trainable_parameters()
+    cfg = GeneratorTrainConfig(clip_norm=clip, physical_batch=3, bf16=False)  # units never split
+    expected_batch = 4.0
+    gtrain._dp_step(gen, module, items, units, chosen, params, cfg, sigma=0.0, expected_batch=expected_batch,
+                    rng=torch.Generator().manual_seed(0))
+    for n, p in params.items():
+        torch.testing.assert_close(p.grad * expected_batch, reference[n], rtol=1e-4, atol=1e-6)
+
+
+def test_noise_std_is_sigma_times_clip_norm(tiny_setup):
+    from opacus import GradSampleModule
+
+    gen, pairs, items = tiny_setup
+    gen.make_trainable("full")  # more coordinates for a tight estimate
+    module = GradSampleModule(gen.loss_module(), batch_first=True, loss_reduction="sum")
+    params = gen.trainable_parameters()
+    sigma, clip, expected_batch = 1.7, 0.3, 5.0
+    cfg = GeneratorTrainConfig(clip_norm=clip, bf16=False)
+    gtrain._dp_step(gen, module, items, pairs.units("query"), [], params, cfg, sigma=sigma,
+                    expected_batch=expected_batch, rng=torch.Generator().manual_seed(1))
+    noise = torch.cat([p.grad.flatten() for p in params.values()]) * expected_batch
+    assert noise.numel() > 5000
+    assert noise.std().item() == pytest.approx(sigma * clip, rel=0.03)
+    assert abs(noise.mean().item()) < 4 * sigma * clip / math.sqrt(noise.numel())
+
+
+@pytest.mark.parametrize("epsilon, q, steps", [(8.0, 0.08, 40), (3.0, 0.05, 60), (1.0, 0.2, 10), (16.0, 0.01, 300)])
+def test_calibrated_sigma_reproduces_target_epsilon(epsilon, q, steps):
+    delta = default_delta(809)
+    sigma = calibrate_noise(target_epsilon=epsilon, delta=delta, sample_rate=q, steps=steps)
+    spent = spent_epsilon(noise_multiplier=sigma, sample_rate=q, steps=steps, delta=delta)
+    assert spent <= epsilon * 1.0001 and spent >= 0.99 * epsilon
+
+
+def test_poisson_sampler_matches_accountant_assumption():
+    n, q, draws = 50, 0.1, 4000
+    sampler = PoissonUnitSampler(n, q, torch.Generator().manual_seed(3))
+    counts = torch.zeros(n)
+    sizes = []
+    for _ in range(draws):
+        batch = sampler.sample()
+        assert len(set(batch)) == len(batch)  # a unit appears at most once per step
+        counts[batch] += 1
+        sizes.append(len(batch))
+    freq = counts / draws
+    assert (freq - q).abs().max() < 4 * math.sqrt(q * (1 - q) / draws)
+    sizes = torch.tensor(sizes, dtype=torch.float)
+    assert sizes.var().item() == pytest.approx(n * q * (1 - q), rel=0.15)  # not fixed-size batches
+    assert (sizes == 0).any()  # empty batches happen and are not skipped by the sampler
+
+
+def test_micro_batches_keep_units_whole():
+    units = [[0, 1, 2], [3], [4, 5], [6]]
+    groups = micro_batches(units, [0, 1, 2, 3], max_rows=3)
+    assert groups == [[0], [1, 2], [3]]
+    assert sorted(u for g in groups for u in g) == [0, 1, 2, 3]
+
+
+def test_train_ledger_and_resume_after_crash(tiny_llama_dir, tmp_path, monkeypatch):
+    pairs = toy_pairs()
+    cfg = GeneratorTrainConfig(model=str(tiny_llama_dir), epsilon=4.0, batch_size=4, epochs=2, trained_layers=1,
+                               lora_rank=4, bf16=False, checkpoint_every=2, physical_batch=4)
+    n_units = len(pairs.units("query"))
+    q = 4 / n_units
+    steps = math.ceil(2 / q)
+    calls = {"n": 0}
+    original = gtrain._dp_step
+
+    def crashing_step(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise KeyboardInterrupt("simulated crash")
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(gtrain, "_dp_step", crashing_step)
+    with pytest.raises(KeyboardInterrupt):
+        train_generator(pairs, tmp_path / "gen", cfg, data_hash="abc")
+    saved = PrivacyLedger.load(tmp_path / "gen" / "checkpoint")
+    assert saved.steps == 2 and saved.epsilon > 0
+    with pytest.raises(Exception, match="--resume"):
+        train_generator(pairs, tmp_path / "gen", cfg, data_hash="abc")
+    with pytest.raises(Exception, match="cannot resume"):
+        train_generator(pairs, tmp_path / "gen", cfg.model_copy(update={"clip_norm": 2.0}), data_hash="abc",
+                        resume=True)
+    ledger = train_generator(pairs, tmp_path / "gen", cfg, data_hash="abc", resume=True)
+    assert calls["n"] == 3 + (steps - 2)  # resumed at the checkpointed step
+    assert ledger.steps == steps and ledger.planned_steps == steps
+    assert ledger.delta == pytest.approx(1 / (2 * n_units)) and ledger.unit == "query"
+    assert ledger.sample_rate == pytest.approx(q)
+    assert ledger.epsilon == pytest.approx(4.0, rel=0.01)
+    assert not (tmp_path / "gen" / "checkpoint").exists()
+    on_disk = PrivacyLedger.load(tmp_path / "gen")
+    assert on_disk.created_at and on_disk.model_copy(update={"created_at": ""}) == ledger
+    from privret.models.generator import load_trained_generator
+
+    trained = load_trained_generator(tmp_path / "gen")
+    out = trained.generate(DOCS[:2], num_queries=2, max_new_tokens=5, seed=0)
+    assert len(out) == 2 and all(len(qs) == 2 for qs in out)
