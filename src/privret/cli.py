@@ -21,6 +21,10 @@ retriever_app = typer.Typer(help="Training the dual-encoder retriever.", no_args
 app.add_typer(data_app, name="data")
 app.add_typer(generator_app, name="generator")
 app.add_typer(retriever_app, name="retriever")
+evaluate_app = typer.Typer()
+app.add_typer(evaluate_app, name="evaluate")
+audit_app = typer.Typer(help="Privacy audits of the data and the models.", no_args_is_help=True)
+app.add_typer(audit_app, name="audit")
 out = Console()
 
 DataOpt = Annotated[Optional[Path], typer.Option("--data", help="BEIR dataset directory")]
@@ -145,30 +149,178 @@ def retriever_train(
     out.print(f"retriever written to {out_dir} ({ledger.summary()})")
 
 
-@app.command("evaluate")
+@evaluate_app.callback(invoke_without_command=True)
 def evaluate(
-    model: Annotated[str, typer.Option(help="retriever directory, registry name or HF id")],
-    data: Annotated[Path, typer.Option("--data", help="BEIR dataset")],
+    ctx: typer.Context,
+    model: Annotated[Optional[list[str]], typer.Option(
+        help="retriever directory, registry name or HF id (repeat with --datasets for several rows)")] = None,
+    data: Annotated[Optional[Path], typer.Option("--data", help="one BEIR dataset")] = None,
+    datasets: Annotated[Optional[str], typer.Option(
+        help="several BEIR datasets, comma-separated: paths or names under --data-root (zero-shot table)")] = None,
+    data_root: Annotated[Optional[Path], typer.Option(help="where --datasets names live (privret data download --out)")]
+    = None,
+    label: Annotated[Optional[list[str]], typer.Option(help="row name per --model in the --datasets table")] = None,
     split: Annotated[str, typer.Option(help="qrels split to evaluate on")] = "test",
     json_out: Annotated[Optional[Path], typer.Option("--json", help="also write the metrics here")] = None,
 ) -> None:
-    """Exact FAISS search over the corpus; NDCG@10, Recall@10/100, MRR@10 (pytrec_eval)."""
+    """Exact FAISS search over the corpus; NDCG@10, Recall@10/100, MRR@10 (pytrec_eval).
+
+    `--data D` scores one dataset. `--datasets a,b,c` scores each --model on every dataset and prints
+    the seed's Table 5 layout (NDCG@10 and Recall@10; a row per retriever, a column per dataset).
+    """
+    if ctx.invoked_subcommand is not None:
+        return
+    if not model:
+        out.print(ctx.get_help())
+        raise typer.Exit(0 if data is None and datasets is None else EXIT_BAD_INPUT)
+    if (data is None) == (datasets is None):
+        raise InputError("give exactly one of --data DIR or --datasets a,b,c", field="--data")
+    from privret.io import write_json_atomic
+
+    if datasets is not None:
+        from privret.evaluate.multi import evaluate_many, resolve_datasets, rich_tables
+
+        paths = resolve_datasets(datasets.split(","), data_root)
+        result = evaluate_many(list(model), paths, split, labels=list(label) if label else None)
+        for table in rich_tables(result):
+            out.print(table)
+        if json_out is not None:
+            write_json_atomic(json_out, result)
+        return
+    if len(model) != 1:
+        raise InputError("--data takes one --model (use --datasets for several)", field="--model")
     from rich.table import Table
 
     from privret.data.beir import load_beir
     from privret.evaluate.retrieval import METRICS, evaluate_retriever
-    from privret.io import write_json_atomic
     from privret.models.encoder import load_encoder
 
     dataset = load_beir(data, splits=[split])
-    metrics = evaluate_retriever(load_encoder(model), dataset.corpus, dataset.queries, dataset.split(split))
-    table = Table(title=f"{model} on {data.name}/{split} ({metrics['queries']} queries)")
+    metrics = evaluate_retriever(load_encoder(model[0]), dataset.corpus, dataset.queries, dataset.split(split))
+    table = Table(title=f"{model[0]} on {data.name}/{split} ({metrics['queries']} queries)")
     for m in METRICS:
         table.add_column(m, justify="right")
     table.add_row(*(f"{metrics[m]:.4f}" for m in METRICS))
     out.print(table)
     if json_out is not None:
         write_json_atomic(json_out, metrics)
+
+
+@evaluate_app.command("similarity")
+def evaluate_similarity(
+    synthetic: Annotated[Path, typer.Option(help="synthetic BEIR dataset written by `privret generate`")],
+    data: Annotated[Path, typer.Option("--data", help="the private BEIR dataset")],
+    split: Annotated[str, typer.Option(help="private split the generator was trained on")] = "train",
+    featurizer: Annotated[str, typer.Option(help="sentence encoder for MAUVE features (registry name or path)")]
+    = "minilm-l6",
+    max_texts: Annotated[Optional[int], typer.Option(help="cap |P| and |Q| for MAUVE (random subsample)")] = None,
+    num_buckets: Annotated[str, typer.Option(help="MAUVE k-means buckets: 'auto' (n/10) or an integer")] = "auto",
+    seed: Annotated[int, typer.Option(help="subsampling seed (MAUVE's k-means seed stays 25)")] = 0,
+    json_out: Annotated[Optional[Path], typer.Option("--json", help="write the result here (JSON)")] = None,
+) -> None:
+    """Corpus BLEU (sacrebleu) and MAUVE between synthetic and original queries (seed section 6.2)."""
+    from rich.table import Table
+
+    from privret.evaluate.similarity import MauveSettings, evaluate_similarity as run, format_epsilon
+    from privret.io import write_json_atomic
+
+    if num_buckets != "auto":
+        try:
+            buckets: int | str = int(num_buckets)
+        except ValueError:
+            raise InputError(f"'{num_buckets}' is neither 'auto' nor an integer", field="--num-buckets") from None
+        if buckets < 2:
+            raise InputError("must be at least 2", field="--num-buckets")
+    else:
+        buckets = "auto"
+    result = run(data, split, synthetic, featurizer=featurizer, mauve=MauveSettings(num_buckets=buckets),
+                 max_texts=max_texts, seed=seed)
+    table = Table(title=f"similarity of {synthetic.name} to {data.name}/{split}")
+    for column in ("ε", "BLEU", "MAUVE", "pairs", "featuriser"):
+        table.add_column(column, justify="right")
+    table.add_row(format_epsilon(result["synthetic"]["epsilon"]), f"{result['bleu']:.4f}", f"{result['mauve']:.4f}",
+                  str(result["pairs"]), featurizer)
+    out.print(table)
+    if json_out is not None:
+        write_json_atomic(json_out, result)
+
+
+@audit_app.command("overlap")
+def audit_overlap(
+    data: Annotated[Path, typer.Option("--data", help="the private BEIR dataset")],
+    corpus: Annotated[Optional[list[Path]], typer.Option(
+        help="text corpus standing for the pretraining data: .txt (a record per line) or .jsonl; .gz ok; repeatable")]
+    = None,
+    split: Annotated[str, typer.Option(help="split holding the private queries")] = "train",
+    field: Annotated[Optional[str], typer.Option(help="JSONL field with the text (default 'text' for *.jsonl)")]
+    = None,
+    min_tokens: Annotated[int, typer.Option(help="leave out queries shorter than this (normalised tokens)")] = 1,
+    sample: Annotated[Optional[int], typer.Option(help="check a random sample of this many private queries")] = None,
+    likelihood: Annotated[bool, typer.Option(help="also run the likelihood test (no corpus needed)")] = True,
+    model: Annotated[str, typer.Option(help="public causal LM for the likelihood test")] = "smollm2-135m",
+    heldout_split: Annotated[str, typer.Option(help="never-private queries of the same distribution")] = "test",
+    max_queries: Annotated[int, typer.Option(help="likelihood test: queries per set (random subsample)")] = 1000,
+    seed: Annotated[int, typer.Option()] = 0,
+    json_out: Annotated[Optional[Path], typer.Option("--json", help="write the result here (JSON)")] = None,
+) -> None:
+    """Private queries/documents found verbatim in a public corpus, and the public LM's loss gap (seed 5.2.3)."""
+    from rich.table import Table
+
+    from privret.io import write_json_atomic
+
+    if not corpus and not likelihood:
+        raise InputError("nothing to do: give --corpus FILE and/or keep --likelihood", field="--corpus")
+    result: dict = {}
+    if corpus:
+        from privret.evaluate.overlap import corpus_overlap
+
+        result["overlap"] = corpus_overlap(data, split, list(corpus), field=field, min_tokens=min_tokens,
+                                           sample=sample, seed=seed)
+        table = Table(title=f"verbatim overlap of {data.name}/{split} with {len(corpus)} corpus file(s)")
+        for column in ("", "checked", "found", "fraction"):
+            table.add_column(column, justify="right")
+        for kind in ("queries", "documents"):
+            row = result["overlap"][kind]
+            table.add_row(kind, str(row["eligible"]), str(row["found"]),
+                          "-" if row["fraction"] is None else f"{row['fraction']:.2%}")
+        out.print(table)
+    if likelihood:
+        from privret.data.beir import load_beir
+        from privret.evaluate.overlap import likelihood_test, queries_of_split
+
+        dataset = load_beir(data, splits=[split, heldout_split])
+        lik = likelihood_test(queries_of_split(dataset, split), queries_of_split(dataset, heldout_split),
+                              model=model, max_queries=max_queries, seed=seed)
+        result["likelihood"] = {**lik, "private_split": split, "heldout_split": heldout_split}
+        table = Table(title=f"likelihood test: {model} on {split} (private) vs {heldout_split} (held out)")
+        for column in ("loss private", "loss held-out", "gap", "AUC", "z", "p", "flagged"):
+            table.add_column(column, justify="right")
+        table.add_row(f"{lik['private']['mean']:.3f}", f"{lik['heldout']['mean']:.3f}", f"{lik['mean_gap']:+.3f}",
+                      f"{lik['auc']:.3f}", f"{lik['z']:.2f}", f"{lik['p_value']:.2g}",
+                      "[bold red]yes[/]" if lik["flagged"] else "no")
+        out.print(table)
+    if json_out is not None:
+        write_json_atomic(json_out, result)
+
+
+@data_app.command("download")
+def data_download(
+    name: Annotated[str, typer.Argument(help="BEIR dataset name, e.g. scifact, nfcorpus, fiqa")],
+    out_dir: Annotated[Path, typer.Option("--out", help="datasets folder; the dataset lands in OUT/NAME")]
+    = Path("datasets"),
+    url: Annotated[Optional[str], typer.Option(help="another URL for the archive (mirror)")] = None,
+    md5: Annotated[Optional[str], typer.Option(help="expected MD5 (default: BEIR's published one)")] = None,
+    archive: Annotated[Optional[Path], typer.Option(help="an archive fetched by hand: verify and unpack it")] = None,
+    force: Annotated[bool, typer.Option(help="replace OUT/NAME if present")] = False,
+) -> None:
+    """Download a public BEIR dataset by its official archive URL, verify its MD5, unpack atomically."""
+    from privret.data.download import download_dataset
+
+    info = download_dataset(name, out_dir, url=url, md5=md5, archive=archive, force=force)
+    if info["status"] == "present":
+        out.print(f"{info['path']} already present (--force to replace)")
+    else:
+        out.print(f"{name}: {info['status']} to {info['path']} (md5 {info['md5']} verified)")
 
 
 @app.command("pipeline")
