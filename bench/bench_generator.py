@@ -1,0 +1,146 @@
+"""Generator speed benchmarks (issue: DP synthetic-query pipeline), ratios measured side by side.
+
+(a) DP step time / non-private step time, same model, batch and trainable parameters
+    (LoRA and full fine-tuning of the top layers).
+(b) training throughput (examples/s) of the shipped default (LoRA on the top layers, cached
+    frozen activations, LM head only on query tokens, bf16, DP) over a straightforward LoRA
+    fine-tune of all linear layers computing the full LM head on every position (fp32, non-DP).
+(c) batched generation (KV cache, one call per batch) over one document at a time.
+
+    .venv/bin/python bench/bench_generator.py --data ../shared/data/scifact --out bench/results/generator.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+from pathlib import Path
+
+import torch
+from opacus import GradSampleModule
+
+from privret.data.beir import load_beir
+from privret.data.pairs import pairs_from_beir
+from privret.models.generator import load_generator
+from privret.train import generator as gtrain
+from privret.train.generator import GeneratorTrainConfig
+
+
+def sampled_batches(units, batch_units: int, count: int, seed: int = 0) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randperm(len(units), generator=g)[:batch_units].tolist() for _ in range(count)]
+
+
+def time_steps(gen, pairs, cfg, batches, private: bool) -> float:
+    """Seconds per step (mean over ``batches`` after one warm-up step)."""
+    units = pairs.units("query")
+    items = gen.prepare([gen.example(pairs.corpus[p.doc_id].full_text, p.query) for p in pairs.pairs])
+    module = gen.loss_module()
+    if private:
+        module = GradSampleModule(module, batch_first=True, loss_reduction="sum")
+    params = gen.trainable_parameters()
+    rng = torch.Generator().manual_seed(0)
+    times = []
+    for k, chosen in enumerate(batches):
+        start = time.perf_counter()
+        if private:
+            gtrain._dp_step(gen, module, items, units, chosen, params, cfg, 1.0, float(len(chosen)), rng)
+        else:
+            gtrain._plain_step(gen, module, items, units, chosen, params)
+        for p in params.values():
+            p.grad = None
+        if k > 0:
+            times.append(time.perf_counter() - start)
+    return sum(times) / len(times)
+
+
+def naive_lora_seconds_per_example(pairs, batches, max_doc_tokens: int) -> float:
+    """Straightforward baseline: PEFT LoRA on every linear layer, full forward with labels (LM head on
+    every position), fp32, no caching."""
+    from peft import LoraConfig, get_peft_model
+
+    gen = load_generator("smollm2-135m", max_doc_tokens=max_doc_tokens, bf16=False)
+    model = get_peft_model(gen.model, LoraConfig(r=8, lora_alpha=16, target_modules="all-linear"))
+    units = pairs.units("query")
+    examples = [gen.example(pairs.corpus[p.doc_id].full_text, p.query) for p in pairs.pairs]
+    seconds, count = 0.0, 0
+    for k, chosen in enumerate(batches):
+        rows = [r for u in chosen for r in units[u]]
+        start = time.perf_counter()
+        for lo in range(0, len(rows), 16):
+            chunk = [examples[r] for r in rows[lo: lo + 16]]
+            ids = [torch.tensor(e.prompt_ids + e.target_ids) for e in chunk]
+            labels = [torch.tensor([-100] * len(e.prompt_ids) + e.target_ids) for e in chunk]
+            batch = torch.nn.utils.rnn.pad_sequence(ids, batch_first=True, padding_value=gen.tokenizer.pad_token_id)
+            lab = torch.nn.utils.rnn.pad_sequence(labels, batch_first=True, padding_value=-100)
+            model(input_ids=batch, attention_mask=(lab != -100) | (batch != gen.tokenizer.pad_token_id),
+                  labels=lab).loss.backward()
+        model.zero_grad(set_to_none=True)
+        if k > 0:
+            seconds += time.perf_counter() - start
+            count += len(rows)
+    return seconds / count
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data", type=Path, required=True)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--batch-units", type=int, default=32)
+    parser.add_argument("--steps", type=int, default=4, help="timed steps (+1 warm-up)")
+    parser.add_argument("--pairs", type=int, default=256, help="training pairs used (cache size)")
+    parser.add_argument("--generate-docs", type=int, default=32)
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    dataset = load_beir(args.data, splits=["train"])
+    full = pairs_from_beir(dataset, "train")
+    pairs = type(full)(full.pairs[: args.pairs], full.corpus)
+    batches = sampled_batches(pairs.units("query"), args.batch_units, args.steps + 1)
+    defaults = GeneratorTrainConfig()
+    results: dict = {"machine": f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads",
+                     "torch": torch.__version__, "batch_units": args.batch_units, "timed_steps": args.steps,
+                     "max_doc_tokens": defaults.max_doc_tokens}
+
+    # (a) DP / non-private, same trainable parameters
+    for mode in ("lora", "full"):
+        row = {}
+        for private in (False, True):
+            gen = load_generator("smollm2-135m", max_doc_tokens=defaults.max_doc_tokens,
+                                 trained_layers=defaults.trained_layers)
+            gen.make_trainable(mode, lora_rank=defaults.lora_rank)
+            row["dp" if private else "non_private"] = time_steps(gen, pairs, defaults, batches, private)
+        row["ratio_dp_over_non_private"] = row["dp"] / row["non_private"]
+        results[f"a_{mode}"] = row
+        print(mode, row, flush=True)
+
+    # (b) shipped default (DP, LoRA) vs the straightforward LoRA fine-tune
+    rows_per_batch = sum(len(pairs.units("query")[u]) for b in batches[1:] for u in b) / args.steps
+    default_spe = results["a_lora"]["dp"] / rows_per_batch
+    naive_spe = naive_lora_seconds_per_example(pairs, batches, defaults.max_doc_tokens)
+    results["b_throughput"] = {"default_dp_examples_per_s": 1 / default_spe, "naive_lora_examples_per_s": 1 / naive_spe,
+                               "speedup": naive_spe / default_spe}
+    print(results["b_throughput"], flush=True)
+
+    # (c) batched generation vs one document at a time
+    gen = load_generator("smollm2-135m", max_doc_tokens=defaults.max_doc_tokens)
+    docs = [d.full_text for d in list(dataset.corpus.values())[: args.generate_docs]]
+    gen.generate(docs[:2], max_new_tokens=4, seed=0)  # warm-up
+    start = time.perf_counter()
+    gen.generate(docs, num_queries=1, max_new_tokens=32, seed=0)
+    batched = (time.perf_counter() - start) / len(docs)
+    single_docs = docs[:8]
+    start = time.perf_counter()
+    for d in single_docs:
+        gen.generate([d], num_queries=1, max_new_tokens=32, seed=0)
+    single = (time.perf_counter() - start) / len(single_docs)
+    results["c_generation"] = {"batched_s_per_doc": batched, "single_s_per_doc": single, "speedup": single / batched,
+                               "batch": len(docs)}
+    print(results["c_generation"], flush=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

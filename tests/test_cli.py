@@ -1,0 +1,100 @@
+"""The command line: --help everywhere, one-line errors with exit code 2 for bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+
+def run_cli(*args: str, cwd=None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "privret.cli", *args], capture_output=True, text=True, cwd=cwd,
+                          timeout=300)
+
+
+def _commands(group, prefix=()):
+    import typer.main
+
+    click_group = typer.main.get_command(group) if not hasattr(group, "commands") else group
+    for name, command in click_group.commands.items():
+        yield (*prefix, name)
+        if hasattr(command, "commands"):
+            yield from _commands(command, (*prefix, name))
+
+
+def test_every_command_has_help():
+    from privret.cli import app
+
+    commands = list(_commands(app))
+    assert ("generator", "train") in commands and ("pipeline",) in commands and ("demo",) in commands
+    for command in commands:
+        result = run_cli(*command, "--help")
+        assert result.returncode == 0, (command, result.stderr)
+        assert "Usage" in result.stdout
+
+
+def test_validate_ok(toy_beir):
+    result = run_cli("data", "validate", str(toy_beir))
+    assert result.returncode == 0 and "6 documents" in result.stdout
+
+
+@pytest.mark.parametrize("corrupt, expected", [
+    (lambda d: (d / "corpus.jsonl").write_bytes((d / "corpus.jsonl").read_bytes() + b'{"_id": "x", "text": "\xff"}\n'),
+     "corpus.jsonl:7: not valid UTF-8"),
+    (lambda d: (d / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\nt1\tzzz\t1\n"),
+     "test.tsv:2, field 'corpus-id': unknown document id 'zzz'"),
+    (lambda d: (d / "queries.jsonl").write_text('{"_id": "q1"}\n'), "queries.jsonl:1, field 'text': missing"),
+])
+def test_bad_input_exits_2_with_one_line(toy_beir, corrupt, expected):
+    corrupt(toy_beir)
+    result = run_cli("data", "validate", str(toy_beir))
+    assert result.returncode == 2
+    assert expected in result.stderr
+    assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_bad_epsilon_and_delta_exit_2(toy_beir, tmp_path):
+    out = tmp_path / "gen"
+    result = run_cli("generator", "train", "--data", str(toy_beir), "--out", str(out), "--epsilon", "-1")
+    assert result.returncode == 2 and "epsilon must be > 0" in result.stderr
+    result = run_cli("generator", "train", "--data", str(toy_beir), "--out", str(out), "--delta", "0.5")
+    assert result.returncode == 2 and "delta must be in (0, 1/n)" in result.stderr
+    assert not out.exists()
+
+
+def test_pipeline_config_errors(tmp_path):
+    config = tmp_path / "bad.yaml"
+    config.write_text("name: x\ndataset: data\nepsilons: [8, -3]\n")
+    result = run_cli("pipeline", str(config))
+    assert result.returncode == 2 and "epsilons" in result.stderr
+    config.write_text("name: x\ndataset: data\nepsilons: [8]\ngenerator: {clip_norm: .nan}\n")
+    result = run_cli("pipeline", str(config))
+    assert result.returncode == 2 and "generator.clip_norm" in result.stderr
+    config.write_text("name: [unclosed\n")
+    result = run_cli("pipeline", str(config))
+    assert result.returncode == 2 and "invalid YAML" in result.stderr
+
+
+def test_unknown_model_is_a_clear_error(toy_beir, tmp_path):
+    result = run_cli("evaluate", "--model", str(tmp_path / "no-such-model"), "--data", str(toy_beir))
+    assert result.returncode == 2 and "model directory not found" in result.stderr
+
+
+def test_offline_hub_id_says_how_to_get_it(tmp_path, monkeypatch):
+    from privret.errors import ModelUnavailableError
+    from privret.models.registry import resolve
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path))
+    with pytest.raises(ModelUnavailableError, match="hf download some-org/some-model"):
+        resolve("some-org/some-model")
+
+
+def test_json_metrics_output(tmp_path, toy_beir, tiny_bert_dir):
+    out = tmp_path / "m.json"
+    result = run_cli("evaluate", "--model", str(tiny_bert_dir), "--data", str(toy_beir), "--json", str(out))
+    assert result.returncode == 0, result.stderr
+    metrics = json.loads(out.read_text())
+    assert set(metrics) >= {"ndcg@10", "recall@10", "recall@100", "mrr@10"} and metrics["queries"] == 2
