@@ -55,15 +55,18 @@ class Source:
     md5: str
 
 
-def source(name: str, *, url: str | None = None, md5: str | None = None) -> Source:
-    """The official archive of ``name`` (``url``/``md5`` override it, e.g. for a mirror)."""
-    if name not in BEIR_MD5 and (url is None or md5 is None):
+def source(name: str, *, url: str | None = None, md5: str | None = None, local: bool = False) -> Source:
+    """The official archive of ``name`` (``url``/``md5`` override it, e.g. for a mirror).
+
+    ``local``: the archive is a file given by hand, so an unknown name needs only ``md5``.
+    """
+    if name not in BEIR_MD5 and (md5 is None or (url is None and not local)):
         raise InputError(f"unknown BEIR dataset '{name}' (known: {', '.join(sorted(BEIR_MD5))}); "
-                         "for another archive give both --url and --md5", field="NAME")
+                         "for another archive give --md5 and --url (or --archive)", field="NAME")
     checksum = (md5 or BEIR_MD5[name]).lower()
     if len(checksum) != 32 or any(c not in "0123456789abcdef" for c in checksum):
         raise InputError(f"'{md5}' is not an MD5 hex digest", field="--md5")
-    return Source(name, url or f"{BEIR_BASE_URL}/{name}.zip", checksum)
+    return Source(name, url or (f"{BEIR_BASE_URL}/{name}.zip" if name in BEIR_MD5 else ""), checksum)
 
 
 def md5_of(path: Path) -> str:
@@ -130,7 +133,7 @@ def extract(archive_path: Path, name: str, target: Path) -> Path:
 def download_dataset(name: str, out_dir: str | Path, *, url: str | None = None, md5: str | None = None,
                      archive: str | Path | None = None, keep_archive: bool = False, force: bool = False) -> dict:
     """Download (or take ``archive``), verify the MD5, unpack to ``<out_dir>/<name>``; return a summary."""
-    src = source(name, url=url, md5=md5)
+    src = source(name, url=url, md5=md5, local=archive is not None)
     out_dir = Path(out_dir)
     target = out_dir / name
     if target.exists() and not force:
