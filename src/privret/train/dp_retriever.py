@@ -1,0 +1,429 @@
+"""Direct DP training of the dual encoder on the private pairs: four honest mechanisms side by side.
+
+Every method is DP-SGD over Poisson-sampled privacy units (each of the N units joins a step
+independently with probability q = batch_size / N, as the accountant assumes); a step releases
+``s(batch) + N(0, (sigma * Delta)^2 I)`` where ``s`` is the method's clipped gradient sum, ``Delta``
+its L2 sensitivity to adding or removing one unit (stated below, proven in
+``tests/test_dp_retriever.py``) and sigma is calibrated by the accountant for T = ceil(epochs / q)
+steps. The noisy sum, divided by the expected batch q N, goes to Adam. Logits are
+``cos(q_i, d_j) / temperature``.
+
+* ``naive`` (seed ``dp-synthetic-queries-retrieval.txt`` 3.3.2, 5.3.2): unit u's gradient is the
+  gradient of its own rows' in-batch softmax losses, G_u = grad sum_{i in u} l_i(batch), clipped to C.
+  Its pair is a negative of every other unit, so adding a unit changes *every* clipped term: each by
+  at most 2C. The batch is capped at K units (a uniformly random K of the sampled units; K =
+  ``max_batch_units``, default ``batch_size + ceil(4 sqrt(batch_size))``) and, since the cap can make an
+  added unit evict another one, **Delta = 2 K C** (add: C + 2C (K-1); swap: 2C + 2C (K-1)).
+  Cost: one backward pass per unit (exact norms) plus one reweighted pass.
+* ``batch-clip`` ("Naive-DP" of the Logit-DP seed, 2.3): the whole batch gradient clipped to C. Any
+  two batches give outputs of norm <= C, so **Delta = 2 C**, whatever the batch size. One backward.
+* ``logit-dp`` (Logit-DP seed, Algorithm 1, Theorem 4.2, section 5.3): one row per sampled unit, every
+  similarity gradient g_ij clipped to B = ``clip_norm`` through the reweighting lambda_ij, **Delta =
+  B * f** with f = :func:`privret.privacy.logit_dp.logit_dp_factor` (f = 2 (1 + e^{2/t}) for the
+  contrastive loss with temperature t, + 6/t per unit of spreadout weight; with the cap, 2 f(K) if that
+  is smaller). No false-negative masking: masking would shrink rows and break the constants.
+  Cost: n backward passes without weight gradients (per-side pair norms, exact) plus one backward of F.
+* ``public-negatives``: unit u's loss is its own pairs against ``public_negatives`` documents drawn
+  uniformly from the public corpus, independently of the private data, embedded without gradient
+  (constants for the step). The loss decomposes per unit, so ordinary per-unit clipping applies:
+  **Delta = C**, independent of the batch. It protects the same unit as the others (a query with all
+  its clicked documents, a pair, or a user); the public documents themselves are not protected (they
+  are public by assumption). Cost: one backward with per-unit ghost norms plus one reweighted backward,
+  plus a no-grad forward of the negatives.
+
+Trainable parameters (``trainable``): ``all`` (every encoder parameter except the position embeddings,
+which broadcast over the batch and cannot be clipped per sample, and the unused pooler), ``top:K``
+(the top K transformer layers; lower layers are frozen and their backward is skipped), ``lora`` (LoRA
+adapters of rank ``lora_rank`` on the attention query/key/value projections, merged before saving).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from privret.data.beir import Document
+from privret.data.pairs import PrivacyUnit, TrainingPairs
+from privret.errors import InputError
+from privret.io import atomic_path, write_json_atomic
+from privret.models.encoder import features, load_encoder
+from privret.models.registry import DEFAULT_ENCODER
+from privret.privacy.accounting import calibrate_noise, check_budget, default_delta, spent_epsilon
+from privret.privacy.clipping import gaussian_noise_like
+from privret.privacy.ledger import PrivacyLedger
+from privret.privacy.logit_dp import (GhostNorms, logit_dp_factor, loss_logit_grads, pair_norm_bounds, reweighting,
+                                      row_losses)
+from privret.privacy.sampling import PoissonUnitSampler
+from privret.progress import Progress
+
+METHODS = ("naive", "batch-clip", "logit-dp", "public-negatives")
+Method = Literal["naive", "batch-clip", "logit-dp", "public-negatives"]
+
+
+class DPRetrieverConfig(BaseModel):
+    """Configuration of :func:`train_dp_retriever` (see the module docstring for each method)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    method: Method = "logit-dp"
+    model: str = DEFAULT_ENCODER
+    epsilon: float = Field(8.0, gt=0, allow_inf_nan=False, description="target epsilon (finite)")
+    delta: float | None = Field(None, description="default 1/(2n), n = number of units")
+    unit: PrivacyUnit = PrivacyUnit.query
+    clip_norm: float = Field(1.0, gt=0, allow_inf_nan=False, description="C (per unit / batch) or B (per pair)")
+    batch_size: int = Field(32, gt=1, description="expected number of units per step (Poisson)")
+    max_batch_units: int | None = Field(None, gt=1, description="cap K on units per step (naive; logit-dp)")
+    epochs: float = Field(1.0, gt=0, allow_inf_nan=False)
+    learning_rate: float = Field(2e-5, gt=0, allow_inf_nan=False)
+    temperature: float | None = Field(None, gt=0, allow_inf_nan=False,
+                                      description="default 0.05, logit-dp 0.5")
+    spreadout_weight: float = Field(0.0, ge=0, allow_inf_nan=False, description="logit-dp only")
+    trainable: str = Field("all", pattern=r"^(all|lora|top:[1-9][0-9]*)$")
+    lora_rank: int = Field(8, gt=0)
+    public_negatives: int = Field(32, gt=0, description="negatives per step (public-negatives)")
+    max_query_tokens: int = Field(64, gt=0)
+    max_doc_tokens: int = Field(256, gt=0)
+    accountant: str = "prv"
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _method_options(self):
+        if self.spreadout_weight and self.method != "logit-dp":
+            raise ValueError("spreadout_weight applies to logit-dp only")
+        return self
+
+    @property
+    def tau(self) -> float:
+        if self.temperature is not None:
+            return self.temperature
+        return 0.5 if self.method == "logit-dp" else 0.05
+
+    @property
+    def cap(self) -> int:
+        return self.max_batch_units or self.batch_size + math.ceil(4 * math.sqrt(self.batch_size))
+
+
+@dataclass(frozen=True)
+class Mechanism:
+    """Per-step privacy mechanism: sensitivity Delta, the unit cap (None: no truncation), the noise std."""
+
+    sensitivity: float
+    cap: int | None
+    sigma: float
+
+    @property
+    def noise_std(self) -> float:
+        return self.sensitivity * self.sigma
+
+
+def sensitivity(cfg: DPRetrieverConfig) -> tuple[float, int | None]:
+    """(Delta, cap) of one step of ``cfg.method``; cap None means the batch is never truncated."""
+    c = cfg.clip_norm
+    if cfg.method == "naive":
+        return 2.0 * cfg.cap * c, cfg.cap
+    if cfg.method == "batch-clip":
+        return 2.0 * c, None
+    if cfg.method == "public-negatives":
+        return c, None
+    free = logit_dp_factor(temperature=cfg.tau, spreadout_weight=cfg.spreadout_weight)
+    capped = logit_dp_factor(temperature=cfg.tau, spreadout_weight=cfg.spreadout_weight, max_rows=cfg.cap)
+    return (capped * c, cfg.cap) if capped < free else (free * c, None)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# One step's batch and the four clipped sums
+
+
+@dataclass
+class StepBatch:
+    """Rows of the sampled units: texts, the unit (0..m-1) and document id of each row."""
+
+    queries: list[str]
+    docs: list[str]
+    unit_of_row: torch.Tensor
+    doc_ids: list[str]
+    n_units: int
+    negatives: list[str] | None = None
+
+
+def _encode(model, texts: list[str], max_length: int) -> torch.Tensor:
+    return F.normalize(model(features(model, texts, max_length=max_length))["sentence_embedding"].float(), dim=-1)
+
+
+def _masked_logits(e_q, e_d, batch: StepBatch, temperature: float) -> torch.Tensor:
+    """In-batch logits with off-diagonal false negatives (same unit or same document) masked out."""
+    logits = e_q @ e_d.T / temperature
+    u = batch.unit_of_row.to(logits.device)
+    same_doc = torch.tensor([[a == b for b in batch.doc_ids] for a in batch.doc_ids], device=logits.device)
+    mask = ((u[:, None] == u[None, :]) | same_doc) & ~torch.eye(len(u), dtype=torch.bool, device=logits.device)
+    return logits.masked_fill(mask, float("-inf"))
+
+
+def _grads(scalar: torch.Tensor, params: list[torch.Tensor], *, retain: bool) -> list[torch.Tensor]:
+    got = torch.autograd.grad(scalar, params, retain_graph=retain, allow_unused=True)
+    return [torch.zeros_like(p) if g is None else g for g, p in zip(got, params)]
+
+
+def _norm(grads: list[torch.Tensor]) -> torch.Tensor:
+    return torch.sqrt(sum(g.float().pow(2).sum() for g in grads))
+
+
+def clipped_sum(method: str, model, params: list[torch.Tensor], batch: StepBatch, cfg: DPRetrieverConfig,
+                ) -> tuple[list[torch.Tensor], dict]:
+    """The method's clipped gradient sum s(batch) (before noise) and step statistics."""
+    if not batch.queries:
+        return [torch.zeros_like(p) for p in params], {"loss": float("nan")}
+    if method == "naive":
+        return _naive(model, params, batch, cfg)
+    if method == "batch-clip":
+        return _batch_clip(model, params, batch, cfg)
+    if method == "logit-dp":
+        return _logit_dp(model, params, batch, cfg)
+    if method == "public-negatives":
+        return _public_negatives(model, params, batch, cfg)
+    raise InputError(f"unknown method '{method}' (choose from {', '.join(METHODS)})", field="method")
+
+
+def _naive(model, params, batch, cfg):
+    e_q = _encode(model, batch.queries, cfg.max_query_tokens)
+    e_d = _encode(model, batch.docs, cfg.max_doc_tokens)
+    losses = F.cross_entropy(_masked_logits(e_q, e_d, batch, cfg.tau),
+                             torch.arange(len(batch.queries), device=e_q.device), reduction="none")
+    u = batch.unit_of_row.to(losses.device)
+    unit_losses = torch.zeros(batch.n_units, device=losses.device).index_add(0, u, losses)
+    norms = torch.stack([_norm(_grads(unit_losses[k], params, retain=True)) for k in range(batch.n_units)])
+    factors = (cfg.clip_norm / norms.clamp_min(1e-12)).clamp(max=1.0)
+    out = _grads((factors.detach() * unit_losses).sum(), params, retain=False)
+    return out, {"loss": losses.mean().item(), "clipped": (norms > cfg.clip_norm).float().mean().item()}
+
+
+def _batch_clip(model, params, batch, cfg):
+    e_q = _encode(model, batch.queries, cfg.max_query_tokens)
+    e_d = _encode(model, batch.docs, cfg.max_doc_tokens)
+    losses = F.cross_entropy(_masked_logits(e_q, e_d, batch, cfg.tau),
+                             torch.arange(len(batch.queries), device=e_q.device), reduction="none")
+    grads = _grads(losses.sum(), params, retain=False)
+    norm = _norm(grads)
+    factor = min(1.0, cfg.clip_norm / max(norm.item(), 1e-12))
+    return [g * factor for g in grads], {"loss": losses.mean().item(), "clipped": float(norm > cfg.clip_norm)}
+
+
+def _logit_dp(model, params, batch, cfg):
+    if batch.n_units != len(batch.queries):
+        raise ValueError("logit-dp takes exactly one row per unit")
+    tracker = GhostNorms(model)
+    try:
+        tracker.slot = "q"
+        e_q = _encode(model, batch.queries, cfg.max_query_tokens)
+        tracker.slot = "d"
+        e_d = _encode(model, batch.docs, cfg.max_doc_tokens)
+        tracker.slot = None
+        logits = e_q @ e_d.T / cfg.tau
+        tau = loss_logit_grads(logits.detach(), cfg.spreadout_weight)
+        q_side, d_side = pair_norm_bounds(tracker, e_q, e_d, cfg.tau)
+    finally:
+        tracker.remove()
+    bounds = q_side + d_side
+    lam = reweighting(tau, bounds, cfg.clip_norm)
+    out = _grads((lam * logits).sum(), params, retain=False)
+    loss = row_losses(logits.detach(), cfg.spreadout_weight).mean().item()
+    return out, {"loss": loss, "clipped": (bounds > cfg.clip_norm).float().mean().item()}
+
+
+def _public_negatives(model, params, batch, cfg):
+    with torch.no_grad():
+        e_n = _encode(model, batch.negatives, cfg.max_doc_tokens) if batch.negatives else None
+    tracker = GhostNorms(model)
+    try:
+        tracker.slot = "q"
+        e_q = _encode(model, batch.queries, cfg.max_query_tokens)
+        tracker.slot = "d"
+        e_d = _encode(model, batch.docs, cfg.max_doc_tokens)
+        tracker.slot = None
+        losses = public_negative_losses(e_q, e_d, e_n, cfg.tau)
+        total = losses.sum()
+        cot = torch.autograd.grad(total, [e_q, e_d], retain_graph=True)
+        u = batch.unit_of_row
+        sq = tracker.group_sq_norms([e_q, e_d], list(cot), {"q": u, "d": u}, batch.n_units)
+    finally:
+        tracker.remove()
+    norms = sq.clamp_min(0).sqrt()
+    factors = (cfg.clip_norm / norms.clamp_min(1e-12)).clamp(max=1.0)
+    out = _grads((factors[u.to(losses.device)].detach() * losses).sum(), params, retain=False)
+    return out, {"loss": losses.mean().item(), "clipped": (norms > cfg.clip_norm).float().mean().item()}
+
+
+def public_negative_losses(e_q: torch.Tensor, e_d: torch.Tensor, e_n: torch.Tensor | None,
+                           temperature: float) -> torch.Tensor:
+    """Row i: -log softmax([cos(q_i, d_i), cos(q_i, n_1..n_M)] / t)[0]; negatives are constants."""
+    pos = (e_q * e_d).sum(dim=1, keepdim=True)
+    cols = [pos] if e_n is None else [pos, e_q @ e_n.detach().T]
+    logits = torch.cat(cols, dim=1) / temperature
+    return F.cross_entropy(logits, torch.zeros(len(e_q), dtype=torch.long, device=e_q.device), reduction="none")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Trainable parameters
+
+
+def make_trainable(model, spec: str, *, lora_rank: int = 8) -> dict[str, torch.nn.Parameter]:
+    """Freeze all but the chosen parameters of a SentenceTransformer (see module docstring)."""
+    auto = model[0].auto_model
+    for p in model.parameters():
+        p.requires_grad_(False)
+    if spec == "lora":
+        from peft import LoraConfig, get_peft_model
+
+        targets = [n for n in ("query", "key", "value") if any(name.endswith("." + n) for name, _ in
+                                                                 auto.named_modules())] or ["q_proj", "v_proj"]
+        peft_model = get_peft_model(auto, LoraConfig(r=lora_rank, lora_alpha=2 * lora_rank, lora_dropout=0.0,
+                                                     target_modules=targets))
+        model[0].auto_model = peft_model
+        return {n: p for n, p in model.named_parameters() if "lora_" in n}
+    layers = _layer_list(auto)
+    if spec == "all":
+        chosen = [p for n, p in auto.named_parameters() if "pooler" not in n and "position_embeddings" not in n]
+    else:
+        k = int(spec.split(":")[1])
+        if k > len(layers):
+            raise InputError(f"the encoder has {len(layers)} layers, cannot train the top {k}", field="trainable")
+        chosen = [p for layer in layers[-k:] for p in layer.parameters()]
+    for p in chosen:
+        p.requires_grad_(True)
+    return {n: p for n, p in model.named_parameters() if p.requires_grad}
+
+
+def _layer_list(auto) -> torch.nn.ModuleList:
+    for name, module in auto.named_modules():
+        if isinstance(module, torch.nn.ModuleList) and name.split(".")[-1] in ("layer", "layers"):
+            return module
+    raise InputError("cannot find the transformer layers of this encoder", field="trainable")
+
+
+def _finalise(model) -> None:
+    """Merge LoRA adapters so the saved model is a plain SentenceTransformer."""
+    auto = model[0].auto_model
+    if hasattr(auto, "merge_and_unload"):
+        model[0].auto_model = auto.merge_and_unload()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Training
+
+
+def plan(cfg: DPRetrieverConfig, n_units: int) -> tuple[float, int, float, Mechanism]:
+    """(sample rate q, steps T, delta, mechanism) for a run over ``n_units`` units."""
+    sample_rate = min(1.0, cfg.batch_size / n_units)
+    steps = max(1, math.ceil(cfg.epochs / sample_rate))
+    delta = cfg.delta if cfg.delta is not None else default_delta(n_units)
+    check_budget(cfg.epsilon, delta, n_units)
+    sigma = calibrate_noise(target_epsilon=cfg.epsilon, delta=delta, sample_rate=sample_rate, steps=steps,
+                            accountant=cfg.accountant)
+    sens, cap = sensitivity(cfg)
+    return sample_rate, steps, delta, Mechanism(sensitivity=sens, cap=cap, sigma=sigma)
+
+
+def build_batch(pairs: TrainingPairs, units: list[list[int]], chosen: list[int], cfg: DPRetrieverConfig,
+                rng: torch.Generator, public_ids: list[str] | None, cap: int | None) -> StepBatch:
+    """Rows of the chosen units: truncated to ``cap`` units (uniformly), one random row each for logit-dp."""
+    if cap is not None and len(chosen) > cap:
+        keep = torch.randperm(len(chosen), generator=rng)[:cap].sort().values.tolist()
+        chosen = [chosen[k] for k in keep]
+    rows, owner = [], []
+    for k, u in enumerate(chosen):
+        unit_rows = units[u]
+        if cfg.method == "logit-dp":
+            unit_rows = [unit_rows[int(torch.randint(len(unit_rows), (1,), generator=rng))]]
+        rows += unit_rows
+        owner += [k] * len(unit_rows)
+    chosen_pairs = [pairs.pairs[r] for r in rows]
+    negatives = None
+    if cfg.method == "public-negatives" and public_ids:
+        pick = torch.randint(len(public_ids), (cfg.public_negatives,), generator=rng).tolist()
+        negatives = [pairs.corpus[public_ids[i]].full_text if public_ids[i] in pairs.corpus else public_ids[i]
+                     for i in pick]
+    return StepBatch(queries=[p.query for p in chosen_pairs],
+                     docs=[pairs.corpus[p.doc_id].full_text for p in chosen_pairs],
+                     unit_of_row=torch.tensor(owner, dtype=torch.long), doc_ids=[p.doc_id for p in chosen_pairs],
+                     n_units=len(chosen), negatives=negatives)
+
+
+def dp_step(model, params: list[torch.Tensor], batch: StepBatch, cfg: DPRetrieverConfig, mech: Mechanism,
+            expected_batch: float, rng: torch.Generator) -> dict:
+    """Set ``p.grad = (s(batch) + N(0, (sigma Delta)^2)) / (q N)`` for every trainable parameter."""
+    summed, stats = clipped_sum(cfg.method, model, params, batch, cfg)
+    for p, g in zip(params, summed):
+        noisy = g.float() + gaussian_noise_like(g, mech.noise_std, rng)
+        p.grad = (noisy / expected_batch).to(p.dtype)
+    return stats
+
+
+def train_dp_retriever(pairs: TrainingPairs, out_dir: str | Path, cfg: DPRetrieverConfig, *, data_hash: str,
+                       public_corpus: dict[str, Document] | list[str] | None = None) -> PrivacyLedger:
+    """Train ``cfg.model`` on ``pairs`` with ``cfg.method``; save a SentenceTransformer + ledger (atomic).
+
+    ``public_corpus`` (ids of ``pairs.corpus`` or raw texts) is where public-negatives draws its
+    negatives; default: the whole ``pairs.corpus`` (documents are public by assumption).
+    """
+    out_dir = Path(out_dir)
+    if out_dir.exists():
+        raise InputError("already exists (remove it or choose another output)", path=out_dir)
+    units = pairs.units(cfg.unit)
+    n_units = len(units)
+    sample_rate, steps, delta, mech = plan(cfg, n_units)
+    public_ids: list[str] | None = None
+    if cfg.method == "public-negatives":
+        if public_corpus is None:
+            public_ids = list(pairs.corpus)
+        elif isinstance(public_corpus, dict):
+            pairs = TrainingPairs(pairs=pairs.pairs, corpus={**public_corpus, **pairs.corpus})
+            public_ids = list(public_corpus)
+        else:
+            public_ids = list(public_corpus)
+        if not public_ids:
+            raise InputError("public-negatives needs a non-empty public corpus", field="public_corpus")
+
+    torch.manual_seed(cfg.seed)
+    model = load_encoder(cfg.model, max_seq_length=cfg.max_doc_tokens)
+    named = make_trainable(model, cfg.trainable, lora_rank=cfg.lora_rank)
+    params = list(named.values())
+    optimizer = torch.optim.Adam(params, lr=cfg.learning_rate)
+    rng = torch.Generator().manual_seed(int.from_bytes(os.urandom(8), "little"))
+    sampler = PoissonUnitSampler(n_units, sample_rate, rng)
+    expected = sample_rate * n_units
+    model.train()
+    started = time.perf_counter()
+    with Progress() as progress:
+        task = progress.add_task(f"DP retriever ({cfg.method}, epsilon={cfg.epsilon:g})", total=steps)
+        for _ in range(steps):
+            batch = build_batch(pairs, units, sampler.sample(), cfg, rng, public_ids, mech.cap)
+            stats = dp_step(model, params, batch, cfg, mech, expected, rng)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            progress.update(task, advance=1, description=f"DP retriever ({cfg.method}) loss={stats['loss']:.3f}")
+    model.eval()
+    _finalise(model)
+    ledger = PrivacyLedger(
+        mechanism=f"direct-{cfg.method}", epsilon=spent_epsilon(noise_multiplier=mech.sigma, sample_rate=sample_rate,
+                                                                steps=steps, delta=delta, accountant=cfg.accountant),
+        delta=delta, noise_multiplier=mech.sigma, sample_rate=sample_rate, steps=steps, planned_steps=steps,
+        accountant=cfg.accountant, unit=cfg.unit.value, n_units=n_units, n_pairs=len(pairs.pairs),
+        clip_norm=cfg.clip_norm, model=cfg.model, trainable=cfg.trainable, data_hash=data_hash)
+    details = {"method": cfg.method, "sensitivity": mech.sensitivity, "noise_std": mech.noise_std,
+               "noise_multiplier": mech.sigma, "batch_cap": mech.cap, "temperature": cfg.tau,
+               "seconds": round(time.perf_counter() - started, 1)}
+    with atomic_path(out_dir) as staged:
+        model.save(str(staged), safe_serialization=True)
+        ledger.save(staged)
+        write_json_atomic(staged / "train_config.json", cfg.model_dump(mode="json"))
+        (staged / "dp_mechanism.json").write_text(json.dumps(details, indent=2) + "\n")
+    return ledger
