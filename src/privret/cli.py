@@ -130,19 +130,45 @@ def retriever_train(
     data: DataOpt = None, split: SplitOpt = "train", pairs: PairsOpt = None,
     model: Annotated[str, typer.Option(help="encoder: registry name, local path or HF id")] = "minilm-l6",
     epochs: Annotated[float, typer.Option()] = 1.0,
-    batch_size: Annotated[int, typer.Option()] = 32,
+    batch_size: Annotated[int, typer.Option(help="batch size (with --dp: expected units per step)")] = 32,
     learning_rate: Annotated[float, typer.Option("--lr")] = 2e-5,
-    temperature: Annotated[float, typer.Option()] = 0.05,
+    temperature: Annotated[Optional[float], typer.Option(
+        help="softmax temperature (default 0.05; with --dp logit-dp 0.5)")] = None,
     seed: Annotated[int, typer.Option()] = 0,
+    dp: Annotated[Optional[str], typer.Option(
+        "--dp", help="train directly with DP: naive, batch-clip, logit-dp or public-negatives")] = None,
+    epsilon: Annotated[float, typer.Option(help="--dp: target epsilon")] = 8.0,
+    delta: Annotated[Optional[float], typer.Option(help="--dp: default 1/(2n), n units")] = None,
+    unit: Annotated[str, typer.Option(help="--dp: privacy unit: query, pair or user")] = "query",
+    clip_norm: Annotated[float, typer.Option(help="--dp: clipping norm (C per unit/batch, B per pair)")] = 1.0,
+    max_batch_units: Annotated[Optional[int], typer.Option(help="--dp: cap K on units per step")] = None,
+    trainable: Annotated[str, typer.Option(help="--dp: all, top:K or lora")] = "all",
+    lora_rank: Annotated[int, typer.Option(help="--dp: LoRA rank")] = 8,
+    public_negatives: Annotated[int, typer.Option(help="--dp public-negatives: negatives per step")] = 32,
+    spreadout_weight: Annotated[float, typer.Option(help="--dp logit-dp: spreadout regulariser weight")] = 0.0,
+    accountant: Annotated[str, typer.Option(help="--dp: prv or rdp")] = "prv",
 ) -> None:
-    """Train a dual encoder (in-batch softmax, non-private) on original or synthetic pairs."""
+    """Train a dual encoder (in-batch softmax) on original or synthetic pairs; --dp trains it with DP directly."""
     from privret.pipeline import non_private_ledger
     from privret.privacy.ledger import LEDGER_FILE, PrivacyLedger
     from privret.train.retriever import RetrieverTrainConfig, train_retriever
 
     training, data_hash = _training_pairs(data, split, pairs)
+    if dp is not None:
+        from privret.train.dp_retriever import METHODS, DPRetrieverConfig, train_dp_retriever
+
+        if dp not in METHODS:
+            raise InputError(f"unknown method '{dp}' (choose from {', '.join(METHODS)})", field="--dp")
+        dp_cfg = _config(DPRetrieverConfig, method=dp, model=model, epsilon=epsilon, delta=delta, unit=unit,
+                         clip_norm=clip_norm, batch_size=batch_size, max_batch_units=max_batch_units, epochs=epochs,
+                         learning_rate=learning_rate, temperature=temperature, spreadout_weight=spreadout_weight,
+                         trainable=trainable, lora_rank=lora_rank, public_negatives=public_negatives,
+                         accountant=accountant, seed=seed)
+        ledger = train_dp_retriever(training, out_dir, dp_cfg, data_hash=data_hash, public_corpus=training.corpus)
+        out.print(f"retriever written to {out_dir} ({ledger.summary()}, {dp})")
+        return
     cfg = _config(RetrieverTrainConfig, model=model, epochs=epochs, batch_size=batch_size,
-                  learning_rate=learning_rate, temperature=temperature, seed=seed)
+                  learning_rate=learning_rate, temperature=0.05 if temperature is None else temperature, seed=seed)
     synthetic = data is not None and pairs is None and (data / LEDGER_FILE).exists()
     ledger = PrivacyLedger.load(data) if synthetic else non_private_ledger(training, model, data_hash, "query")
     train_retriever(training, out_dir, cfg, ledger=ledger)
@@ -323,6 +349,70 @@ def data_download(
         out.print(f"{name}: {info['status']} to {info['path']} (md5 {info['md5']} verified)")
 
 
+@audit_app.command("canaries")
+def audit_canaries(
+    out_dir: Annotated[Path, typer.Option("--out", help="audit directory (trial generators + canaries.json); "
+                                          "RUN_DIR/canaries puts it in a run's report")],
+    data: DataOpt = None, split: SplitOpt = "train", pairs: PairsOpt = None,
+    epsilons: Annotated[str, typer.Option(help="comma-separated target epsilons; 'inf' = non-private")] = "inf,16",
+    trials: Annotated[int, typer.Option(help="independent trials (fresh canaries, fresh training)")] = 3,
+    repetitions: Annotated[str, typer.Option(help="comma-separated insertion counts")] = "1,10,100",
+    candidates: Annotated[int, typer.Option(help="the secret is ranked among this many candidates")] = 100,
+    samples: Annotated[int, typer.Option(help="queries sampled per canary document to test 'leaked'")] = 10,
+    top_p: Annotated[float, typer.Option(help="nucleus sampling p for the leak test")] = 0.8,
+    subsample: Annotated[Optional[int], typer.Option(help="keep this many private pairs (uniform, seeded)")] = None,
+    unit: Annotated[str, typer.Option(help="privacy unit: query (a canary = 1 unit) or pair (k units)")] = "query",
+    model: Annotated[str, typer.Option(help="generator: registry name, local path or HF id")] = "smollm2-135m",
+    clip_norm: Annotated[float, typer.Option(help="per-unit L2 clipping norm C")] = 1.0,
+    batch_size: Annotated[int, typer.Option(help="expected units per step (Poisson)")] = 32,
+    epochs: Annotated[float, typer.Option()] = 2.0,
+    learning_rate: Annotated[float, typer.Option("--lr")] = 1e-3,
+    trainable: Annotated[str, typer.Option(help="lora or full")] = "lora",
+    lora_rank: Annotated[int, typer.Option()] = 16,
+    trained_layers: Annotated[int, typer.Option(help="train the top k layers (0 = all)")] = 4,
+    max_doc_tokens: Annotated[int, typer.Option()] = 64,
+    alpha: Annotated[float, typer.Option(help="the epsilon lower bound holds with confidence 1 - alpha")] = 0.05,
+    seed: Annotated[int, typer.Option()] = 0,
+) -> None:
+    """Canary exposure audit of the DP generator (seed 6.3): rank, exposure, leaks, epsilon lower bound."""
+    from privret.evaluate.canaries import CanaryAuditConfig, canary_table_markdown, run_canary_audit
+
+    def numbers(text: str, field: str, cast):
+        try:
+            return [cast(v) for v in text.split(",") if v.strip()]
+        except ValueError:
+            raise InputError(f"'{text}' is not a comma-separated list of numbers", field=field) from None
+
+    training, data_hash = _training_pairs(data, split, pairs)
+    generator = {"model": model, "unit": unit, "clip_norm": clip_norm, "batch_size": batch_size, "epochs": epochs,
+                 "learning_rate": learning_rate, "trainable": trainable, "lora_rank": lora_rank,
+                 "trained_layers": trained_layers or None, "max_doc_tokens": max_doc_tokens, "seed": seed}
+    cfg = _config(CanaryAuditConfig, epsilons=numbers(epsilons, "--epsilons", float), trials=trials,
+                  repetitions=numbers(repetitions, "--repetitions", int), candidates=candidates, samples=samples,
+                  top_p=top_p, subsample=subsample, alpha=alpha, seed=seed, generator=generator)
+    report = run_canary_audit(training, out_dir, cfg, data_hash=data_hash)
+    out.print(canary_table_markdown(report), markup=False, highlight=False)
+    out.print(f"written: {out_dir / 'canaries.json'}")
+
+
+@app.command("report")
+def report(
+    run_dir: Annotated[Path, typer.Argument(help="run directory written by `privret pipeline`")],
+    out_file: Annotated[Optional[Path], typer.Option("--out", help="HTML file (default RUN_DIR/report.html)")]
+    = None,
+    show_private_queries: Annotated[bool, typer.Option(
+        help="also show original (private) queries and the non-private generator's examples")] = False,
+    examples: Annotated[int, typer.Option(help="documents in the example-queries table")] = 3,
+) -> None:
+    """One self-contained HTML report (plot, tables, examples, ledgers) + a Markdown summary."""
+    from privret.report import build_report
+
+    html_path, md_path, markdown = build_report(run_dir, out=out_file, show_private_queries=show_private_queries,
+                                                examples=examples)
+    out.print(markdown, markup=False, highlight=False)
+    out.print(f"report: {html_path.resolve()}  (Markdown: {md_path.resolve()})")
+
+
 @app.command("pipeline")
 def pipeline(
     config: Annotated[Path, typer.Argument(help="pipeline YAML (see configs/)")],
@@ -348,6 +438,112 @@ def demo(run_dir: Annotated[Path, typer.Option(help="where to write the demo run
     rows = run_pipeline(demo_config(), run_dir)
     out.print(summary_table(rows))
     out.print(f"results: {run_dir.resolve()}/summary.md")
+
+
+# --- federated answer sentence selection (issue 5): `privret data fed-squad`, `privret federated ...` ---
+federated_app = typer.Typer(help="Federated dense retrieval for answer sentence selection (PDD-AS2, Flower).",
+                            no_args_is_help=True)
+app.add_typer(federated_app, name="federated")
+
+
+@data_app.command("fed-squad")
+def data_fed_squad(
+    squad: Annotated[Path, typer.Option(help="SQuAD-format JSON (e.g. ../shared/data/squad/squad-v1.1-dev-40.json)")],
+    out_dir: Annotated[Path, typer.Option("--out", help="Fed-SQuAD directory to write")],
+    clients: Annotated[int, typer.Option(help="number of clients (unequal sizes)")] = 10,
+    test_fraction: Annotated[float, typer.Option(help="share of each client's questions held out")] = 0.3,
+    seed: Annotated[int, typer.Option()] = 0,
+) -> None:
+    """Build the multi-client OD-AS2 benchmark (grouping, sentences, answer sentences, passages, splits)."""
+    from privret.data.fed_squad import build_fed_squad
+
+    manifest = build_fed_squad(squad, out_dir, n_clients=clients, test_fraction=test_fraction, seed=seed)
+    for c in manifest["clients"]:
+        out.print(f"{c['client']}: {len(c['articles'])} articles, {c['sentences']} sentences, "
+                  f"{c['train_questions']} train / {c['test_questions']} test questions")
+    out.print(f"written to {out_dir} ({manifest['dropped_questions']} questions without an answer sentence dropped)")
+
+
+def _fed_config(config: Path | None, **overrides):
+    import yaml
+
+    from privret.federated.config import FedConfig
+
+    values = {}
+    if config is not None:
+        if not config.is_file():
+            raise InputError("config file not found", path=config)
+        try:
+            values = yaml.safe_load(config.read_text(encoding="utf-8")) or {}
+        except yaml.YAMLError as err:
+            line = getattr(getattr(err, "problem_mark", None), "line", None)
+            raise InputError("malformed YAML", path=config, line=None if line is None else line + 1) from None
+        if not isinstance(values, dict):
+            raise InputError("expected a mapping of FedConfig fields", path=config)
+        unknown = sorted(set(values) - set(FedConfig.model_fields))
+        if unknown:
+            raise InputError("unknown field", path=config, field=unknown[0])
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    return _config(FedConfig, **values)
+
+
+@federated_app.command("train")
+def federated_train(
+    data: Annotated[Path, typer.Option("--data", help="Fed-SQuAD directory (privret data fed-squad)")],
+    out_dir: Annotated[Path, typer.Option("--out", help="run directory (checkpoints, results.json, ledger)")],
+    config: Annotated[Optional[Path], typer.Option(help="YAML with FedConfig fields (configs/fed-squad.yaml)")] = None,
+    baseline: Annotated[str, typer.Option(help="pdd-as2 (Flower), local-only, central, bm25 or zero-shot")] = "pdd-as2",
+    model: Annotated[Optional[str], typer.Option(help="encoder: registry name, local path or HF id")] = None,
+    rounds: Annotated[Optional[int], typer.Option(help="FedAvg rounds")] = None,
+    warmup_rounds: Annotated[Optional[int], typer.Option(help="rounds with BM25 negatives")] = None,
+    local_epochs: Annotated[Optional[int], typer.Option()] = None,
+    train_fraction: Annotated[Optional[float], typer.Option(help="share of each client's training questions")] = None,
+    dp: Annotated[Optional[str], typer.Option(help="none, server or client (Flower DP-FedAvg wrappers)")] = None,
+    dp_noise_multiplier: Annotated[Optional[float], typer.Option()] = None,
+    dp_clip_norm: Annotated[Optional[float], typer.Option()] = None,
+    threads: Annotated[int, typer.Option(help="torch CPU threads")] = 1,
+    resume: Annotated[bool, typer.Option(help="continue from the last finished round in --out")] = True,
+) -> None:
+    """PDD-AS2 + client-customized query encoders + Fed-Negative with the Flower apps on this machine."""
+    import torch
+
+    from privret.federated import runner
+
+    torch.set_num_threads(threads)
+    cfg = _fed_config(config, model=model, rounds=rounds, warmup_rounds=warmup_rounds, local_epochs=local_epochs,
+                      train_fraction=train_fraction, dp=dp, dp_noise_multiplier=dp_noise_multiplier,
+                      dp_clip_norm=dp_clip_norm)
+    clients = runner.require_data(data)
+    if baseline == "pdd-as2":
+        results = runner.run_federated_local(cfg, data, out_dir, resume=resume)
+        evaluations = results["evaluations"]
+    else:
+        fns = {"local-only": runner.train_local_only, "central": runner.train_central,
+               "zero-shot": runner.evaluate_zero_shot, "bm25": lambda _cfg, cl: runner.evaluate_bm25_all(cl)}
+        if baseline not in fns:
+            raise InputError(f"unknown baseline '{baseline}'", field="--baseline")
+        evaluations = {baseline: fns[baseline](cfg, clients)}
+        out_dir.mkdir(parents=True, exist_ok=True)
+        runner.save_result(out_dir / f"{baseline}.json", evaluations[baseline], config=cfg.model_dump(mode="json"))
+    for name, ev in evaluations.items():
+        s, p = ev["pooled"]["sentence"], ev["pooled"]["passage"]
+        out.print(f"{name}: sentence MRR@10 {s['mrr@10']:.3f} R@1 {s['recall@1']:.3f} R@20 {s['recall@20']:.3f} "
+                  f"R@100 {s['recall@100']:.3f} | passage MRR@10 {p['mrr@10']:.3f} R@1 {p['recall@1']:.3f}")
+    out.print(f"results in {out_dir}")
+
+
+@federated_app.command("flower-app")
+def federated_flower_app(
+    app_dir: Annotated[Path, typer.Option("--app", help="directory to write the Flower App into")],
+    out_dir: Annotated[str, typer.Option("--out", help="where the ServerApp writes results (on the SuperLink host)")],
+    num_clients: Annotated[int, typer.Option(help="SuperNodes to wait for")] = 10,
+    config: Annotated[Optional[Path], typer.Option(help="YAML with FedConfig fields")] = None,
+) -> None:
+    """Write a Flower App (pyproject.toml) for `flwr run APP SUPERLINK` across machines."""
+    from privret.federated.runner import write_flower_app
+
+    write_flower_app(app_dir, _fed_config(config), out_dir=out_dir, num_clients=num_clients)
+    out.print(f"Flower App written to {app_dir}; run it with: flwr run {app_dir} <superlink-connection>")
 
 
 def _config(cls, **values):

@@ -66,6 +66,9 @@ from privret.privacy.sampling import PoissonUnitSampler
 from privret.progress import Progress
 
 METHODS = ("naive", "batch-clip", "logit-dp", "public-negatives")
+# Norms are inflated by this relative margin before clipping, so float rounding in a computed norm
+# can never let a clipped term exceed its bound.
+NORM_MARGIN = 1e-5
 Method = Literal["naive", "batch-clip", "logit-dp", "public-negatives"]
 
 
@@ -201,7 +204,7 @@ def _naive(model, params, batch, cfg):
     u = batch.unit_of_row.to(losses.device)
     unit_losses = torch.zeros(batch.n_units, device=losses.device).index_add(0, u, losses)
     norms = torch.stack([_norm(_grads(unit_losses[k], params, retain=True)) for k in range(batch.n_units)])
-    factors = (cfg.clip_norm / norms.clamp_min(1e-12)).clamp(max=1.0)
+    factors = (cfg.clip_norm / (norms * (1 + NORM_MARGIN)).clamp_min(1e-12)).clamp(max=1.0)
     out = _grads((factors.detach() * unit_losses).sum(), params, retain=False)
     return out, {"loss": losses.mean().item(), "clipped": (norms > cfg.clip_norm).float().mean().item()}
 
@@ -213,7 +216,7 @@ def _batch_clip(model, params, batch, cfg):
                              torch.arange(len(batch.queries), device=e_q.device), reduction="none")
     grads = _grads(losses.sum(), params, retain=False)
     norm = _norm(grads)
-    factor = min(1.0, cfg.clip_norm / max(norm.item(), 1e-12))
+    factor = min(1.0, cfg.clip_norm / max(norm.item() * (1 + NORM_MARGIN), 1e-12))
     return [g * factor for g in grads], {"loss": losses.mean().item(), "clipped": float(norm > cfg.clip_norm)}
 
 
@@ -232,7 +235,7 @@ def _logit_dp(model, params, batch, cfg):
         q_side, d_side = pair_norm_bounds(tracker, e_q, e_d, cfg.tau)
     finally:
         tracker.remove()
-    bounds = q_side + d_side
+    bounds = (q_side + d_side) * (1 + NORM_MARGIN)
     lam = reweighting(tau, bounds, cfg.clip_norm)
     out = _grads((lam * logits).sum(), params, retain=False)
     loss = row_losses(logits.detach(), cfg.spreadout_weight).mean().item()
@@ -256,7 +259,7 @@ def _public_negatives(model, params, batch, cfg):
         sq = tracker.group_sq_norms([e_q, e_d], list(cot), {"q": u, "d": u}, batch.n_units)
     finally:
         tracker.remove()
-    norms = sq.clamp_min(0).sqrt()
+    norms = sq.clamp_min(0).sqrt() * (1 + NORM_MARGIN)
     factors = (cfg.clip_norm / norms.clamp_min(1e-12)).clamp(max=1.0)
     out = _grads((factors[u.to(losses.device)].detach() * losses).sum(), params, retain=False)
     return out, {"loss": losses.mean().item(), "clipped": (norms > cfg.clip_norm).float().mean().item()}
