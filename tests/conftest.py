@@ -100,3 +100,29 @@ def toy_beir(tmp_path) -> Path:
     qrels = {"train": [(q, d, 1) for q, _, ds in TOY_TRAIN for d in ds],
              "test": [(q, d, 1) for q, _, ds in TOY_TEST for d in ds]}
     return write_beir_dir(tmp_path / "toy", corpus, queries, qrels)
+
+
+def write_tiny_t5(directory: Path, *, seed: int = 0) -> Path:
+    """A 1-layer T5 with a word-level tokenizer (seq2seq generator family)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast, T5Config, T5ForConditionalGeneration
+
+    specials = ["[PAD]", "</s>", "[UNK]"]
+    vocab = {w: i for i, w in enumerate(specials + sorted(set(WORDS)) + ["generate_query"] + list(".,:?-_"))}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    backend.decoder = decoders.WordPiece(prefix="##")
+    backend.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 1)])
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="[PAD]", unk_token="[UNK]",
+                                        eos_token="</s>")
+    torch.manual_seed(seed)
+    config = T5Config(vocab_size=len(vocab), d_model=32, d_kv=8, d_ff=64, num_layers=1, num_decoder_layers=1,
+                      num_heads=4, pad_token_id=0, eos_token_id=1, decoder_start_token_id=0)
+    T5ForConditionalGeneration(config).save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+@pytest.fixture(scope="session")
+def tiny_t5_dir(tmp_path_factory) -> Path:
+    return write_tiny_t5(tmp_path_factory.mktemp("tiny-t5"))

@@ -32,7 +32,7 @@ class RetrieverTrainConfig(BaseModel):
     temperature: float = Field(0.05, gt=0, allow_inf_nan=False)
     warmup_fraction: float = Field(0.1, ge=0, lt=1)
     max_query_tokens: int = Field(64, gt=0)
-    max_doc_tokens: int = Field(256, gt=0)
+    max_doc_tokens: int = Field(128, gt=0, description="truncation of documents during training only")
     bf16: bool = True
     seed: int = 0
 
@@ -63,7 +63,7 @@ def train_retriever(pairs: TrainingPairs, out_dir: str | Path, cfg: RetrieverTra
         raise InputError("already exists (remove it or choose another output)", path=out_dir)
     torch.manual_seed(cfg.seed)
     rng = random.Random(cfg.seed)
-    model = load_encoder(cfg.model, max_seq_length=cfg.max_doc_tokens)
+    model = load_encoder(cfg.model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.learning_rate)
     epoch_batches = [batches_without_collisions(pairs.pairs, cfg.batch_size, rng)
                      for _ in range(math.ceil(cfg.epochs))]
@@ -81,7 +81,7 @@ def train_retriever(pairs: TrainingPairs, out_dir: str | Path, cfg: RetrieverTra
             same_query = torch.tensor([[a == b for b in queries] for a in queries])
             with torch.autocast(model.device.type, dtype=torch.bfloat16, enabled=cfg.bf16):
                 q = embed(model, queries, max_length=cfg.max_query_tokens)
-                d = embed(model, [pairs.corpus[r.doc_id].full_text for r in rows])
+                d = embed(model, [pairs.corpus[r.doc_id].full_text for r in rows], max_length=cfg.max_doc_tokens)
                 loss = in_batch_softmax_loss(q.float(), d.float(), cfg.temperature, same_query.to(q.device))
             loss.backward()
             optimizer.step()
