@@ -1,0 +1,21 @@
+"""Federated dense retrieval for open-domain answer sentence selection (PDD-AS2) on Flower.
+
+Seed: ``federated-answer-sentence-selection-thesis.txt`` (chapters 3 and 4).
+
+* :mod:`~privret.federated.config`: :class:`FedConfig`, every knob of a run.
+* :mod:`~privret.federated.negatives`: BM25, static hard negatives (query hubness), Fed-Negative.
+* :mod:`~privret.federated.local`: what a client computes (training, evaluation, eq. 3.7).
+* :mod:`~privret.federated.strategy`: FedAvg weighted by data size (eq. 3.6), DP wrappers, ledger.
+* :mod:`~privret.federated.apps`: the Flower ``ClientApp`` and ``ServerApp``.
+* :mod:`~privret.federated.runner`: in-process grid, baselines, Flower App writer.
+* :mod:`~privret.federated.inversion`: can a decoder read a sentence back from its embedding?
+
+Privacy model: raw questions, sentences and passages never leave a client. What leaves it: model
+weights (stage 1; optionally with client-level DP), the query and sentence embeddings that
+Fed-Negative exchanges (not noised; the inversion check measures what they reveal), and evaluation
+metrics.
+"""
+
+from privret.federated.config import FedConfig
+
+__all__ = ["FedConfig"]

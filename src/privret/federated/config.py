@@ -1,0 +1,79 @@
+"""Configuration of a federated PDD-AS2 run (thesis chapters 3 and 4)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from privret.models.registry import DEFAULT_ENCODER
+
+
+class FedConfig(BaseModel):
+    """Every knob of ``privret federated train``; also the Flower run config (flattened, see ``to_run_config``).
+
+    Stage 1 (thesis 3.3): ``rounds`` FedAvg rounds of ``local_epochs`` local epochs each; the first
+    ``warmup_rounds`` rounds use BM25 negatives, later rounds static hard negatives mined by the
+    current model at the start of each local epoch (``n_negatives`` sampled uniformly from the top
+    ``hard_k``, excluding the gold answer sentences: the query-hubness remedy of thesis 3.4.6).
+    Stage 2 (thesis 4.2): for each variant in ``personalize`` ("local": client-customized query
+    encoders with local dynamic hard negatives; "fed": the same plus Fed-Negative), every client
+    fine-tunes its own copy of the query encoder for ``personal_epochs`` epochs with the sentence
+    encoder frozen.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = DEFAULT_ENCODER
+    rounds: int = Field(2, ge=0)
+    warmup_rounds: int = Field(1, ge=0)
+    local_epochs: int = Field(1, ge=1)
+    batch_size: int = Field(16, gt=1)
+    learning_rate: float = Field(3e-5, gt=0, allow_inf_nan=False)
+    temperature: float = Field(0.05, gt=0, allow_inf_nan=False)
+    n_negatives: int = Field(2, ge=0)
+    hard_k: int = Field(30, ge=1)
+    bm25_k: int = Field(10, ge=1)
+    max_query_tokens: int = Field(32, gt=0)
+    max_sentence_tokens: int = Field(96, gt=0)
+    train_fraction: float = Field(1.0, gt=0, le=1, description="seeded share of each client's training questions")
+    max_train_questions: int = Field(0, ge=0, description="cap per client (0 = all), for quick runs")
+    bf16: bool = True
+    seed: int = 0
+    # stage 2: client-customized query encoders and Fed-Negative
+    personalize: list[Literal["local", "fed"]] = Field(default_factory=lambda: ["local", "fed"])
+    personal_epochs: int = Field(1, ge=1)
+    personal_learning_rate: float = Field(1e-5, gt=0, allow_inf_nan=False)
+    personal_batch_size: int = Field(32, gt=1)
+    personal_negatives: int = Field(16, ge=0, description="local dynamic hard negatives per query")
+    personal_hard_k: int = Field(100, ge=1)
+    fed_negatives: int = Field(16, ge=1, description="n of eqs. 4.1-4.2: top-n kept across clients")
+    fed_select: int = Field(0, ge=0, description="|C_s| other clients asked (0 = all others)")
+    # optional client-level DP on the FedAvg updates (Flower's strategy wrappers)
+    dp: Literal["none", "server", "client"] = "none"
+    dp_noise_multiplier: float = Field(1.0, ge=0, allow_inf_nan=False)
+    dp_clip_norm: float = Field(1.0, gt=0, allow_inf_nan=False)
+    dp_delta: float = Field(1e-3, gt=0, lt=1)
+
+    @model_validator(mode="after")
+    def _check(self) -> FedConfig:
+        if self.warmup_rounds > self.rounds:
+            raise ValueError("warmup_rounds must be <= rounds")
+        return self
+
+    def to_run_config(self) -> dict[str, bool | float | int | str]:
+        """Flower run config: scalars only (lists joined with commas)."""
+        out = {}
+        for k, v in self.model_dump().items():
+            out[k.replace("_", "-")] = ",".join(v) if isinstance(v, list) else v
+        return out
+
+    @classmethod
+    def from_run_config(cls, cfg: dict) -> FedConfig:
+        known = set(cls.model_fields)
+        values = {}
+        for k, v in cfg.items():
+            key = str(k).replace("-", "_")
+            if key in known:
+                values[key] = [p for p in str(v).split(",") if p] if key == "personalize" else v
+        return cls(**values)

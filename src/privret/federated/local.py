@@ -1,0 +1,226 @@
+"""What one client computes: local training of the dual encoder, of its own query encoder, evaluation.
+
+Dual encoder (thesis eqs. 3.2-3.3): one shared encoder for queries and sentences (``Theta^(q)`` tied
+to ``Theta^(s)``, the core :func:`privret.models.encoder.load_encoder`), scores
+``<enc(q), enc(s)> / tau`` on L2-normalised embeddings. The loss of a batch ``B`` is the core
+in-batch softmax (:func:`~privret.models.encoder.in_batch_softmax_loss`) over the candidates
+``{s_j^+ : j in B} U N_B``, ``N_B`` the union of the batch's explicit negatives: each query is
+scored against every positive of the batch and every explicit negative. No candidate is a gold
+answer of any query in the batch (batches are built so, and negatives gold for a batch query are
+dropped), so no false negative is pushed away.
+
+Client-customized query encoder (thesis 4.2.2): the sentence encoder is frozen (the global model),
+its embeddings of the collection are computed once without gradients, and only a client-owned copy
+of the encoder, used for queries, is trained; negatives need no backward pass, so there can be many.
+
+Privacy assumption: everything here runs on the client's own data; nothing leaves the client
+except what the caller sends (model weights to the server, embeddings in Fed-Negative).
+"""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import torch
+
+from privret.data.fed_squad import ClientData, Question
+from privret.evaluate.retrieval import encode, retrieval_metrics
+from privret.federated.negatives import sample_excluding, top_k_excluding
+from privret.models.encoder import embed, in_batch_softmax_loss
+
+LEVELS = ("sentence", "passage")
+METRIC_NAMES = ("mrr@10", "recall@1", "recall@20", "recall@100")
+
+
+def train_questions(client: ClientData, cap: int, seed: int, fraction: float = 1.0) -> list[Question]:
+    """The client's training questions: a seeded share ``fraction`` (at least 2), then at most ``cap``.
+
+    A fraction keeps the clients' unequal sizes (the data-scarcity setting); a cap evens them out.
+    """
+    qs = client.split("train")
+    if fraction < 1.0:
+        keep = max(2, round(fraction * len(qs)))
+        qs = random.Random(f"{seed}:{client.name}").sample(qs, min(keep, len(qs)))
+    if cap and len(qs) > cap:
+        qs = random.Random(seed).sample(qs, cap)
+    return qs
+
+
+def gold_indices(client: ClientData, questions: list[Question]) -> list[set[int]]:
+    index = {sid: i for i, sid in enumerate(client.sentence_ids)}
+    return [{index[s] for s in q.answer_sentences} for q in questions]
+
+
+def disjoint_batches(gold: list[set[int]], batch_size: int, rng: random.Random) -> list[list[int]]:
+    """Shuffled batches in which no question's gold sentence is another question's gold sentence."""
+    pending = list(range(len(gold)))
+    rng.shuffle(pending)
+    batches = []
+    while pending:
+        batch, taken, rest = [], set(), []
+        for i in pending:
+            if len(batch) < batch_size and not (gold[i] & taken):
+                batch.append(i)
+                taken |= gold[i]
+            else:
+                rest.append(i)
+        batches.append(batch)
+        pending = rest
+    return [b for b in batches if len(b) > 1]
+
+
+def _positive(client_index: dict[str, int], q: Question) -> int:
+    return client_index[q.positive]
+
+
+def train_dual_encoder_epoch(model, client: ClientData, questions: list[Question], negatives: list[list[int]], *,
+                             optimizer, batch_size: int, temperature: float, max_query_tokens: int,
+                             max_sentence_tokens: int, rng: random.Random, bf16: bool = False, progress=None) -> dict:
+    """One local epoch of the in-batch softmax with explicit negatives; returns mean loss and steps."""
+    index = {sid: i for i, sid in enumerate(client.sentence_ids)}
+    gold = gold_indices(client, questions)
+    model.train()
+    losses = []
+    for batch in disjoint_batches(gold, batch_size, rng):
+        taken = set().union(*(gold[i] for i in batch))
+        positives = [_positive(index, questions[i]) for i in batch]
+        extra = list(dict.fromkeys(n for i in batch for n in negatives[i] if n not in taken))
+        with torch.autocast(model.device.type, dtype=torch.bfloat16, enabled=bf16):
+            q = embed(model, [questions[i].text for i in batch], max_length=max_query_tokens)
+            d = embed(model, [client.sentences[j] for j in positives + extra], max_length=max_sentence_tokens)
+            loss = in_batch_softmax_loss(q.float(), d.float(), temperature)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+        if progress is not None:
+            progress()
+    model.eval()
+    return {"loss": float(np.mean(losses)) if losses else float("nan"), "steps": len(losses)}
+
+
+def train_query_encoder_epoch(query_model, client: ClientData, questions: list[Question], sentence_emb: np.ndarray, *,
+                              optimizer, batch_size: int, temperature: float, max_query_tokens: int, n_negatives: int,
+                              hard_k: int, rng: random.Random, fed_negatives: np.ndarray | None = None,
+                              bf16: bool = False) -> dict:
+    """One epoch of the client-customized query encoder against the frozen sentence embeddings.
+
+    Candidates of a batch: the batch's positives, ``n_negatives`` dynamic hard negatives per query
+    (sampled from the current top ``hard_k`` of the local collection, gold excluded; recomputed every
+    step, cheap because the sentence side is fixed) and, with Fed-Negative, each query's
+    ``fed_negatives[i]`` (``[Q, n, d]`` embeddings from other clients).
+    """
+    index = {sid: i for i, sid in enumerate(client.sentence_ids)}
+    gold = gold_indices(client, questions)
+    s_all = torch.from_numpy(sentence_emb).to(query_model.device)
+    query_model.train()
+    losses = []
+    for batch in disjoint_batches(gold, batch_size, rng):
+        taken = set().union(*(gold[i] for i in batch))
+        positives = [_positive(index, questions[i]) for i in batch]
+        with torch.autocast(query_model.device.type, dtype=torch.bfloat16, enabled=bf16):
+            q = embed(query_model, [questions[i].text for i in batch], max_length=max_query_tokens).float()
+        extra: list[int] = []
+        if n_negatives:
+            ranked = top_k_excluding(q.detach().cpu().numpy(), sentence_emb, [gold[i] for i in batch], hard_k)
+            extra = list(dict.fromkeys(n for r in ranked for n in sample_excluding(r, taken, n_negatives, rng)))
+        cands = [s_all[positives + extra]]
+        if fed_negatives is not None:
+            cands.append(torch.from_numpy(fed_negatives[batch].reshape(-1, sentence_emb.shape[1])).to(q.device))
+        loss = in_batch_softmax_loss(q, torch.cat(cands), temperature)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+    query_model.eval()
+    return {"loss": float(np.mean(losses)) if losses else float("nan"), "steps": len(losses)}
+
+
+def encode_texts(model, texts: list[str], *, max_length: int, bf16: bool = False) -> np.ndarray:
+    """float32 L2-normalised embeddings (the core :func:`~privret.evaluate.retrieval.encode`)."""
+    model.eval()
+    old = model.max_seq_length
+    model.max_seq_length = max_length
+    try:
+        return encode(model, texts, batch_size=64, bf16=bf16)
+    finally:
+        model.max_seq_length = old
+
+
+def passage_scores(scores: np.ndarray, client: ClientData) -> tuple[np.ndarray, list[str]]:
+    """Eq. 3.7: ``f(p, q) = max_{s in p} <q, s>``; returns ``[Q, P]`` and the passage ids."""
+    pids = list(client.passages)
+    col = {p: i for i, p in enumerate(pids)}
+    owner = np.array([col[p] for p in client.sentence_passage])
+    out = np.full((scores.shape[0], len(pids)), -np.inf, dtype=np.float64)
+    for j in range(len(pids)):
+        members = owner == j
+        if members.any():
+            out[:, j] = scores[:, members].max(axis=1)
+    return out, pids
+
+
+def _run(scores: np.ndarray, qids: list[str], ids: list[str], k: int = 100) -> dict[str, dict[str, float]]:
+    k = min(k, scores.shape[1])
+    run = {}
+    for row, qid in zip(scores, qids):
+        top = np.argpartition(-row, k - 1)[:k] if k < len(row) else np.arange(len(row))
+        top = top[np.isfinite(row[top])]
+        run[qid] = {ids[i]: float(row[i]) for i in top}
+    return run
+
+
+def as2_metrics(run: dict[str, dict[str, float]], qrels: dict[str, dict[str, int]]) -> dict[str, float]:
+    """MRR@10 and Recall@1/20/100 (the thesis's Table 4.1 columns), via the core pytrec_eval wrapper."""
+    import pytrec_eval
+
+    core = retrieval_metrics(run, qrels)
+    judged = {q: d for q, d in qrels.items() if q in run}
+    per_query = pytrec_eval.RelevanceEvaluator(judged, {"recall.1,20"}).evaluate({q: run[q] for q in judged})
+    n = len(judged)
+    return {"mrr@10": core["mrr@10"], "recall@1": sum(v["recall_1"] for v in per_query.values()) / n,
+            "recall@20": sum(v["recall_20"] for v in per_query.values()) / n, "recall@100": core["recall@100"],
+            "queries": n}
+
+
+def evaluate_scores(scores: np.ndarray, client: ClientData, questions: list[Question]) -> dict[str, dict]:
+    """Sentence- and passage-level metrics of a ``[Q, N]`` query x sentence score matrix."""
+    qids = [q.id for q in questions]
+    sentence_qrels = {q.id: {s: 1 for s in q.answer_sentences} for q in questions}
+    passage_qrels = {q.id: {q.passage_id: 1} for q in questions}
+    p_scores, pids = passage_scores(scores, client)
+    return {"sentence": as2_metrics(_run(scores, qids, client.sentence_ids), sentence_qrels),
+            "passage": as2_metrics(_run(p_scores, qids, pids), passage_qrels)}
+
+
+def evaluate_dense(query_model, sentence_model, client: ClientData, *, split: str = "test", max_query_tokens: int,
+                   max_sentence_tokens: int, bf16: bool = False, sentence_emb: np.ndarray | None = None) -> dict:
+    questions = client.split(split)
+    if sentence_emb is None:
+        sentence_emb = encode_texts(sentence_model, client.sentences, max_length=max_sentence_tokens, bf16=bf16)
+    q = encode_texts(query_model, [x.text for x in questions], max_length=max_query_tokens, bf16=bf16)
+    return evaluate_scores(q @ sentence_emb.T, client, questions)
+
+
+def evaluate_bm25(client: ClientData, *, split: str = "test") -> dict:
+    import bm25s
+
+    questions = client.split(split)
+    retriever = bm25s.BM25()
+    retriever.index(bm25s.tokenize(client.sentences, stopwords="en", show_progress=False), show_progress=False)
+    tokens = bm25s.tokenize([q.text for q in questions], stopwords="en", show_progress=False, return_ids=False)
+    scores = np.stack([retriever.get_scores(t) if t else np.zeros(len(client.sentences)) for t in tokens])
+    # sentences with score 0 still rank (ties broken by index), as in any BM25 engine returning top-k
+    return evaluate_scores(scores.astype(np.float64), client, questions)
+
+
+def pooled(per_client: dict[str, dict]) -> dict[str, dict]:
+    """Micro average over all test questions of all clients (each client weighted by its question count)."""
+    out = {}
+    for level in LEVELS:
+        total = sum(m[level]["queries"] for m in per_client.values())
+        out[level] = {k: sum(m[level][k] * m[level]["queries"] for m in per_client.values()) / total
+                      for k in METRIC_NAMES}
+        out[level]["queries"] = total
+    return out

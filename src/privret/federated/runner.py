@@ -1,0 +1,237 @@
+"""Running PDD-AS2 on one machine, the baselines, and writing the Flower App for a real deployment.
+
+* :class:`InProcessGrid` is a Flower ``Grid`` that hands every message to the same ``ClientApp`` in
+  this process, one ``Context`` per client (what Flower's simulation engine does, without Ray, which
+  ``flwr[simulation]`` needs and which is not installed here). The ServerApp code, the strategy and
+  the ClientApp code are exactly those a SuperLink and its SuperNodes run.
+* Baselines (thesis 3.4.3 / Table 4.1): BM25 per client; local-only (each client trains the same
+  recipe on its own data, no aggregation); central (one model on the union of all clients' training
+  questions, each question's negatives from its own client's collection: the upper bound).
+* :func:`write_flower_app` writes a Flower App directory (``pyproject.toml`` with the components
+  and every run-config key) for ``flwr run APP SUPERLINK``.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from privret.data.fed_squad import ClientData, load_fed_squad
+from privret.errors import InputError
+from privret.federated import local
+from privret.federated.config import FedConfig
+from privret.federated.negatives import bm25_ranked, sample_excluding, static_hard_negatives
+from privret.io import write_json_atomic
+
+
+class InProcessGrid:
+    """A Flower ``Grid`` whose nodes are ``ClientApp`` calls in this process (sequential, deterministic)."""
+
+    def __init__(self, client_app, node_configs: list[dict], run_config: dict, run_id: int = 1):
+        from flwr.app import Context, RecordDict
+        from flwr.serverapp import Grid
+        from flwr.supercore.run import Run
+
+        from flwr.supercore.task_identity import TaskIdentity
+
+        Grid.register(InProcessGrid)
+        # the identity a ServerApp process gets from its SuperLink (messages are stamped with it)
+        TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = run_id, 0, 1
+        self.client_app = client_app
+        self._run = Run.create_empty(run_id)
+        self.contexts = {i + 1: Context(run_id=run_id, node_id=i + 1, node_config=dict(nc), state=RecordDict(),
+                                        run_config=dict(run_config)) for i, nc in enumerate(node_configs)}
+        self._replies: dict[str, object] = {}
+
+    def set_run(self, run) -> None:
+        self._run = run
+
+    @property
+    def run(self):
+        return self._run
+
+    def create_message(self, content, message_type, dst_node_id, group_id, ttl=None):
+        from flwr.app import Message
+
+        return Message(content, dst_node_id, message_type, ttl=ttl, group_id=group_id)
+
+    def get_node_ids(self) -> Iterable[int]:
+        return list(self.contexts)
+
+    def get_nodes(self):
+        from flwr.proto.node_pb2 import NodeInfo  # pylint: disable=no-name-in-module
+
+        return [NodeInfo(node_id=n) for n in self.contexts]
+
+    def push_messages(self, messages) -> list[str]:
+        from uuid import uuid4
+
+        ids = []
+        for msg in messages:
+            msg.metadata.__dict__["_message_id"] = str(uuid4())
+            msg.metadata.__dict__["_src_node_id"] = 0
+            reply = self.client_app(msg, self.contexts[msg.metadata.dst_node_id])
+            reply.metadata.__dict__["_src_node_id"] = msg.metadata.dst_node_id
+            self._replies[msg.metadata.message_id] = reply
+            ids.append(msg.metadata.message_id)
+        return ids
+
+    def pull_messages(self, message_ids) -> list:
+        return [self._replies.pop(i) for i in message_ids if i in self._replies]
+
+    def send_and_receive(self, messages, *, timeout=None) -> list:
+        return self.pull_messages(self.push_messages(list(messages)))
+
+
+def _check_data(data_dir: Path) -> tuple[list[ClientData], dict]:
+    clients = load_fed_squad(data_dir)
+    manifest = json.loads((Path(data_dir) / "manifest.json").read_text(encoding="utf-8"))
+    return clients, manifest
+
+
+def run_federated_local(cfg: FedConfig, data_dir: str | Path, out_dir: str | Path, *, resume: bool = True) -> dict:
+    """PDD-AS2 + personalisation with the real Flower apps on an :class:`InProcessGrid`."""
+    from privret.federated.apps import build_client_app, run_server
+
+    data_dir = Path(data_dir)
+    clients, manifest = _check_data(data_dir)
+    run_config = {**cfg.to_run_config(), "out-dir": str(out_dir), "num-clients": len(clients)}
+    grid = InProcessGrid(build_client_app(), [{"data-dir": str(data_dir), "client": c.name} for c in clients],
+                         run_config)
+    return run_server(grid, cfg, out_dir, n_clients=len(clients), data_hash=manifest.get("source_sha256", ""),
+                      resume=resume)
+
+
+def evaluate_bm25_all(clients: list[ClientData]) -> dict:
+    per_client = {c.name: local.evaluate_bm25(c) for c in clients}
+    return {"per_client": per_client, "pooled": local.pooled(per_client)}
+
+
+def _negatives(model, client: ClientData, questions, gold, stage: str, cfg: FedConfig, rng, cache: dict):
+    if stage == "bm25":
+        key = client.name
+        if key not in cache:
+            cache[key] = bm25_ranked(client.sentences, [q.text for q in questions], cfg.bm25_k + 8)
+        return [sample_excluding([i for i in r if i not in g][:cfg.bm25_k], set(), cfg.n_negatives, rng)
+                for r, g in zip(cache[key], gold)]
+    s = local.encode_texts(model, client.sentences, max_length=cfg.max_sentence_tokens, bf16=cfg.bf16)
+    q = local.encode_texts(model, [x.text for x in questions], max_length=cfg.max_query_tokens, bf16=cfg.bf16)
+    return static_hard_negatives(q, s, gold, k=cfg.hard_k, n=cfg.n_negatives, rng=rng)
+
+
+def _stages(cfg: FedConfig) -> list[str]:
+    """One entry per epoch of a non-federated baseline with the same budget as ``rounds x local_epochs``."""
+    return ["bm25" if r < cfg.warmup_rounds else "hard" for r in range(cfg.rounds) for _ in range(cfg.local_epochs)]
+
+
+def train_local_only(cfg: FedConfig, clients: list[ClientData], *, on_client=None) -> dict:
+    """Local-only baseline: every client trains its own dual encoder on its own data; evaluated locally."""
+    from privret.models.encoder import load_encoder
+
+    per_client = {}
+    for c in clients:
+        torch.manual_seed(cfg.seed)
+        rng = random.Random(f"{cfg.seed}:{c.name}:local-only")
+        model = load_encoder(cfg.model, max_seq_length=cfg.max_sentence_tokens)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.learning_rate)
+        questions = local.train_questions(c, cfg.max_train_questions, cfg.seed, cfg.train_fraction)
+        gold = local.gold_indices(c, questions)
+        cache: dict = {}
+        for stage in _stages(cfg):
+            negatives = _negatives(model, c, questions, gold, stage, cfg, rng, cache)
+            local.train_dual_encoder_epoch(model, c, questions, negatives, optimizer=optimizer,
+                                           batch_size=cfg.batch_size, temperature=cfg.temperature,
+                                           max_query_tokens=cfg.max_query_tokens,
+                                           max_sentence_tokens=cfg.max_sentence_tokens, rng=rng, bf16=cfg.bf16)
+        per_client[c.name] = local.evaluate_dense(model, model, c, max_query_tokens=cfg.max_query_tokens,
+                                                  max_sentence_tokens=cfg.max_sentence_tokens, bf16=cfg.bf16)
+        if on_client is not None:
+            on_client(c.name, per_client[c.name])
+    return {"per_client": per_client, "pooled": local.pooled(per_client)}
+
+
+def train_central(cfg: FedConfig, clients: list[ClientData]) -> dict:
+    """Central upper bound: one model, every client's training questions pooled, same epochs and negatives.
+
+    Batches never mix clients (a question's in-batch candidates come from its own collection, as in
+    the federated run), and client batches are interleaved in a seeded random order.
+    """
+    from privret.models.encoder import load_encoder
+
+    torch.manual_seed(cfg.seed)
+    rng = random.Random(f"{cfg.seed}:central")
+    model = load_encoder(cfg.model, max_seq_length=cfg.max_sentence_tokens)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.learning_rate)
+    data = []
+    for c in clients:
+        questions = local.train_questions(c, cfg.max_train_questions, cfg.seed, cfg.train_fraction)
+        data.append((c, questions, local.gold_indices(c, questions), {}))
+    for stage in _stages(cfg):
+        jobs = []
+        for c, questions, gold, cache in data:
+            negatives = _negatives(model, c, questions, gold, stage, cfg, rng, cache)
+            for batch in local.disjoint_batches(gold, cfg.batch_size, rng):
+                jobs.append((c, [questions[i] for i in batch], [negatives[i] for i in batch]))
+        rng.shuffle(jobs)
+        for c, qs, negs in jobs:
+            local.train_dual_encoder_epoch(model, c, qs, negs, optimizer=optimizer, batch_size=len(qs) + 1,
+                                           temperature=cfg.temperature, max_query_tokens=cfg.max_query_tokens,
+                                           max_sentence_tokens=cfg.max_sentence_tokens, rng=random.Random(0),
+                                           bf16=cfg.bf16)
+    per_client = {c.name: local.evaluate_dense(model, model, c, max_query_tokens=cfg.max_query_tokens,
+                                               max_sentence_tokens=cfg.max_sentence_tokens, bf16=cfg.bf16)
+                  for c in clients}
+    return {"per_client": per_client, "pooled": local.pooled(per_client)}
+
+
+def evaluate_zero_shot(cfg: FedConfig, clients: list[ClientData]) -> dict:
+    from privret.models.encoder import load_encoder
+
+    model = load_encoder(cfg.model, max_seq_length=cfg.max_sentence_tokens)
+    per_client = {c.name: local.evaluate_dense(model, model, c, max_query_tokens=cfg.max_query_tokens,
+                                               max_sentence_tokens=cfg.max_sentence_tokens, bf16=cfg.bf16)
+                  for c in clients}
+    return {"per_client": per_client, "pooled": local.pooled(per_client)}
+
+
+def write_flower_app(app_dir: str | Path, cfg: FedConfig, *, out_dir: str, num_clients: int, data_hash: str = "") -> Path:
+    """A Flower App directory for ``flwr run``: components point at :mod:`privret.federated.apps`."""
+    import tomli_w
+
+    app_dir = Path(app_dir)
+    app_dir.mkdir(parents=True, exist_ok=True)
+    run_config = {**cfg.to_run_config(), "out-dir": str(out_dir), "num-clients": int(num_clients),
+                  "data-hash": data_hash}
+    doc = {
+        "build-system": {"requires": ["hatchling"], "build-backend": "hatchling.build"},
+        "project": {"name": "privret-pdd-as2", "version": "0.1.0", "license": "Apache-2.0",
+                    "description": "PDD-AS2 federated answer sentence selection (privret)",
+                    "dependencies": ["flwr>=1.41.0", "privret"]},
+        "tool": {"flwr": {"app": {"publisher": "privret",
+                                  "components": {"serverapp": "privret.federated.apps:server_app",
+                                                 "clientapp": "privret.federated.apps:client_app"},
+                                  "config": run_config}}},
+    }
+    (app_dir / "pyproject.toml").write_text(tomli_w.dumps(doc), encoding="utf-8")
+    (app_dir / "README.md").write_text("Flower App for privret PDD-AS2; see docs/federated.md.\n", encoding="utf-8")
+    return app_dir
+
+
+def save_result(path: Path, result: dict, **extra) -> None:
+    write_json_atomic(path, {**result, **extra, "written_at": time.strftime("%Y-%m-%dT%H:%M:%S")})
+
+
+def require_data(data_dir: str | Path) -> list[ClientData]:
+    if not Path(data_dir).is_dir():
+        raise InputError("Fed-SQuAD directory not found (run `privret data fed-squad`)", path=data_dir)
+    return load_fed_squad(data_dir)
+
+
+__all__ = ["InProcessGrid", "run_federated_local", "evaluate_bm25_all", "train_local_only", "train_central",
+           "evaluate_zero_shot", "write_flower_app"]

@@ -1,0 +1,76 @@
+"""The server side of PDD-AS2: FedAvg weighted by client data size (thesis eq. 3.6), DP wrappers, bytes.
+
+``Theta_global = sum_i |D_i| / sum_j |D_j| * Theta_i`` (eq. 3.6): Flower's message-based ``FedAvg``
+computes exactly this when every client reports ``num-examples = |D_i|`` (its number of training
+questions) in its reply's MetricRecord; :func:`weighted_mean` is the same formula in numpy, used by
+the tests as the reference.
+
+Optional client-level DP (DP-FedAvg, McMahan et al. 2018, as Flower implements it): each client's
+update ``Theta_i - Theta_global`` is clipped to L2 norm ``C`` (on the server, or on the client by
+Flower's ``fixedclipping_mod``), the updates are averaged and Gaussian noise of standard deviation
+``sigma * C / m`` is added (``m`` clients per round). The sensitivity ``C / m`` of the average holds
+for a *uniform* average only, so with DP the weights are uniform (every client reports
+``dp-weight = 1``) instead of eq. 3.6. Every client takes part in every round (no subsampling), so
+the accountant composes ``rounds`` Gaussian mechanisms with sampling rate 1 (:func:`dp_ledger`).
+The guarantee covers the model updates only: Fed-Negative embeddings and the evaluation metrics a
+client reports are not noised (see ``docs/federated.md``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from privret.federated.config import FedConfig
+from privret.privacy.accounting import spent_epsilon
+from privret.privacy.ledger import PrivacyLedger
+
+WEIGHT_KEY = "num-examples"
+DP_WEIGHT_KEY = "dp-weight"
+
+
+def weighted_mean(arrays: list[list[np.ndarray]], weights: list[float]) -> list[np.ndarray]:
+    """Eq. 3.6 on lists of arrays: ``sum_i w_i / sum_j w_j * arrays_i``."""
+    total = float(sum(weights))
+    if total <= 0:
+        raise ValueError("weights must sum to a positive number")
+    return [sum(w / total * a[k].astype(np.float64) for a, w in zip(arrays, weights)) for k in range(len(arrays[0]))]
+
+
+def make_strategy(cfg: FedConfig, n_clients: int):
+    """Flower ``FedAvg`` (eq. 3.6 weights), wrapped by a DP strategy when ``cfg.dp`` asks for one."""
+    from flwr.serverapp.strategy import (
+        DifferentialPrivacyClientSideFixedClipping,
+        DifferentialPrivacyServerSideFixedClipping,
+        FedAvg,
+    )
+
+    base = FedAvg(fraction_train=1.0, fraction_evaluate=0.0, min_train_nodes=n_clients, min_evaluate_nodes=0,
+                  min_available_nodes=n_clients, weighted_by_key=WEIGHT_KEY if cfg.dp == "none" else DP_WEIGHT_KEY)
+    if cfg.dp == "server":
+        return DifferentialPrivacyServerSideFixedClipping(base, cfg.dp_noise_multiplier, cfg.dp_clip_norm, n_clients)
+    if cfg.dp == "client":
+        return DifferentialPrivacyClientSideFixedClipping(base, cfg.dp_noise_multiplier, cfg.dp_clip_norm, n_clients)
+    return base
+
+
+def dp_ledger(cfg: FedConfig, *, rounds_done: int, n_clients: int, n_questions: int, data_hash: str) -> PrivacyLedger:
+    """The client-level ledger of the FedAvg updates (epsilon = inf without DP)."""
+    private = cfg.dp != "none" and cfg.dp_noise_multiplier > 0
+    epsilon = float("inf")
+    if private and rounds_done > 0:
+        epsilon = spent_epsilon(noise_multiplier=cfg.dp_noise_multiplier, sample_rate=1.0, steps=rounds_done,
+                                delta=cfg.dp_delta, accountant="rdp")
+    elif private:
+        epsilon = 0.0
+    return PrivacyLedger(
+        mechanism=f"dp-fedavg-{cfg.dp}-side-fixed-clipping (model updates only)" if private else "none",
+        epsilon=epsilon, delta=cfg.dp_delta if private else 0.0,
+        noise_multiplier=cfg.dp_noise_multiplier if private else 0.0, sample_rate=1.0, steps=rounds_done,
+        planned_steps=cfg.rounds, accountant="rdp" if private else "none", unit="client", n_units=n_clients,
+        n_pairs=n_questions, clip_norm=cfg.dp_clip_norm if private else 0.0, model=cfg.model, trainable="full",
+        data_hash=data_hash)
+
+
+def record_bytes(content) -> int:
+    """Bytes of the arrays a Flower RecordDict carries (what a round moves over the wire, w/o framing)."""
+    return int(sum(len(arr.data) for rec in content.array_records.values() for arr in rec.values()))

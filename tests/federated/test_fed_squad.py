@@ -1,0 +1,106 @@
+"""Fed-SQuAD builder rules on a tiny hand-made SQuAD-format file."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from privret.data.fed_squad import build_fed_squad, client_sizes, load_fed_squad, split_sentences
+from privret.errors import InputError
+
+
+def _texts(text):
+    return [text[s:e] for s, e in split_sentences(text)]
+
+
+def test_sentence_splitter_keeps_abbreviations_and_initials():
+    assert _texts("Dr. Smith studied the fox. She wrote a book.") == ["Dr. Smith studied the fox.",
+                                                                    "She wrote a book."]
+    assert _texts("J. R. R. Tolkien wrote it in the U.S. He was British.") == [
+        "J. R. R. Tolkien wrote it in the U.S. He was British."]  # "U.S." is kept whole (abbreviation)
+    assert _texts('He said "Stop." Then he left! Why? 1990 was late.') == [
+        'He said "Stop."', "Then he left!", "Why?", "1990 was late."]
+    assert _texts("version 2.5 is out. ok") == ["version 2.5 is out. ok"]  # no capital after the dot
+
+
+def test_client_sizes_are_unequal_and_cover_everything():
+    sizes = client_sizes(40, 10)
+    assert sizes == [1, 1, 2, 3, 4, 4, 5, 6, 7, 7]
+    assert client_sizes(3, 2) == [1, 2]
+    with pytest.raises(InputError):
+        client_sizes(3, 4)
+
+
+def _questions(root):
+    return {q.id: (c, q) for c in load_fed_squad(root) for q in c.questions}
+
+
+def test_answer_sentence_rules(tiny_squad, tmp_path):
+    manifest = build_fed_squad(tiny_squad, tmp_path / "fed", n_clients=2, seed=0)
+    qs = _questions(tmp_path / "fed")
+    assert manifest["dropped_questions"] == 1 and "a6" not in qs  # "purple cat" is nowhere in its paragraph
+
+    def text(qid, sid):
+        c, _ = qs[qid]
+        return c.sentences[c.sentence_ids.index(sid)]
+
+    c, q = qs["a1"]
+    assert [text("a1", s) for s in q.answer_sentences] == ["It eats mice and berries."]
+    _, q = qs["a4"]
+    assert text("a4", q.positive) == "Dr. Smith studied the fox."
+    # an answer spanning a sentence break: both sentences are relevant, the positive is the first
+    _, q = qs["a5"]
+    assert [text("a5", s) for s in q.answer_sentences] == ["She wrote a book.", "The book won a prize."]
+    assert text("a5", q.positive) == "She wrote a book."
+    # votes: "The Nile" (case-sensitive) only in sentence 2, "Nile" in 2 and 3 -> sentence 2 wins
+    _, q = qs["b1"]
+    assert [text("b1", s) for s in q.answer_sentences] == ["The Nile is a long river."]
+    # passages are the paragraphs; every sentence belongs to its passage
+    c, q = qs["b3"]
+    assert c.passages[q.passage_id] == [s for s, p in zip(c.sentence_ids, c.sentence_passage) if p == q.passage_id]
+
+
+def test_grouping_and_splits_are_deterministic(tiny_squad, tiny_squad_obj, tmp_path):
+    m1 = build_fed_squad(tiny_squad, tmp_path / "a", n_clients=2, seed=0)
+    shuffled = dict(tiny_squad_obj, data=list(reversed(tiny_squad_obj["data"])))
+    other = tmp_path / "reversed.json"
+    other.write_text(json.dumps(shuffled))
+    m2 = build_fed_squad(other, tmp_path / "b", n_clients=2, seed=0)
+    assert [c["articles"] for c in m1["clients"]] == [c["articles"] for c in m2["clients"]]
+    assert [len(c["articles"]) for c in m1["clients"]] == [1, 2]
+    for c in m1["clients"]:
+        assert c["train_questions"] >= 1 and c["test_questions"] >= 1
+    for name in ("client_00", "client_01"):
+        assert (tmp_path / "a" / name / "questions.jsonl").read_text() == \
+            (tmp_path / "b" / name / "questions.jsonl").read_text()
+
+
+def test_bad_input_is_one_error_and_nothing_written(tiny_squad_obj, tmp_path):
+    bad = tiny_squad_obj
+    del bad["data"][1]["paragraphs"][0]["context"]
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(bad))
+    with pytest.raises(InputError) as err:
+        build_fed_squad(path, tmp_path / "out", n_clients=2)
+    assert err.value.field == "data[1].paragraphs[0].context"
+    assert not (tmp_path / "out").exists()
+    path.write_text('{"data": [')
+    with pytest.raises(InputError) as err:
+        build_fed_squad(path, tmp_path / "out", n_clients=2)
+    assert err.value.line == 1 and not (tmp_path / "out").exists()
+
+
+def test_cli_data_fed_squad(tiny_squad, tmp_path):
+    from typer.testing import CliRunner
+
+    from privret.cli import app
+
+    runner = CliRunner()
+    res = runner.invoke(app, ["data", "fed-squad", "--squad", str(tiny_squad), "--out", str(tmp_path / "fed"),
+                              "--clients", "2"])
+    assert res.exit_code == 0, res.output
+    assert (tmp_path / "fed" / "manifest.json").is_file()
+    res = runner.invoke(app, ["data", "fed-squad", "--squad", str(tmp_path / "nope.json"), "--out",
+                              str(tmp_path / "fed2")])
+    assert res.exit_code != 0 and not (tmp_path / "fed2").exists()

@@ -1,0 +1,74 @@
+"""FedAvg aggregation (thesis eq. 3.6) through the Flower strategy equals the weighted mean."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+flwr = pytest.importorskip("flwr")
+
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict  # noqa: E402
+
+from privret.federated.config import FedConfig  # noqa: E402
+from privret.federated.strategy import dp_ledger, make_strategy, weighted_mean  # noqa: E402
+
+
+def _replies(arrays: list[dict], weights: list[float]):
+    from flwr.supercore.task_identity import TaskIdentity
+
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1
+    replies = []
+    for node, (arr, w) in enumerate(zip(arrays, weights), start=1):
+        request = Message(RecordDict({"config": ConfigRecord({})}), dst_node_id=node, message_type="train")
+        request.metadata.__dict__["_message_id"] = f"m{node}"
+        content = RecordDict({"arrays": ArrayRecord({k: Array(v) for k, v in arr.items()}),
+                              "metrics": MetricRecord({"num-examples": w, "dp-weight": 1.0})})
+        replies.append(Message(content, reply_to=request))
+    return replies
+
+
+CLIENTS = [{"w": np.array([1.0, 1.0]), "b": np.array([[2.0]])},
+           {"w": np.array([4.0, 4.0]), "b": np.array([[0.0]])},
+           {"w": np.array([10.0, -10.0]), "b": np.array([[5.0]])}]
+WEIGHTS = [1, 2, 7]  # |D_i|
+
+
+def test_flower_fedavg_is_eq_3_6():
+    strategy = make_strategy(FedConfig(), n_clients=3)
+    arrays, _ = strategy.aggregate_train(1, _replies(CLIENTS, WEIGHTS))
+    got = {k: v.numpy() for k, v in arrays.items()}
+    # by hand: (1*1 + 2*4 + 7*10) / 10 = 7.9 ; (1 + 8 - 70) / 10 = -6.1 ; (2 + 0 + 35) / 10 = 3.7
+    np.testing.assert_allclose(got["w"], [7.9, -6.1])
+    np.testing.assert_allclose(got["b"], [[3.7]])
+    ref = weighted_mean([[c["w"], c["b"]] for c in CLIENTS], WEIGHTS)
+    np.testing.assert_allclose(got["w"], ref[0])
+    np.testing.assert_allclose(got["b"], ref[1])
+
+
+def test_dp_wrapper_uses_uniform_weights_and_records_epsilon():
+    from flwr.serverapp.strategy import DifferentialPrivacyServerSideFixedClipping
+
+    cfg = FedConfig(dp="server", dp_noise_multiplier=0.0, dp_clip_norm=1e6)
+    strategy = make_strategy(cfg, n_clients=3)
+    assert isinstance(strategy, DifferentialPrivacyServerSideFixedClipping)
+    current = ArrayRecord({"w": Array(np.zeros(2)), "b": Array(np.zeros((1, 1)))})
+    strategy.current_arrays = current
+    arrays, _ = strategy.aggregate_train(1, _replies(CLIENTS, WEIGHTS))
+    # sigma = 0 and a huge clip norm: the plain *uniform* mean (sensitivity C/m needs uniform weights)
+    np.testing.assert_allclose(arrays["w"].numpy(), [5.0, -5.0 / 3])
+    ledger = dp_ledger(FedConfig(dp="server", dp_noise_multiplier=1.0, rounds=4), rounds_done=4, n_clients=10,
+                       n_questions=100, data_hash="x")
+    assert ledger.unit == "client" and ledger.steps == 4 and 0 < ledger.epsilon < float("inf")
+    more = dp_ledger(FedConfig(dp="server", dp_noise_multiplier=1.0, rounds=8), rounds_done=8, n_clients=10,
+                     n_questions=100, data_hash="x")
+    assert more.epsilon > ledger.epsilon
+    assert not dp_ledger(FedConfig(), rounds_done=4, n_clients=10, n_questions=100, data_hash="x").is_private
+
+
+def test_clipping_bounds_each_update():
+    cfg = FedConfig(dp="server", dp_noise_multiplier=0.0, dp_clip_norm=1.0)
+    strategy = make_strategy(cfg, n_clients=3)
+    strategy.current_arrays = ArrayRecord({"w": Array(np.zeros(2)), "b": Array(np.zeros((1, 1)))})
+    arrays, _ = strategy.aggregate_train(1, _replies(CLIENTS, WEIGHTS))
+    flat = np.concatenate([arrays["w"].numpy().ravel(), arrays["b"].numpy().ravel()])
+    assert np.linalg.norm(flat) <= 1.0 + 1e-6
