@@ -1,0 +1,30 @@
+"""The report people read: one self-contained HTML page per run directory, and a Markdown summary.
+
+``build_report(run_dir)`` collects what the run holds (:mod:`privret.report.collect`), draws the
+privacy-utility plot (:mod:`privret.report.plot`) and renders both formats
+(:mod:`privret.report.render`). See ``docs/report.md``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from privret.io import write_text_atomic
+from privret.report.collect import RunData, collect
+from privret.report.render import render_html, render_markdown
+
+
+def build_report(run_dir: str | Path, *, out: str | Path | None = None, markdown_out: str | Path | None = None,
+                 show_private_queries: bool = False, examples: int = 3) -> tuple[Path, Path, str]:
+    """Write ``report.html`` and ``report.md`` (default: inside ``run_dir``); returns both paths and
+    the Markdown text."""
+    run = collect(run_dir, show_private_queries=show_private_queries, examples=examples)
+    html_path = Path(out) if out is not None else Path(run_dir) / "report.html"
+    md_path = Path(markdown_out) if markdown_out is not None else html_path.with_suffix(".md")
+    markdown = render_markdown(run)
+    write_text_atomic(html_path, render_html(run))
+    write_text_atomic(md_path, markdown)
+    return html_path, md_path, markdown
+
+
+__all__ = ["RunData", "build_report", "collect", "render_html", "render_markdown"]

@@ -1,0 +1,277 @@
+"""Read a run directory (the layout of :mod:`privret.pipeline`) into plain data for the report.
+
+Required: at least one ``metrics.json`` row. Everything else is optional and shown when present:
+
+* ``zero_shot/metrics.json``, ``original/metrics.json``: the references (horizontal lines);
+* ``eps-<e>/metrics.json`` + ``eps-<e>/generator/privacy_ledger.json`` (DP synthetic queries),
+  ``eps-<e>/synthetic/`` (examples, ``manifest.json``), ``eps-<e>/timing.json``;
+* ``direct-<method>-eps-<e>/metrics.json`` with a ledger in ``retriever/`` or beside the metrics
+  (direct DP training of the retriever);
+* ``similarity.json`` (BLEU/MAUVE), ``canaries.json`` or ``canaries/canaries.json`` (canary
+  audit), any top-level JSON shaped like ``privret evaluate --datasets`` output (zero-shot across
+  datasets), ``config.json``.
+
+A file that is present but unreadable is an :class:`InputError` naming it: a report that silently
+drops a row would mislead.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from privret.errors import InputError
+
+LEDGER_FILE = "privacy_ledger.json"
+_EPS_DIR = re.compile(r"^eps-(?P<eps>inf|[0-9.eE+-]+)$")
+_DIRECT_DIR = re.compile(r"^direct-(?P<method>.+)-eps-(?P<eps>inf|[0-9.eE+-]+)$")
+
+
+@dataclass
+class Row:
+    """One retriever: what it was trained on, its metrics, and the ledger that covers it."""
+
+    key: str  # directory name
+    label: str
+    method: str  # "zero-shot", "original", "dp-synthetic", "direct-<method>"
+    epsilon: float | None  # None: no private data touched (zero-shot)
+    metrics: dict
+    ledger: dict | None = None
+    ledger_source: str | None = None
+    timing: dict = field(default_factory=dict)
+
+
+@dataclass
+class Examples:
+    """Synthetic queries of a few documents, per epsilon label; originals only when asked for."""
+
+    documents: list[dict]  # {id, title, text}
+    synthetic: dict[str, dict[str, list[str]]]  # eps label -> doc id -> queries
+    originals: dict[str, list[str]] | None  # doc id -> private queries (only with show_private)
+    hidden_labels: list[str]  # eps labels whose examples were withheld (non-private generator)
+
+
+@dataclass
+class RunData:
+    run_dir: Path
+    name: str
+    config: dict
+    rows: list[Row]
+    similarity: list[dict]
+    canaries: dict | None
+    zero_shot_datasets: list[dict]
+    examples: Examples | None
+    notes: list[str] = field(default_factory=list)
+
+
+def read_json(path: Path):
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise InputError("not valid UTF-8", path=path) from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        raise InputError(f"malformed JSON ({err.msg})", path=path, line=err.lineno) from None
+
+
+def parse_eps(text: str) -> float:
+    return math.inf if text in ("inf", "Infinity") else float(text)
+
+
+def eps_label(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return "inf" if math.isinf(value) else f"{value:g}"
+
+
+def _metrics(path: Path) -> dict:
+    data = read_json(path)
+    if not isinstance(data, dict) or not isinstance(data.get("ndcg@10"), (int, float)):
+        raise InputError("expected an object with a numeric 'ndcg@10'", path=path, field="ndcg@10")
+    return data
+
+
+def _ledger(*candidates: Path) -> tuple[dict | None, str | None]:
+    for directory in candidates:
+        path = directory / LEDGER_FILE
+        if path.is_file():
+            data = read_json(path)
+            if not isinstance(data, dict) or "epsilon" not in data:
+                raise InputError("not a privacy ledger (no 'epsilon')", path=path, field="epsilon")
+            data = {**data, "epsilon": _float(data["epsilon"]), "delta": _float(data.get("delta"))}
+            return data, str(path)
+    return None, None
+
+
+def _float(value):
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return parse_eps(value) if value in ("inf", "Infinity") else float(value)
+    return float(value)
+
+
+def collect(run_dir: str | Path, *, show_private_queries: bool = False, examples: int = 3) -> RunData:
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise InputError("run directory not found", path=run_dir)
+    config = read_json(run_dir / "config.json") if (run_dir / "config.json").is_file() else {}
+    rows: list[Row] = []
+    notes: list[str] = []
+    if (run_dir / "zero_shot" / "metrics.json").is_file():
+        rows.append(Row("zero_shot", "zero-shot (public encoder)", "zero-shot", None,
+                        _metrics(run_dir / "zero_shot" / "metrics.json")))
+    if (run_dir / "original" / "metrics.json").is_file():
+        ledger, source = _ledger(run_dir / "original" / "retriever", run_dir / "original")
+        rows.append(Row("original", "original pairs (non-private)", "original", math.inf,
+                        _metrics(run_dir / "original" / "metrics.json"), ledger, source,
+                        _timing(run_dir / "original")))
+    stages = []
+    for child in sorted(run_dir.iterdir()):
+        if not child.is_dir() or not (child / "metrics.json").is_file():
+            continue
+        if m := _EPS_DIR.match(child.name):
+            ledger, source = _ledger(child / "generator", child / "synthetic", child / "retriever")
+            eps = ledger["epsilon"] if ledger else parse_eps(m["eps"])
+            stages.append(Row(child.name, f"DP synthetic queries (ε={eps_label(parse_eps(m['eps']))})",
+                              "dp-synthetic", eps, _metrics(child / "metrics.json"), ledger, source,
+                              _timing(child)))
+        elif m := _DIRECT_DIR.match(child.name):
+            ledger, source = _ledger(child / "retriever", child)
+            eps = ledger["epsilon"] if ledger else parse_eps(m["eps"])
+            stages.append(Row(child.name, f"direct {m['method']} (ε={eps_label(parse_eps(m['eps']))})",
+                              f"direct-{m['method']}", eps, _metrics(child / "metrics.json"), ledger, source,
+                              _timing(child)))
+    stages.sort(key=lambda r: (r.method != "dp-synthetic", r.method, -r.epsilon if r.epsilon is not None else 0))
+    rows += stages
+    for r in rows:
+        if r.method not in ("zero-shot",) and r.ledger is None:
+            notes.append(f"{r.key}: no privacy ledger found")
+    if not rows:
+        raise InputError("no results (no */metrics.json): is this a privret run directory?", path=run_dir)
+    return RunData(run_dir=run_dir, name=str(config.get("name") or run_dir.name), config=config, rows=rows,
+                   similarity=_similarity(run_dir), canaries=_canaries(run_dir),
+                   zero_shot_datasets=_zero_shot_datasets(run_dir),
+                   examples=_examples(run_dir, config, stages, show_private_queries, examples), notes=notes)
+
+
+def _timing(stage: Path) -> dict:
+    path = stage / "timing.json"
+    return read_json(path) if path.is_file() else {}
+
+
+def _similarity(run_dir: Path) -> list[dict]:
+    """``similarity.json``: one result of :func:`privret.evaluate.similarity.evaluate_similarity`,
+    a list of them, or an object holding them under ``results`` or keyed by epsilon label."""
+    path = run_dir / "similarity.json"
+    if not path.is_file():
+        return []
+    data = read_json(path)
+    if isinstance(data, dict) and "results" in data:
+        data = data["results"]
+    if isinstance(data, dict) and "bleu" in data:
+        data = [data]
+    elif isinstance(data, dict):
+        data = [{**v, "label": k} for k, v in data.items() if isinstance(v, dict)]
+    if not isinstance(data, list) or not all(isinstance(x, dict) for x in data):
+        raise InputError("expected similarity results (an object or a list of objects)", path=path)
+    out = []
+    for i, item in enumerate(data):
+        if "bleu" not in item and "mauve" not in item:
+            raise InputError(f"result {i + 1} has neither 'bleu' nor 'mauve'", path=path, field="bleu")
+        synthetic = item.get("synthetic") or {}
+        eps = _float(synthetic.get("epsilon")) if isinstance(synthetic, dict) else None
+        if eps is None and "epsilon" in item:
+            eps = _float(item["epsilon"])
+        details = item.get("mauve_details") or {}
+        out.append({"label": item.get("label") or (f"ε={eps_label(eps)}" if eps is not None else f"#{i + 1}"),
+                     "epsilon": eps, "bleu": _float(item.get("bleu")), "mauve": _float(item.get("mauve")),
+                     "pairs": item.get("pairs"), "featurizer": details.get("featurizer") or item.get("featurizer")})
+    out.sort(key=lambda r: -(r["epsilon"] if r["epsilon"] is not None else -1))
+    return out
+
+
+def _canaries(run_dir: Path) -> dict | None:
+    for path in (run_dir / "canaries.json", run_dir / "canaries" / "canaries.json"):
+        if path.is_file():
+            data = read_json(path)
+            if not isinstance(data, dict) or not isinstance(data.get("results"), list):
+                raise InputError("expected a canary audit ('results' list)", path=path, field="results")
+            return data
+    return None
+
+
+def _zero_shot_datasets(run_dir: Path) -> list[dict]:
+    """Top-level JSON files in the ``privret evaluate --datasets`` shape: {split, datasets, rows}."""
+    found = []
+    for path in sorted(run_dir.glob("*.json")):
+        if path.name in ("config.json", "summary.json", "similarity.json", "canaries.json"):
+            continue
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            continue
+        if (isinstance(data, dict) and isinstance(data.get("datasets"), dict) and isinstance(data.get("rows"), list)
+                and all(isinstance(r, dict) and isinstance(r.get("metrics"), dict) for r in data["rows"])):
+            found.append({**data, "file": path.name})
+    return found
+
+
+def _read_synthetic(stage: Path) -> tuple[dict[str, list[str]], dict[str, dict]]:
+    """doc id -> synthetic queries, and doc id -> document, from ``stage/synthetic``."""
+    from privret.data.beir import load_beir
+
+    dataset = load_beir(stage / "synthetic", splits=["train"])
+    by_doc: dict[str, list[str]] = {}
+    for qid, docs in dataset.split("train").items():
+        for doc_id in docs:
+            by_doc.setdefault(doc_id, []).append(dataset.queries[qid])
+    docs = {d.id: {"id": d.id, "title": d.title, "text": d.text} for d in dataset.corpus.values()}
+    return by_doc, docs
+
+
+def _examples(run_dir: Path, config: dict, stages: list[Row], show_private: bool, count: int) -> Examples | None:
+    synthetic_stages = [r for r in stages if r.method == "dp-synthetic" and (run_dir / r.key / "synthetic").is_dir()]
+    if not synthetic_stages or count <= 0:
+        return None
+    per_label: dict[str, dict[str, list[str]]] = {}
+    documents: dict[str, dict] = {}
+    hidden = []
+    for r in synthetic_stages:
+        label = r.key.removeprefix("eps-")
+        if not show_private and (r.epsilon is None or not math.isfinite(r.epsilon)):
+            hidden.append(label)  # a non-private generator may reproduce private text
+            continue
+        by_doc, docs = _read_synthetic(run_dir / r.key)
+        per_label[label] = by_doc
+        documents.update(docs)
+    if not per_label:
+        return Examples([], {}, None, hidden)
+    common = set.intersection(*(set(v) for v in per_label.values()))
+    chosen = sorted(common)[:count]
+    originals = None
+    if show_private:
+        originals = _original_queries(config, chosen)
+    return Examples([documents[d] for d in chosen], {k: {d: v.get(d, []) for d in chosen} for k, v in per_label.items()},
+                    originals, hidden)
+
+
+def _original_queries(config: dict, doc_ids: list[str]) -> dict[str, list[str]] | None:
+    dataset = config.get("dataset")
+    split = config.get("train_split", "train")
+    if not dataset or not Path(dataset).is_dir():
+        return None
+    from privret.data.beir import load_beir
+
+    data = load_beir(dataset, splits=[split])
+    wanted = set(doc_ids)
+    out: dict[str, list[str]] = {d: [] for d in doc_ids}
+    for qid, docs in data.split(split).items():
+        for doc_id, score in docs.items():
+            if doc_id in wanted and score > 0:
+                out[doc_id].append(data.queries[qid])
+    return out

@@ -1,0 +1,285 @@
+"""HTML (self-contained) and Markdown renderings of a run's results.
+
+The HTML page loads nothing: its style sheet is inline, the plot is a ``data:image/png;base64``
+URI, there is no script, no font, no link to any other file. Every text taken from the run
+(labels, document text, queries) is HTML-escaped.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import math
+from datetime import datetime, timezone
+
+from privret.report.collect import Row, RunData, eps_label
+from privret.report.plot import method_label, privacy_utility_png
+
+RETRIEVAL_METRICS = ("ndcg@10", "recall@10", "recall@100", "mrr@10")
+LEDGER_FIELDS = ("mechanism", "epsilon", "delta", "unit", "n_units", "n_pairs", "noise_multiplier", "sample_rate",
+                 "steps", "clip_norm", "accountant", "model", "trainable", "data_hash", "created_at")
+
+_CSS = """
+body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,"DejaVu Sans",sans-serif;margin:2em auto;max-width:1100px;
+color:#222;line-height:1.45;padding:0 1em}
+h1{font-size:1.6em;margin-bottom:.2em}h2{font-size:1.25em;margin-top:1.8em;border-bottom:1px solid #ddd}
+table{border-collapse:collapse;margin:.6em 0;font-size:.92em}th,td{border:1px solid #ccc;padding:.3em .6em;
+vertical-align:top}th{background:#f3f3f3}td.num{text-align:right;font-variant-numeric:tabular-nums}
+.muted{color:#666;font-size:.9em}.warn{background:#fff4e5;border-left:4px solid #f0a020;padding:.5em .8em}
+figure{margin:0}figure img{max-width:100%;height:auto;border:1px solid #eee}
+code{background:#f5f5f5;padding:0 .2em}details{margin:.4em 0}summary{cursor:pointer}
+"""
+
+
+def _e(text) -> str:
+    return html.escape(str(text), quote=True)
+
+
+def _num(value, digits: int = 4) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float) and math.isinf(value):
+        return "∞"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def _eps(value) -> str:
+    if value is None:
+        return "-"
+    return "∞" if math.isinf(value) else f"{value:.3g}"
+
+
+def _delta(row: Row) -> str:
+    d = (row.ledger or {}).get("delta")
+    if d in (None, 0, 0.0) or row.epsilon is None or math.isinf(row.epsilon):
+        return "-"
+    return f"{d:.2g}"
+
+
+def _unit(row: Row) -> str:
+    if row.method == "zero-shot":
+        return "-"
+    return str((row.ledger or {}).get("unit", "?"))
+
+
+def _table(headers: list[str], rows: list[list[str]], numeric: set[int] | None = None) -> str:
+    numeric = numeric or set()
+    head = "".join(f"<th>{_e(h)}</th>" for h in headers)
+    body = "".join("<tr>" + "".join(f'<td class="num">{c}</td>' if i in numeric else f"<td>{c}</td>"
+                                    for i, c in enumerate(r)) + "</tr>" for r in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+# -- sections -----------------------------------------------------------------------------------
+def _retrieval_rows(run: RunData) -> list[list[str]]:
+    out = []
+    for r in run.rows:
+        out.append([_e(r.label), _eps(r.epsilon), _delta(r), _e(_unit(r))]
+                   + [_num(r.metrics.get(m)) for m in RETRIEVAL_METRICS])
+    return out
+
+
+def _zero_shot_section(run: RunData) -> str:
+    parts = []
+    for result in run.zero_shot_datasets:
+        names = list(result["datasets"])
+        for metric in ("ndcg@10", "recall@10"):
+            rows = [[_e(row.get("source", row.get("model", "?"))), _eps(_f(row.get("epsilon")))]
+                    + [_num((row["metrics"].get(d) or {}).get(metric)) for d in names] for row in result["rows"]]
+            parts.append(f"<p class='muted'>{_e(metric.upper())}, split <code>{_e(result.get('split', '?'))}"
+                         f"</code> (from <code>{_e(result['file'])}</code>)</p>")
+            parts.append(_table(["source", "ε"] + names, rows, set(range(1, len(names) + 2))))
+    return "".join(parts)
+
+
+def _f(value):
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return math.inf if value in ("inf", "Infinity") else float(value)
+    return float(value)
+
+
+def _similarity_section(run: RunData) -> str:
+    rows = [[_e(s["label"]), _eps(s["epsilon"]), _num(s["bleu"]), _num(s["mauve"]), _e(s.get("pairs") or "-"),
+             _e(s.get("featurizer") or "-")] for s in run.similarity]
+    return _table(["synthetic set", "ε", "BLEU", "MAUVE", "pairs", "MAUVE featuriser"], rows, {1, 2, 3, 4})
+
+
+def canary_rows(canaries: dict) -> list[list[str]]:
+    m = canaries.get("candidates", 100)
+    out = []
+    for res in canaries["results"]:
+        for r in res.get("rows", []):
+            k = r["repetitions"]
+            bound = r.get("epsilon_lower_bound")
+            bound_text = "-" if bound is None else f"{bound:.3g}" + ("" if r.get("comparable_to_ledger") else " (group)")
+            out.append([_e(res.get("epsilon")), "0 (control)" if k == 0 else str(k), str(r["canaries"]),
+                        f"{r['rank_mean']:.1f}/{m} ± {r['rank_std']:.1f}",
+                        f"{r['exposure_mean']:.2f} ± {r['exposure_std']:.2f}",
+                        f"{r['extracted_fraction']:.0%}", f"{r['leaked_fraction']:.0%}", bound_text,
+                        _e(res.get("unit", "?"))])
+    return out
+
+
+def _canary_section(run: RunData) -> str:
+    c = run.canaries
+    headers = ["ε (target)", "repetitions", "canaries", "rank of secret", "exposure (bits)", "rank 1",
+               "leaked", "ε lower bound", "unit"]
+    sub = c.get("subsample")
+    intro = (f"<p class='muted'>Canary exposure audit (Carlini et al. 2019; seed §6.3): {c.get('trials')} trial(s), "
+             f"{len(c.get('kinds', []))} kinds, secret ranked among {c.get('candidates')} candidates by the "
+             f"generator's likelihood; leaked = secret in {c.get('samples')} sampled queries of the canary's "
+             f"document; ε lower bound at {1 - c.get('alpha', 0.05):.0%} confidence. Private pairs: "
+             f"{c.get('pairs')}{' (subsample)' if sub else ''} of {c.get('pairs_available')}.</p>")
+    return intro + _table(headers, canary_rows(c), {2, 3, 4, 5, 6, 7})
+
+
+def _examples_section(run: RunData) -> str:
+    ex = run.examples
+    if ex is None:
+        return ""
+    parts = []
+    if ex.hidden_labels:
+        parts.append(f"<p class='warn'>Examples of ε = {', '.join(_e(h) for h in ex.hidden_labels)} are not shown: "
+                     "that generator was trained without DP and its output may reproduce private queries. "
+                     "Pass <code>--show-private-queries</code> to include them.</p>")
+    if not ex.documents:
+        return "".join(parts)
+    labels = sorted(ex.synthetic, key=lambda k: -math.inf if k == "inf" else -float(k))
+    headers = ["document"] + ([] if ex.originals is None else ["original query (private)"]) + \
+        [f"synthetic, ε={'∞' if k == 'inf' else k}" for k in labels]
+    rows = []
+    for doc in ex.documents:
+        text = doc["text"] if len(doc["text"]) <= 280 else doc["text"][:280] + "…"
+        cell = (f"<b>{_e(doc['title'])}</b><br>" if doc["title"] else "") + _e(text)
+        row = [cell]
+        if ex.originals is not None:
+            row.append("<br>".join(_e(q) for q in ex.originals.get(doc["id"], [])) or "-")
+        row += ["<br>".join(_e(q) for q in ex.synthetic[k].get(doc["id"], [])) or "-" for k in labels]
+        rows.append(row)
+    if ex.originals is not None:
+        parts.append("<p class='warn'>This page shows original private queries (--show-private-queries): "
+                     "do not share it beyond those allowed to see the private data.</p>")
+    parts.append(_table(headers, rows))
+    return "".join(parts)
+
+
+def _ledger_section(run: RunData) -> str:
+    parts = []
+    for r in run.rows:
+        if r.method == "zero-shot":
+            parts.append(f"<details><summary>{_e(r.label)}: no private data used</summary></details>")
+            continue
+        if r.ledger is None:
+            parts.append(f"<details open><summary>{_e(r.label)}: <b>no ledger found</b></summary></details>")
+            continue
+        rows = [[_e(k), _e(_ledger_value(k, r.ledger.get(k)))] for k in LEDGER_FIELDS if k in r.ledger]
+        summary = _ledger_summary(r.ledger)
+        parts.append(f"<details><summary>{_e(r.label)}: {_e(summary)}</summary>"
+                     f"<p class='muted'>{_e(r.ledger_source)}</p>{_table(['field', 'value'], rows)}</details>")
+    return "".join(parts)
+
+
+def _ledger_value(key: str, value) -> str:
+    if key == "data_hash" and isinstance(value, str):
+        return value[:16] + "…"
+    if isinstance(value, float):
+        return "inf" if math.isinf(value) else f"{value:.6g}"
+    return str(value)
+
+
+def _ledger_summary(ledger: dict) -> str:
+    eps = ledger.get("epsilon")
+    if eps is None or math.isinf(eps):
+        return f"non-private (ε = ∞), unit {ledger.get('unit', '?')}, n = {ledger.get('n_units', '?')}"
+    return (f"({eps:.3g}, {ledger.get('delta', 0):.2g})-DP per {ledger.get('unit', '?')}, "
+            f"σ = {ledger.get('noise_multiplier', 0):.3g}, q = {ledger.get('sample_rate', 0):.3g}, "
+            f"steps = {ledger.get('steps', '?')}, C = {ledger.get('clip_norm', '?')}, {ledger.get('accountant', '?')}")
+
+
+# -- page ----------------------------------------------------------------------------------------
+def render_html(run: RunData) -> str:
+    png = privacy_utility_png(run)
+    cfg = run.config
+    facts = []
+    if cfg.get("dataset"):
+        facts.append(f"dataset <code>{_e(cfg['dataset'])}</code>")
+    if cfg.get("eval_split"):
+        facts.append(f"evaluated on <code>{_e(cfg['eval_split'])}</code>")
+    if cfg.get("unit"):
+        facts.append(f"privacy unit <code>{_e(cfg['unit'])}</code>")
+    generated = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    sections = [f"<h1>privret report: {_e(run.name)}</h1>",
+                f"<p class='muted'>{'; '.join(facts)}{'; ' if facts else ''}run directory "
+                f"<code>{_e(run.run_dir)}</code>; generated {generated}.</p>",
+                "<p>Each DP row's (ε, δ) holds for that row alone, per privacy unit; releasing several rows "
+                "trained on the same private data composes their budgets. Retrievers trained on DP synthetic "
+                "data carry the generator's guarantee (post-processing).</p>",
+                "<h2 id='plot'>Privacy-utility</h2>"]
+    if png is not None:
+        data = base64.b64encode(png).decode("ascii")
+        sections.append(f"<figure id='privacy-utility'><img alt='NDCG@10 against epsilon' "
+                        f"src='data:image/png;base64,{data}'></figure>")
+    else:
+        sections.append("<p>No rows to plot.</p>")
+    sections += ["<h2 id='retrieval'>Retrieval (seed Table 3 layout)</h2>",
+                 _table(["training data", "ε", "δ", "unit"] + [m.upper() for m in RETRIEVAL_METRICS],
+                        _retrieval_rows(run), {1, 2, 4, 5, 6, 7})]
+    if run.zero_shot_datasets:
+        sections += ["<h2 id='zero-shot'>Zero-shot across datasets (seed Table 5 layout)</h2>",
+                     _zero_shot_section(run)]
+    if run.similarity:
+        sections += ["<h2 id='similarity'>Similarity of synthetic to original queries (seed Table 6)</h2>",
+                     "<p class='muted'>Computed from the private queries: the scores themselves are not "
+                     "covered by the DP guarantee.</p>", _similarity_section(run)]
+    if run.canaries:
+        sections += ["<h2 id='leakage'>Privacy leakage (seed Table 7)</h2>", _canary_section(run)]
+    if run.examples is not None:
+        sections += ["<h2 id='examples'>Example synthetic queries (seed Table 2)</h2>", _examples_section(run)]
+    sections += ["<h2 id='ledgers'>Privacy ledgers</h2>", _ledger_section(run)]
+    if run.notes:
+        sections += ["<h2>Notes</h2><ul>" + "".join(f"<li>{_e(n)}</li>" for n in run.notes) + "</ul>"]
+    body = "\n".join(sections)
+    return (f"<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
+            f"<meta name='viewport' content='width=device-width, initial-scale=1'>"
+            f"<title>privret report: {_e(run.name)}</title><style>{_CSS}</style></head>\n<body>\n{body}\n"
+            f"</body></html>\n")
+
+
+def render_markdown(run: RunData) -> str:
+    lines = [f"# privret report: {run.name}", "", "## Retrieval", "",
+             "| training data | ε | δ | unit | NDCG@10 | Recall@10 | Recall@100 | MRR@10 |",
+             "|---|---:|---:|---|---:|---:|---:|---:|"]
+    for r in run.rows:
+        lines.append(f"| {r.label} | {_eps(r.epsilon)} | {_delta(r)} | {_unit(r)} | "
+                     + " | ".join(_num(r.metrics.get(m)) for m in RETRIEVAL_METRICS) + " |")
+    for result in run.zero_shot_datasets:
+        names = list(result["datasets"])
+        lines += ["", f"## Zero-shot NDCG@10 across datasets ({result['file']})", "",
+                  "| source | ε | " + " | ".join(names) + " |", "|---|---:|" + "---:|" * len(names)]
+        for row in result["rows"]:
+            lines.append(f"| {row.get('source', '?')} | {_eps(_f(row.get('epsilon')))} | "
+                         + " | ".join(_num((row["metrics"].get(d) or {}).get("ndcg@10")) for d in names) + " |")
+    if run.similarity:
+        lines += ["", "## Similarity", "", "| synthetic set | ε | BLEU | MAUVE |", "|---|---:|---:|---:|"]
+        lines += [f"| {s['label']} | {_eps(s['epsilon'])} | {_num(s['bleu'])} | {_num(s['mauve'])} |"
+                  for s in run.similarity]
+    if run.canaries:
+        lines += ["", "## Privacy leakage (canaries)", "",
+                  "| ε | repetitions | canaries | rank | exposure | rank 1 | leaked | ε lower bound | unit |",
+                  "|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+        lines += ["| " + " | ".join(html.unescape(c) for c in row) + " |" for row in canary_rows(run.canaries)]
+    lines += ["", "## Ledgers", ""]
+    for r in run.rows:
+        if r.method == "zero-shot":
+            continue
+        lines.append(f"- {r.label}: " + (_ledger_summary(r.ledger) if r.ledger else "no ledger found"))
+    for note in run.notes:
+        lines.append(f"- note: {note}")
+    return "\n".join(lines) + "\n"
+
+
+__all__ = ["render_html", "render_markdown", "method_label"]

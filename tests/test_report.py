@@ -1,0 +1,249 @@
+"""`privret report`: contents of the page and Markdown, privacy of the defaults, and a real headless Chromium
+render (the plot is visible in a screenshot; the page makes no network request)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from privret.privacy.ledger import PrivacyLedger
+from privret.report import build_report, collect
+
+PRIVATE_QUERY = "zebra vitamin secret question"
+DOCS = [("d1", "Aspirin", "aspirin can reduce the risk of heart disease in adults"),
+        ("d2", "Memory", "mice with the gene show low memory in the brain"),
+        ("d3", "Vitamin", "vitamin levels in blood are high in children with a good diet"),
+        ("d4", "Sleep", "sleep and exercise increase the immune response to a virus")]
+# the plot's line colours (matplotlib tab:blue, tab:red); nothing else on the page uses them
+PLOT_COLOURS = [(31, 119, 180), (214, 39, 40)]
+
+
+def _ledger(epsilon: float, mechanism: str, unit: str = "query") -> PrivacyLedger:
+    private = math.isfinite(epsilon)
+    return PrivacyLedger(mechanism=mechanism if private else "none", epsilon=epsilon, delta=1e-3 if private else 0.0,
+                         noise_multiplier=0.9 if private else 0.0, sample_rate=0.08, steps=120, planned_steps=120,
+                         accountant="prv" if private else "none", unit=unit, n_units=800, n_pairs=900,
+                         clip_norm=1.0 if private else math.inf, model="smollm2-135m", trainable="lora:top8",
+                         data_hash="ab" * 32)
+
+
+def _metrics(path: Path, ndcg: float) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"ndcg@10": ndcg, "recall@10": ndcg + 0.1, "recall@100": ndcg + 0.2,
+                                "mrr@10": ndcg - 0.02, "queries": 300}))
+
+
+def _jsonl(path: Path, rows: list[dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def write_fake_run(root: Path) -> Path:
+    """A run directory in the pipeline's layout with every optional file the report understands."""
+    private = root / "private"
+    _jsonl(private / "corpus.jsonl", [{"_id": i, "title": t, "text": x} for i, t, x in DOCS])
+    _jsonl(private / "queries.jsonl", [{"_id": "q1", "text": PRIVATE_QUERY}, {"_id": "q2", "text": "gene memory"}])
+    (private / "qrels").mkdir()
+    (private / "qrels" / "train.tsv").write_text("query-id\tcorpus-id\tscore\nq1\td1\t1\nq2\td2\t1\n")
+    run = root / "run"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"name": "fake-scifact", "dataset": str(private), "train_split": "train",
+                                                 "eval_split": "test", "unit": "query"}))
+    _metrics(run / "zero_shot" / "metrics.json", 0.40)
+    _metrics(run / "original" / "metrics.json", 0.62)
+    _ledger(math.inf, "none").save(_mk(run / "original" / "retriever"))
+    for eps, ndcg in (("inf", 0.58), ("16", 0.55), ("8", 0.52), ("3", 0.47)):
+        stage = run / f"eps-{eps}"
+        _metrics(stage / "metrics.json", ndcg)
+        ledger = _ledger(float(eps), "dp-sgd")
+        ledger.save(_mk(stage / "generator"))
+        syn = _mk(stage / "synthetic")
+        _jsonl(syn / "corpus.jsonl", [{"_id": i, "title": t, "text": x} for i, t, x in DOCS])
+        _jsonl(syn / "queries.jsonl", [{"_id": f"syn-{d}-0", "text": f"synthetic query eps{eps} about {t.lower()}"}
+                                       for d, t, _ in DOCS])
+        _mk(syn / "qrels")
+        (syn / "qrels" / "train.tsv").write_text("query-id\tcorpus-id\tscore\n"
+                                                 + "".join(f"syn-{d}-0\t{d}\t1\n" for d, _, _ in DOCS))
+        (syn / "manifest.json").write_text(json.dumps({"ledger": ledger.model_dump(mode="json")}))
+    for eps, ndcg in (("16", 0.45), ("8", 0.41), ("3", 0.30)):
+        stage = run / f"direct-logit-dp-eps-{eps}"
+        _metrics(stage / "metrics.json", ndcg)
+        _ledger(float(eps), "logit-dp").save(_mk(stage / "retriever"))
+    (run / "similarity.json").write_text(json.dumps([
+        {"bleu": 0.29, "mauve": 0.97, "pairs": 900, "synthetic": {"epsilon": "Infinity"},
+         "mauve_details": {"featurizer": "minilm-l6"}},
+        {"bleu": 0.09, "mauve": 0.34, "pairs": 900, "synthetic": {"epsilon": 8.0},
+         "mauve_details": {"featurizer": "minilm-l6"}}]))
+    (run / "zero_shot_datasets.json").write_text(json.dumps({
+        "split": "test", "datasets": {"scifact": "/x/scifact", "nfcorpus": "/x/nfcorpus"},
+        "rows": [{"source": "zero-shot", "epsilon": None,
+                  "metrics": {"scifact": {"ndcg@10": 0.64, "recall@10": 0.78},
+                              "nfcorpus": {"ndcg@10": 0.31, "recall@10": 0.15}}}]}))
+    row = {"repetitions": 100, "canaries": 9, "rank_mean": 1.0, "rank_std": 0.0, "rank_median": 1,
+           "exposure_mean": 6.64, "exposure_std": 0.0, "extracted_fraction": 1.0, "leaked_fraction": 1.0,
+           "epsilon_lower_bound": 2.87, "bound_threshold": 1, "comparable_to_ledger": False}
+    (run / "canaries.json").write_text(json.dumps({
+        "audit": "canary-exposure", "candidates": 100, "kinds": ["a", "b", "c"], "trials": 3, "samples": 10,
+        "alpha": 0.05, "subsample": 200, "pairs": 200, "pairs_available": 919,
+        "results": [{"epsilon": "inf", "unit": "pair", "rows": [row]},
+                    {"epsilon": "16", "unit": "pair", "rows": [{**row, "rank_mean": 47.0, "rank_std": 20.0,
+                                                                "exposure_mean": 1.3, "extracted_fraction": 0.0,
+                                                                "leaked_fraction": 0.0, "epsilon_lower_bound": 0.0,
+                                                                "bound_threshold": None}]}]}))
+    return run
+
+
+def _mk(path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+@pytest.fixture()
+def fake_run(tmp_path) -> Path:
+    return write_fake_run(tmp_path)
+
+
+def test_collect_reads_every_row_and_ledger(fake_run):
+    run = collect(fake_run)
+    methods = [r.method for r in run.rows]
+    assert methods.count("dp-synthetic") == 4 and methods.count("direct-logit-dp") == 3
+    assert methods[:2] == ["zero-shot", "original"]
+    direct = [r for r in run.rows if r.key == "direct-logit-dp-eps-8"][0]
+    assert direct.ledger["mechanism"] == "logit-dp" and direct.epsilon == 8.0
+    assert [s["epsilon"] for s in run.similarity] == [math.inf, 8.0]
+    assert run.canaries["results"][0]["rows"][0]["exposure_mean"] == 6.64
+    assert run.zero_shot_datasets[0]["file"] == "zero_shot_datasets.json"
+    assert not run.notes  # every trained row has its ledger
+
+
+def test_html_is_self_contained_and_private_by_default(fake_run, tmp_path):
+    html_path, md_path, markdown = build_report(fake_run)
+    page = html_path.read_text()
+    assert not re.search(r"(src|href)\s*=\s*['\"]?(https?:)?//", page, re.I)
+    assert "http://" not in page and "https://" not in page
+    for tag in ("<script", "<link", "<iframe", "@import", "url("):
+        assert tag not in page.lower()
+    assert page.count("data:image/png;base64,") == 1
+    for section in ("Privacy-utility", "Retrieval", "Zero-shot across datasets", "Similarity", "Privacy leakage",
+                    "Example synthetic queries", "Privacy ledgers"):
+        assert section in page, section
+    assert "direct logit-dp (ε=8)" in page and "(8, 0.001)-DP per query" in page
+    # private text stays out unless asked for; so do the non-private generator's samples
+    assert PRIVATE_QUERY not in page and PRIVATE_QUERY not in markdown
+    assert "synthetic query eps8 about aspirin" in page and "synthetic query epsinf" not in page
+    assert "| DP synthetic queries (ε=3) | 3 | 0.001 | query | 0.4700 |" in md_path.read_text()
+
+    shown, _, _ = build_report(fake_run, out=tmp_path / "with-private.html", show_private_queries=True)
+    page = shown.read_text()
+    assert PRIVATE_QUERY in page and "synthetic query epsinf about aspirin" in page
+
+
+def test_escapes_text_from_the_run(fake_run):
+    queries = fake_run / "eps-8" / "synthetic" / "queries.jsonl"
+    queries.write_text(queries.read_text().replace("synthetic query eps8 about aspirin",
+                                                   "<img src=https://evil.example/x.png>"))
+    html_path, _, _ = build_report(fake_run)
+    page = html_path.read_text()
+    assert "<img src=https" not in page and "&lt;img src=https://evil.example/x.png&gt;" in page
+
+
+def test_bad_metrics_file_is_one_clear_error(fake_run):
+    from privret.errors import InputError
+
+    (fake_run / "eps-8" / "metrics.json").write_text("{not json")
+    with pytest.raises(InputError, match=r"eps-8/metrics.json:1: malformed JSON"):
+        build_report(fake_run)
+    assert not (fake_run / "report.html").exists()
+
+
+def test_cli_report_exit_codes(fake_run, tmp_path):
+    ok = subprocess.run([sys.executable, "-m", "privret.cli", "report", str(fake_run)], capture_output=True,
+                        text=True, timeout=300)
+    assert ok.returncode == 0, ok.stderr
+    assert "DP synthetic queries (ε=16)" in ok.stdout and (fake_run / "report.html").is_file()
+    bad = subprocess.run([sys.executable, "-m", "privret.cli", "report", str(tmp_path / "missing")],
+                         capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and "run directory not found" in bad.stderr
+
+
+# -- a real browser --------------------------------------------------------------------------------
+def chromium_binary() -> str | None:
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        path = shutil.which(name)
+        if path:
+            return path
+    return None
+
+
+def render_in_chromium(page: Path, shot: Path, netlog: Path, profile: Path) -> subprocess.CompletedProcess:
+    binary = chromium_binary()
+    if binary is None:
+        pytest.skip("no chromium: `make install` installs Debian's chromium (apt-get install chromium); "
+                    "installing it was not possible on this machine")
+    return subprocess.run([binary, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                           "--disable-component-update", "--disable-sync", "--no-first-run",
+                           f"--user-data-dir={profile}", '--host-resolver-rules=MAP * ~NOTFOUND',
+                           f"--log-net-log={netlog}", f"--screenshot={shot}", "--window-size=1200,2000",
+                           page.resolve().as_uri()], capture_output=True, text=True, timeout=120)
+
+
+def page_requests(netlog: Path) -> list[str]:
+    """URLs the *page* asked the network stack for (requests of a file:// document), from Chromium's NetLog.
+    Chromium's own background requests (updates, accounts) have another isolation key and are ignored."""
+    log = json.loads(netlog.read_text())
+    start = log["constants"]["logEventTypes"]["URL_REQUEST_START_JOB"]
+    out = []
+    for event in log["events"]:
+        params = event.get("params") or {}
+        if event["type"] == start and str(params.get("network_isolation_key", "")).startswith("file://"):
+            out.append(params.get("url", ""))
+    return [u for u in out if not u.startswith(("file:", "data:"))]
+
+
+def plot_pixels(shot: Path) -> int:
+    from PIL import Image
+
+    image = Image.open(shot).convert("RGB")
+    count = 0
+    for r, g, b in image.getdata():
+        if any(abs(r - cr) + abs(g - cg) + abs(b - cb) < 40 for cr, cg, cb in PLOT_COLOURS):
+            count += 1
+    return count
+
+
+def test_report_renders_in_headless_chromium(fake_run, tmp_path):
+    html_path, _, _ = build_report(fake_run)
+    shot, netlog = tmp_path / "shot.png", tmp_path / "net.json"
+    result = render_in_chromium(html_path, shot, netlog, tmp_path / "profile")
+    assert result.returncode == 0 and shot.is_file(), result.stderr[-2000:]
+    from PIL import Image
+
+    assert Image.open(shot).size == (1200, 2000)
+    # the plot's lines are drawn: many pixels in the plot's line colours, inside the plot area
+    assert plot_pixels(shot) > 300
+    assert page_requests(netlog) == []
+
+
+def test_network_check_catches_a_page_that_loads_something(tmp_path):
+    """The NetLog check above can fail: a page with one remote image and no plot is caught on both counts."""
+    page = tmp_path / "leaky.html"
+    page.write_text("<!DOCTYPE html><html><body><h1>no plot</h1>"
+                    "<img src='http://example.invalid/pixel.png'></body></html>")
+    shot, netlog = tmp_path / "shot.png", tmp_path / "net.json"
+    result = render_in_chromium(page, shot, netlog, tmp_path / "profile")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert page_requests(netlog) == ["http://example.invalid/pixel.png"]
+    assert plot_pixels(shot) < 300
+
+
+if os.environ.get("PRIVRET_REQUIRE_CHROMIUM") == "1":  # CI: a missing browser is a failure, not a skip
+    def test_chromium_is_installed():
+        assert chromium_binary() is not None, "chromium not found (run `make install`)"
