@@ -4,9 +4,18 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test clean
+.PHONY: install browser demo test clean
 
-install: $(STAMP)
+install: $(STAMP) browser
+
+# Headless Chromium for the report's browser test (Debian's package). Never fatal: without it the
+# test is skipped with the reason.
+browser:
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || { \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo "sudo -n" ); \
+	  echo "installing chromium (apt-get) for the report test"; \
+	  ( $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq chromium ) >/dev/null 2>&1 \
+	  || echo "warning: could not install chromium; tests/test_report.py will skip its browser checks"; }
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
