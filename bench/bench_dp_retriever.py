@@ -1,0 +1,185 @@
+"""Step time and peak memory of the direct-DP retriever methods against non-private in-batch training.
+
+Every (method, trainable, batch size) runs in its own spawned process (peak memory is per process);
+ratios are taken against the non-private step measured in the same run. Also compares logit-dp with
+materialising every per-pair gradient g_ij (Algorithm 1 literally: each g_ij a parameter-sized vector,
+computed one at a time from per-sequence graphs, so the baseline itself fits in memory; holding all of
+them at once would need n^2 * P * 4 bytes, printed alongside).
+
+    python bench/bench_dp_retriever.py                    # full grid: batch 32..256, all / top:2 / lora
+    python bench/bench_dp_retriever.py --quick            # tiny: batch 8 and 16, top:1, short texts, 2 steps
+
+Batches are SciFact train pairs read in place from /work/shared/data/scifact (override with --data).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import multiprocessing as mp
+import os
+import resource
+import statistics
+import sys
+import time
+from pathlib import Path
+
+DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "scifact"
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/statm") as fh:
+        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def _peak_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _worker(args: dict, queue) -> None:
+    import torch
+
+    torch.set_num_threads(args["threads"])
+    import torch.nn.functional as F
+
+    from privret.data.beir import load_beir
+    from privret.data.pairs import pairs_from_beir
+    from privret.models.encoder import load_encoder
+    from privret.train.dp_retriever import (DPRetrieverConfig, StepBatch, _encode, _grads, _norm, clipped_sum,
+                                            make_trainable)
+
+    n, method = args["batch"], args["method"]
+    pairs = pairs_from_beir(load_beir(args["data"], splits=["train"]), "train")
+    seen, rows = set(), []
+    for p in pairs.pairs:  # one row per query, distinct queries
+        if p.query not in seen:
+            seen.add(p.query)
+            rows.append(p)
+        if len(rows) == n:
+            break
+    negatives = [d.full_text for d in list(pairs.corpus.values())[:args["negatives"]]]
+    batch = StepBatch(queries=[r.query for r in rows], docs=[pairs.corpus[r.doc_id].full_text for r in rows],
+                      unit_of_row=torch.arange(len(rows)), doc_ids=[r.doc_id for r in rows], n_units=len(rows),
+                      negatives=negatives)
+    model = load_encoder("minilm-l6", max_seq_length=args["doc_tokens"])
+    model.train()
+    params = list(make_trainable(model, args["trainable"], lora_rank=8).values())
+    cfg = DPRetrieverConfig(method=method if method in ("naive", "batch-clip", "logit-dp", "public-negatives")
+                            else "logit-dp", clip_norm=1.0, max_query_tokens=args["query_tokens"],
+                            max_doc_tokens=args["doc_tokens"], public_negatives=args["negatives"], temperature=0.05)
+    cuda = torch.cuda.is_available()
+
+    def step():
+        if method == "non-private":
+            e_q = _encode(model, batch.queries, cfg.max_query_tokens)
+            e_d = _encode(model, batch.docs, cfg.max_doc_tokens)
+            loss = F.cross_entropy(e_q @ e_d.T / cfg.tau, torch.arange(n, device=e_q.device))
+            loss.backward()
+            for p in params:
+                p.grad = None
+        elif method == "materialise":
+            materialise(model, params, batch, cfg)
+        else:
+            clipped_sum(method, model, params, batch, cfg)
+
+    base = _rss_mb()
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    times = []
+    for k in range(args["steps"] + 1):
+        start = time.perf_counter()
+        step()
+        if cuda:
+            torch.cuda.synchronize()
+        if k:  # the first step warms up
+            times.append(time.perf_counter() - start)
+    peak = torch.cuda.max_memory_allocated() / 2**20 if cuda else _peak_mb() - base
+    queue.put({"seconds": statistics.median(times), "peak_mb": peak,
+               "trainable_params": sum(p.numel() for p in params)})
+
+
+def materialise(model, params, batch, cfg):
+    """Algorithm 1 with every g_ij materialised (one at a time): per-sequence graphs, n^2 backward passes."""
+    import torch
+
+    from privret.train.dp_retriever import _encode, _grads, _norm
+
+    e_q = [_encode(model, [q], cfg.max_query_tokens)[0] for q in batch.queries]
+    e_d = [_encode(model, [d], cfg.max_doc_tokens)[0] for d in batch.docs]
+    n = len(e_q)
+    logits = torch.stack([torch.stack([(a * b).sum() for b in e_d]) for a in e_q]) / cfg.tau
+    tau = torch.softmax(logits.detach(), 1) - torch.eye(n)
+    total = [torch.zeros_like(p) for p in params]
+    for i in range(n):
+        for j in range(n):
+            g = _grads(logits[i, j], params, retain=True)
+            f = min(1.0, cfg.clip_norm / max(_norm(g).item(), 1e-12))
+            for t, x in zip(total, g):
+                t.add_(x, alpha=float(tau[i, j]) * f)
+    return total
+
+
+def measure(spec: dict) -> dict:
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    proc = ctx.Process(target=_worker, args=(spec, queue))
+    proc.start()
+    proc.join()
+    if proc.exitcode != 0:
+        return {"error": f"exit code {proc.exitcode}"}
+    return queue.get()
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="batch 8,16; top:1; 32/64 tokens; 2 steps")
+    ap.add_argument("--batch-sizes", default=None)
+    ap.add_argument("--trainable", default=None, help="comma list of all, top:K, lora")
+    ap.add_argument("--methods", default="naive,batch-clip,logit-dp,public-negatives")
+    ap.add_argument("--steps", type=int, default=None)
+    ap.add_argument("--materialise-batch", type=int, default=None, help="default 128 (quick: 8)")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--data", type=Path, default=DEFAULT_DATA)
+    ap.add_argument("--json", type=Path, default=None, help="also write the rows here")
+    a = ap.parse_args(argv)
+    quick = a.quick
+    batches = [int(b) for b in (a.batch_sizes or ("8,16" if quick else "32,64,128,256")).split(",")]
+    trainables = (a.trainable or ("top:1" if quick else "all,top:2,lora")).split(",")
+    steps = a.steps or (2 if quick else 3)
+    mat_batch = a.materialise_batch or (8 if quick else 128)
+    common = {"threads": a.threads, "data": str(a.data), "steps": steps, "query_tokens": 32 if quick else 64,
+              "doc_tokens": 64 if quick else 256, "negatives": 16 if quick else 32}
+    methods = a.methods.split(",")
+    rows = []
+    print(f"config: {json.dumps({**common, 'batches': batches, 'trainable': trainables})}", flush=True)
+    print("| trainable | batch | method | step s | peak MB | time / non-private | memory / non-private |")
+    print("|---|---|---|---|---|---|---|", flush=True)
+    for tr in trainables:
+        for n in batches:
+            ref = measure({**common, "trainable": tr, "batch": n, "method": "non-private"})
+            rows.append({"trainable": tr, "batch": n, "method": "non-private", **ref})
+            print(f"| {tr} | {n} | non-private | {ref['seconds']:.3f} | {ref['peak_mb']:.0f} | 1.00 | 1.00 |", flush=True)
+            for m in methods:
+                r = measure({**common, "trainable": tr, "batch": n, "method": m})
+                rows.append({"trainable": tr, "batch": n, "method": m, **r})
+                if "error" in r:
+                    print(f"| {tr} | {n} | {m} | {r['error']} | | | |", flush=True)
+                    continue
+                print(f"| {tr} | {n} | {m} | {r['seconds']:.3f} | {r['peak_mb']:.0f} | "
+                      f"{r['seconds'] / ref['seconds']:.2f} | {r['peak_mb'] / max(ref['peak_mb'], 1):.2f} |", flush=True)
+    print(f"\nlogit-dp vs materialising every g_ij, batch {mat_batch}:", flush=True)
+    for tr in trainables:
+        ours = measure({**common, "trainable": tr, "batch": mat_batch, "method": "logit-dp", "steps": 1})
+        mat = measure({**common, "trainable": tr, "batch": mat_batch, "method": "materialise", "steps": 1})
+        rows.append({"trainable": tr, "batch": mat_batch, "method": "materialise", **mat})
+        all_at_once = mat_batch ** 2 * ours.get("trainable_params", 0) * 4 / 2**30
+        print(f"{tr}: logit-dp {ours['seconds']:.2f} s, {ours['peak_mb']:.0f} MB; materialise {mat['seconds']:.2f} s, "
+              f"{mat['peak_mb']:.0f} MB (streamed; all n^2 g_ij at once: {all_at_once:.1f} GiB); "
+              f"speed-up {mat['seconds'] / ours['seconds']:.1f}x", flush=True)
+    if a.json:
+        a.json.write_text(json.dumps(rows, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
