@@ -13,13 +13,31 @@ One step, for a private run with target (epsilon, delta):
 Checkpoints are written atomically every ``checkpoint_every`` steps; ``resume`` continues from
 the last one with *fresh* noise (never replayed), and the ledger counts every step that
 reached disk.
+
+Crash safety (see ``docs/reliability.md``). One process per output directory
+(:class:`~privret.runlock.RunLock`). Before any write that may put updated parameters on disk
+(a checkpoint or the final model), a record ``(branch, start, to)`` is appended and fsynced to
+``steps.jsonl``: this process (a *branch*, started at step ``start`` from a checkpoint, or 0)
+may have released its noisy updates ``start+1 .. to``. The distinct noisy updates that could
+have reached disk number ``S = sum over branches (max to - start)``; a branch killed after
+persisting step 30 and resumed from the checkpoint of step 20 thus charges its steps 21..30 as
+well as the new branch's. Every ledger (checkpoint and final) reports ``steps = S`` and the
+epsilon of S steps at (sigma, q), so it is never below the true count, and is above the plan
+only after such a loss. A checkpoint the step log does not account for (log missing,
+unreadable, or not naming the checkpoint's step) is refused. Non-private runs store the
+sampler's RNG state with the checkpoint, so a resumed run equals an uninterrupted one.
+
+Each private run is also recorded in the dataset's budget registry
+(:mod:`privret.privacy.budget`) before its first update can reach disk, with a cap check.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import time
+import uuid
 from pathlib import Path
 
 import torch
@@ -27,14 +45,19 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from privret.data.pairs import PrivacyUnit, TrainingPairs
 from privret.errors import InputError
-from privret.io import atomic_path, write_json_atomic
+from privret.io import atomic_path, write_json_atomic, write_text_atomic
 from privret.models.generator import QueryGenerator, load_generator
 from privret.models.registry import DEFAULT_GENERATOR
+from privret.privacy import budget as budget_registry
 from privret.privacy.accounting import calibrate_noise, check_budget, default_delta, spent_epsilon
-from privret.privacy.clipping import clip_units, gaussian_noise_like
+from privret.privacy.clipping import clip_units
 from privret.privacy.ledger import PrivacyLedger
 from privret.privacy.sampling import PoissonUnitSampler
+from privret.privacy.secure_rng import SecurePoissonUnitSampler, SecureRandom, noise_like
 from privret.progress import Progress
+from privret.runlock import RunLock, recover_directory
+
+STEP_LOG = "steps.jsonl"
 
 
 class GeneratorTrainConfig(BaseModel):
@@ -58,6 +81,7 @@ class GeneratorTrainConfig(BaseModel):
     accountant: str = "prv"
     seed: int = 0
     checkpoint_every: int = Field(10, gt=0)
+    secure_rng: bool = Field(False, description="DP noise and Poisson sampling from the OS CSPRNG (os.urandom)")
 
 
 def _plan(cfg: GeneratorTrainConfig, n_units: int) -> tuple[float, int, float, float]:
@@ -88,27 +112,33 @@ def micro_batches(units: list[list[int]], chosen: list[int], max_rows: int) -> l
 
 
 def train_generator(pairs: TrainingPairs, out_dir: str | Path, cfg: GeneratorTrainConfig, *,
-                    data_hash: str, resume: bool = False) -> PrivacyLedger:
-    """Fine-tune ``cfg.model`` on ``pairs`` into ``out_dir``; returns the ledger."""
+                    data_hash: str, resume: bool = False,
+                    budget: budget_registry.BudgetPolicy | None = None) -> PrivacyLedger:
+    """Fine-tune ``cfg.model`` on ``pairs`` into ``out_dir``; returns the ledger.
+
+    ``budget``: cap and registry location for the dataset's budget registry (default: record
+    in ``$PRIVRET_BUDGET_DIR``, no cap).
+    """
+    with RunLock(out_dir, what="generator directory"):
+        return _train_generator(pairs, Path(out_dir), cfg, data_hash=data_hash, resume=resume, budget=budget)
+
+
+def _train_generator(pairs: TrainingPairs, out_dir: Path, cfg: GeneratorTrainConfig, *, data_hash: str,
+                     resume: bool, budget: budget_registry.BudgetPolicy | None) -> PrivacyLedger:
     from opacus import GradSampleModule
 
-    out_dir = Path(out_dir)
     units = pairs.units(cfg.unit)
     n_units = len(units)
     sample_rate, steps, delta, sigma = _plan(cfg, n_units)
     private = math.isfinite(cfg.epsilon)
     ckpt_dir = out_dir / "checkpoint"
+    log_path = out_dir / STEP_LOG
+    recover_directory(out_dir)
+    recover_directory(ckpt_dir)
     if (out_dir / "generator.json").exists() and not resume:
         raise InputError("already holds a trained generator (use another directory)", path=out_dir)
-    if ckpt_dir.exists() and not resume:
+    if (ckpt_dir.exists() or log_path.exists()) and not resume:
         raise InputError("holds an interrupted run; pass --resume to continue it", path=out_dir)
-
-    torch.manual_seed(cfg.seed)
-    generator = load_generator(cfg.model, max_doc_tokens=cfg.max_doc_tokens, max_query_tokens=cfg.max_query_tokens,
-                               trained_layers=cfg.trained_layers, bf16=cfg.bf16)
-    generator.make_trainable(cfg.trainable, lora_rank=cfg.lora_rank, lora_alpha=2 * cfg.lora_rank)
-    params = generator.trainable_parameters()
-    optimizer = torch.optim.Adam(params.values(), lr=cfg.learning_rate)
 
     def ledger(done: int) -> PrivacyLedger:
         eps = (spent_epsilon(noise_multiplier=sigma, sample_rate=sample_rate, steps=done, delta=delta,
@@ -118,14 +148,51 @@ def train_generator(pairs: TrainingPairs, out_dir: str | Path, cfg: GeneratorTra
                              accountant=cfg.accountant if private else "none", unit=cfg.unit.value, n_units=n_units,
                              n_pairs=len(pairs.pairs), clip_norm=cfg.clip_norm if private else math.inf,
                              model=cfg.model, trainable=f"{cfg.trainable}:top{cfg.trained_layers or 'all'}",
-                             data_hash=data_hash)
+                             data_hash=data_hash, secure_rng=secure)
 
-    start_step = 0
+    secure = private and cfg.secure_rng
+    if (out_dir / "generator.json").exists():  # finished earlier: nothing to resume, spend nothing more
+        return _finished(out_dir, expected=ledger(steps))
+    torch.manual_seed(cfg.seed)
+    generator = load_generator(cfg.model, max_doc_tokens=cfg.max_doc_tokens, max_query_tokens=cfg.max_query_tokens,
+                               trained_layers=cfg.trained_layers, bf16=cfg.bf16)
+    generator.make_trainable(cfg.trainable, lora_rank=cfg.lora_rank, lora_alpha=2 * cfg.lora_rank)
+    params = generator.trainable_parameters()
+    optimizer = torch.optim.Adam(params.values(), lr=cfg.learning_rate)
+
+    log = _read_step_log(log_path, private=private, checkpoint=ckpt_dir)
+    secure = secure and all(r.get("secure", False) for r in log)
+    spent_before = _distinct_steps(log)
+    release_id = log[0]["release"] if log else uuid.uuid4().hex
+    branch = uuid.uuid4().hex
+
+    start_step, rng_state = 0, None
     if resume and ckpt_dir.exists():
-        start_step = _load_checkpoint(ckpt_dir, params, optimizer, expected=ledger(0))
+        start_step, rng_state = _load_checkpoint(ckpt_dir, params, optimizer, expected=ledger(0))
+        if private and not any(r["to"] == start_step for r in log):
+            raise InputError(f"the step log does not account for the checkpoint of step {start_step}; cannot prove "
+                             "what this run spent, refusing to resume (start again in a new directory)", path=log_path)
+
+    def total(step: int) -> int:  # distinct noisy updates that may be on disk once `step` is persisted
+        return spent_before + (step - start_step)
+
+    def persist(step: int) -> None:
+        _append_step_log(log_path, {"release": release_id, "branch": branch, "start": start_step, "to": step,
+                                    "secure": secure})
+
+    if private:
+        planned = budget_registry.Release.from_ledger(ledger(total(steps)), release_id=release_id, status="planned",
+                                                      artefact=out_dir.absolute())
+        budget_registry.check_and_record(planned, budget)
     # Fresh entropy for sampling and noise, also on resume: noise is never replayed.
-    rng = torch.Generator().manual_seed(int.from_bytes(os.urandom(8), "little") if private else cfg.seed + start_step)
-    sampler = PoissonUnitSampler(n_units, sample_rate, rng)
+    if secure:
+        rng = SecureRandom()
+        sampler = SecurePoissonUnitSampler(n_units, sample_rate, rng)
+    else:
+        rng = torch.Generator().manual_seed(int.from_bytes(os.urandom(8), "little") if private else cfg.seed)
+        if rng_state is not None and not private:
+            rng.set_state(rng_state)  # non-private: continue the very same sample sequence
+        sampler = PoissonUnitSampler(n_units, sample_rate, rng)
 
     with Progress() as progress:
         examples = [generator.example(pairs.corpus[p.doc_id].full_text, p.query) for p in pairs.pairs]
@@ -144,12 +211,18 @@ def train_generator(pairs: TrainingPairs, out_dir: str | Path, cfg: GeneratorTra
             optimizer.zero_grad(set_to_none=True)
             progress.update(task, advance=1, description=f"training generator (epsilon={cfg.epsilon:g}) loss={loss:.3f}")
             if (step + 1) % cfg.checkpoint_every == 0 and step + 1 < steps:
-                _save_checkpoint(ckpt_dir, params, optimizer, ledger(step + 1))
-    final = ledger(steps)
+                persist(step + 1)
+                _save_checkpoint(ckpt_dir, params, optimizer, ledger(total(step + 1)), step=step + 1,
+                                 rng=None if private else rng)
+    final = ledger(total(steps))
+    persist(steps)
     with atomic_path(out_dir) as staged:
         generator.save(staged)
         final.save(staged)
         write_json_atomic(staged / "train_config.json", cfg.model_dump(mode="json"))
+    if private:
+        budget_registry.record(budget_registry.Release.from_ledger(final, release_id=release_id, status="final",
+                                                                   artefact=out_dir.absolute()), budget)
     return final
 
 
@@ -180,7 +253,7 @@ def _dp_step(generator: QueryGenerator, loss_module, items, units, chosen, param
             params[n].grad_sample = None
             params[n].grad = None
     for n, p in params.items():
-        noisy = total[n] + gaussian_noise_like(total[n], sigma * cfg.clip_norm, rng)
+        noisy = total[n] + noise_like(total[n], sigma * cfg.clip_norm, rng)
         p.grad = (noisy / expected_batch).to(p.dtype)
     return torch.cat(losses).mean().item() if losses else float("nan")
 
@@ -199,18 +272,110 @@ def _plain_step(generator, loss_module, items, units, chosen, params) -> float:
     return torch.cat(losses).mean().item()
 
 
-def _save_checkpoint(ckpt_dir: Path, params, optimizer, ledger: PrivacyLedger) -> None:
+def _save_checkpoint(ckpt_dir: Path, params, optimizer, ledger: PrivacyLedger, *, step: int,
+                     rng: torch.Generator | None = None) -> None:
+    """Parameters, Adam state and (non-private runs) the sampler's RNG state, all as safetensors."""
     from safetensors.torch import save_file
 
     with atomic_path(ckpt_dir) as staged:
         staged.mkdir()
         save_file({n: p.detach().contiguous() for n, p in params.items()}, str(staged / "params.safetensors"))
-        torch.save(optimizer.state_dict(), staged / "optimizer.pt")
+        tensors, groups = _flatten_optimizer(optimizer.state_dict())
+        save_file(tensors, str(staged / "optimizer.safetensors"))
+        extra = {"step": step, "param_groups": groups}
+        if rng is not None:
+            save_file({"sampler": rng.get_state()}, str(staged / "rng.safetensors"))
+        write_text_atomic(staged / "state.json", json.dumps(extra, indent=2) + "\n")
         ledger.save(staged)
 
 
-def _load_checkpoint(ckpt_dir: Path, params, optimizer, *, expected: PrivacyLedger) -> int:
-    """Restore params and optimizer; refuse when the checkpoint belongs to another plan."""
+def _flatten_optimizer(state: dict) -> tuple[dict[str, torch.Tensor], list[dict]]:
+    tensors = {}
+    for index, values in state["state"].items():
+        for key, value in values.items():
+            tensors[f"{index}.{key}"] = (value if isinstance(value, torch.Tensor) else torch.tensor(value)).contiguous()
+    return tensors, state["param_groups"]
+
+
+def _unflatten_optimizer(tensors: dict[str, torch.Tensor], groups: list[dict]) -> dict:
+    state: dict[int, dict] = {}
+    for name, value in tensors.items():
+        index, key = name.split(".", 1)
+        state.setdefault(int(index), {})[key] = value
+    return {"state": state, "param_groups": groups}
+
+
+def _finished(out_dir: Path, *, expected: PrivacyLedger) -> PrivacyLedger:
+    saved = PrivacyLedger.load(out_dir)
+    for key in ("noise_multiplier", "sample_rate", "planned_steps", "unit", "n_units", "clip_norm", "data_hash",
+                "model", "delta"):
+        if getattr(saved, key) != getattr(expected, key):
+            raise InputError(f"already holds a generator trained with {key}={getattr(saved, key)!r} (this run has "
+                             f"{getattr(expected, key)!r}); use another directory", path=out_dir)
+    return saved
+
+
+def _read_step_log(path: Path, *, private: bool, checkpoint: Path) -> list[dict]:
+    """Records of the step log. A torn last line is a record whose fsync never returned, so the
+    write it announced never began: it is dropped. Anything else unreadable refuses the resume."""
+    if not path.exists():
+        if private and checkpoint.exists():
+            raise InputError("a checkpoint without a step log (written by an older privret?): cannot prove what "
+                             "this run spent, refusing to resume (start again in a new directory)", path=checkpoint)
+        return []
+    raw = path.read_bytes()
+    lines = raw.split(b"\n")
+    records = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line.decode("utf-8"))
+            if not (isinstance(record, dict) and {"release", "branch", "start", "to"} <= set(record)
+                    and isinstance(record["start"], int) and isinstance(record["to"], int)
+                    and 0 <= record["start"] <= record["to"]):
+                raise ValueError
+        except (UnicodeDecodeError, ValueError):
+            if number == len(lines):  # no newline after it: the append was cut
+                continue
+            raise InputError("unreadable step log record: cannot prove what this run spent, refusing to resume",
+                             path=path, line=number) from None
+        records.append(record)
+    return records
+
+
+def _append_step_log(path: Path, record: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "ab") as f:
+        f.seek(0, os.SEEK_END)
+        end = f.tell()
+        if end:
+            with open(path, "rb") as r:
+                keep = r.read().rfind(b"\n") + 1
+            if keep != end:
+                f.truncate(keep)  # a torn record (see _read_step_log) is replaced
+        f.write((json.dumps(record) + "\n").encode())
+        f.flush()
+        os.fsync(f.fileno())
+    directory = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
+
+
+def _distinct_steps(records: list[dict]) -> int:
+    """sum over branches of (largest persisted step - the step the branch started from)."""
+    furthest: dict[str, tuple[int, int]] = {}
+    for r in records:
+        start, to = furthest.get(r["branch"], (r["start"], r["start"]))
+        furthest[r["branch"]] = (start, max(to, r["to"]))
+    return sum(to - start for start, to in furthest.values())
+
+
+def _load_checkpoint(ckpt_dir: Path, params, optimizer, *,
+                     expected: PrivacyLedger) -> tuple[int, torch.Tensor | None]:
+    """Restore params and optimizer; (step, sampler RNG state or None). Refuse another plan's checkpoint."""
     from safetensors.torch import load_file
 
     saved = PrivacyLedger.load(ckpt_dir)
@@ -219,9 +384,15 @@ def _load_checkpoint(ckpt_dir: Path, params, optimizer, *, expected: PrivacyLedg
         if getattr(saved, key) != getattr(expected, key):
             raise InputError(f"checkpoint was made with {key}={getattr(saved, key)!r}, this run has "
                              f"{getattr(expected, key)!r}; cannot resume", path=ckpt_dir)
+    if not (ckpt_dir / "state.json").is_file():
+        raise InputError("checkpoint from an older privret (no state.json, pickled optimizer); cannot resume it "
+                         "safely, start again in a new directory", path=ckpt_dir)
+    extra = json.loads((ckpt_dir / "state.json").read_text(encoding="utf-8"))
     state = load_file(str(ckpt_dir / "params.safetensors"))
     with torch.no_grad():
         for n, p in params.items():
             p.copy_(state[n])
-    optimizer.load_state_dict(torch.load(ckpt_dir / "optimizer.pt", weights_only=True))
-    return saved.steps
+    optimizer.load_state_dict(_unflatten_optimizer(load_file(str(ckpt_dir / "optimizer.safetensors")),
+                                                   extra["param_groups"]))
+    rng_file = ckpt_dir / "rng.safetensors"
+    return int(extra["step"]), (load_file(str(rng_file))["sampler"] if rng_file.is_file() else None)

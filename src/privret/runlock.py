@@ -1,0 +1,117 @@
+"""One process per output directory, and recovery of what a killed process left behind.
+
+:class:`RunLock` takes an exclusive, non-blocking ``fcntl.flock`` on a lock file that sits
+*beside* the directory (``<parent>/.<name>.lock``), not inside it: privret replaces whole output
+directories by rename (:func:`privret.io.atomic_path`), and a lock on a file inside the old
+directory would not exclude a process that opens the new one. A second process pointed at the
+same directory gets an :class:`~privret.errors.InputError` at once; it never waits and never
+writes. The kernel drops the lock when the holder dies (also on ``kill -9``), so a crashed run
+never leaves a stale lock behind. The lock file itself is left in place on purpose: unlinking
+it would let two processes lock two different inodes under the same name.
+
+``flock`` is advisory and reliable on local file systems; on NFS it depends on the server
+(Linux NFS clients emulate it with POSIX byte-range locks), see ``docs/reliability.md``.
+
+:func:`recover_directory` undoes the one non-atomic moment of :func:`privret.io.atomic_path`
+for directories (``target`` renamed to ``.<name>.old``, the staged copy not yet renamed in) and
+removes stale staging directories (``.<name>.*.tmp``). Call it only while holding the lock.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import re
+import shutil
+from pathlib import Path
+
+from privret.errors import InputError
+
+_HELD: dict[str, int] = {}  # lock path -> fd, for this process (nested use is an error, not a deadlock)
+
+
+def lock_path(target: str | Path) -> Path:
+    target = Path(target).absolute()
+    return target.parent / f".{target.name}.lock"
+
+
+class RunLock:
+    """Context manager: exclusive ownership of ``target`` (a run or output directory) for this process."""
+
+    def __init__(self, target: str | Path, *, what: str = "run directory"):
+        self.target = Path(target)
+        self.what = what
+        self.path = lock_path(target)
+        self._fd: int | None = None
+
+    def acquire(self) -> RunLock:
+        key = str(self.path)
+        if key in _HELD:
+            raise InputError(f"this process already holds the lock of this {self.what}", path=self.target)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _read_holder(fd)
+            os.close(fd)
+            raise InputError(f"another privret process{holder} is using this {self.what} (lock {self.path}); "
+                             "wait for it to finish or choose another directory", path=self.target) from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self._fd = fd
+        _HELD[key] = fd
+        return self
+
+    def release(self) -> None:
+        if self._fd is None:
+            return
+        _HELD.pop(str(self.path), None)
+        fcntl.flock(self._fd, fcntl.LOCK_UN)
+        os.close(self._fd)
+        self._fd = None
+
+    def __enter__(self) -> RunLock:
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def _read_holder(fd: int) -> str:
+    try:
+        pid = os.pread(fd, 32, 0).decode().strip()
+    except OSError:
+        return ""
+    return f" (pid {pid})" if pid.isdigit() else ""
+
+
+def recover_directory(target: str | Path) -> list[str]:
+    """Finish what an interrupted :func:`privret.io.atomic_path` left; returns what was done.
+
+    * ``target`` missing but ``.<name>.old`` present: the process died between the two renames
+      of a directory swap; the old directory (complete) is moved back.
+    * ``.<name>.old`` beside an existing ``target``: a finished swap whose clean-up was cut; removed.
+    * ``.<name>.*.tmp`` staging directories: never renamed into place; removed (they may hold
+      model weights, so leaving them would also leave private-data-derived bytes on disk).
+    """
+    target = Path(target)
+    actions: list[str] = []
+    parent = target.parent
+    if not parent.is_dir():
+        return actions
+    old = parent / f".{target.name}.old"
+    if old.exists():
+        if not target.exists():
+            os.replace(old, target)
+            actions.append(f"restored {target.name} from an interrupted directory swap")
+        else:
+            shutil.rmtree(old, ignore_errors=True)
+            actions.append(f"removed {old.name}")
+    staging = re.compile(rf"\.{re.escape(target.name)}\.[a-z0-9_]{{8}}\.tmp")  # tempfile.mkdtemp's names
+    for stale in parent.iterdir():
+        if not staging.fullmatch(stale.name):
+            continue
+        shutil.rmtree(stale, ignore_errors=True)
+        actions.append(f"removed {stale.name}")
+    return actions
