@@ -6,10 +6,19 @@ equal to a private query after normalisation (case, whitespace) are dropped and 
 
 Generation appends finished batches to ``<out>.partial/generated.jsonl`` (flushed and fsynced),
 so an interrupted run resumes where it stopped; the dataset directory appears only when done.
+
+Crash safety: one process per output (:class:`~privret.runlock.RunLock`); each batch is appended
+with one ``write`` and fsynced, so ``kill -9`` leaves whole batches (a torn last line, possible
+only on power loss, is cut off and its documents generated again). Batches are the fixed slices
+``documents[b B:(b + 1) B]`` sampled with seed ``seed * 1000003 + b B``, on resume as well, so a
+resumed generation writes exactly what an uninterrupted one writes. ``partial/meta.json`` pins
+the generator, the settings and the document list; a partial run made with others is refused.
+The dataset and its ledger are renamed into place together.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -19,9 +28,11 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from privret.data.beir import BeirDataset, Document, write_beir
 from privret.errors import InputError
+from privret.io import atomic_path, write_json_atomic
 from privret.models.generator import load_trained_generator
 from privret.privacy.ledger import PrivacyLedger
 from privret.progress import Progress
+from privret.runlock import RunLock, recover_directory
 
 
 class GenerateConfig(BaseModel):
@@ -39,53 +50,101 @@ def normalise(text: str) -> str:
     return " ".join(text.casefold().split())
 
 
-def _read_partial(path: Path) -> dict[str, list[str]]:
+def _read_partial(path: Path, known: set[str] | None = None) -> tuple[dict[str, list[str]], int]:
+    """Rows written so far and the byte length of the complete ones (a torn tail is cut there)."""
     done: dict[str, list[str]] = {}
     if not path.exists():
-        return done
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                break  # a torn last line from a crash: regenerate from here
-            done[row["doc_id"]] = row["queries"]
-    return done
+        return done, 0
+    raw = path.read_bytes()
+    lines = raw.split(b"\n")
+    good = 0
+    for number, line in enumerate(lines, start=1):
+        if number == len(lines):  # bytes after the last newline: a torn append, generated again
+            break
+        good += len(line) + 1
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line.decode("utf-8"))
+            ok = (isinstance(row, dict) and isinstance(row.get("doc_id"), str) and isinstance(row.get("queries"), list)
+                  and all(isinstance(q, str) for q in row["queries"]))
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            ok = False
+        if not ok:
+            raise InputError("unreadable partial generation (remove the .partial directory to start over)",
+                             path=path, line=number)
+        if known is not None and row["doc_id"] not in known:
+            raise InputError(f"partial generation holds document '{row['doc_id']}', which is not among the documents "
+                             "to generate for (other --documents?); remove the .partial directory or use the same "
+                             "documents", path=path, line=number)
+        done[row["doc_id"]] = row["queries"]
+    return done, good
+
+
+def _check_meta(partial_dir: Path, meta: dict) -> None:
+    path = partial_dir / "meta.json"
+    if path.exists():
+        try:
+            saved = json.loads(path.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            raise InputError("unreadable (remove the .partial directory to start over)", path=path) from None
+        for key, value in meta.items():
+            if saved.get(key) != value:
+                raise InputError(f"the interrupted generation used another {key}; resume it with the same settings "
+                                 "or remove the .partial directory", path=path, field=key)
+    else:
+        write_json_atomic(path, meta)
 
 
 def generate_synthetic(generator_dir: str | Path, documents: list[Document], out_dir: str | Path,
                        cfg: GenerateConfig, *, private_queries: set[str], resume: bool = False) -> dict:
     """Generate, filter and write the synthetic dataset; returns the manifest."""
     out_dir = Path(out_dir)
-    if out_dir.exists():
-        raise InputError("already exists (remove it or choose another output)", path=out_dir)
+    with RunLock(out_dir, what="synthetic dataset"):
+        return _generate(generator_dir, documents, out_dir, cfg, private_queries=private_queries, resume=resume)
+
+
+def _generate(generator_dir, documents, out_dir: Path, cfg: GenerateConfig, *, private_queries, resume):
+    recover_directory(out_dir)
     partial_dir = out_dir.with_name(out_dir.name + ".partial")
+    if out_dir.exists():
+        if (out_dir / "manifest.json").is_file():  # finished; its clean-up was cut short
+            shutil.rmtree(partial_dir, ignore_errors=True)
+        raise InputError("already exists (remove it or choose another output)", path=out_dir)
     if partial_dir.exists() and not resume:
         raise InputError(f"an interrupted generation is in {partial_dir}; pass --resume to continue it",
                          path=out_dir)
-    partial_dir.mkdir(parents=True, exist_ok=True)
     ledger = PrivacyLedger.load(generator_dir)
+    partial_dir.mkdir(parents=True, exist_ok=True)
+    ids = [d.id for d in documents]
+    _check_meta(partial_dir, {"generator": str(Path(generator_dir).absolute()), "generator_ledger": ledger.created_at,
+                              "config": cfg.model_dump(mode="json"),
+                              "documents": hashlib.sha256("\n".join(ids).encode("utf-8")).hexdigest()})
     partial_file = partial_dir / "generated.jsonl"
-    done = _read_partial(partial_file)
-    # keep only complete lines (a torn tail is dropped and regenerated)
-    with open(partial_file, "w", encoding="utf-8") as f:
-        for doc_id, queries in done.items():
-            f.write(json.dumps({"doc_id": doc_id, "queries": queries}, ensure_ascii=False) + "\n")
-    todo = [d for d in documents if d.id not in done]
+    done, good = _read_partial(partial_file, known=set(ids))
+    if partial_file.exists() and partial_file.stat().st_size != good:
+        os.truncate(partial_file, good)  # cut a torn tail: its documents are generated again
     generator = load_trained_generator(generator_dir)
-    with Progress() as progress, open(partial_file, "a", encoding="utf-8") as sink:
-        task = progress.add_task("generating synthetic queries", total=len(documents), completed=len(done))
-        for lo in range(0, len(todo), cfg.batch_size):
-            batch = todo[lo: lo + cfg.batch_size]
-            outputs = generator.generate([d.full_text for d in batch], num_queries=cfg.num_queries, top_p=cfg.top_p,
-                                         temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens,
-                                         seed=cfg.seed * 1_000_003 + len(done) + lo)
-            for doc, queries in zip(batch, outputs):
-                sink.write(json.dumps({"doc_id": doc.id, "queries": queries}, ensure_ascii=False) + "\n")
-                done[doc.id] = queries
-            sink.flush()
-            os.fsync(sink.fileno())
-            progress.advance(task, len(batch))
+    fd = os.open(partial_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        with Progress() as progress:
+            task = progress.add_task("generating synthetic queries", total=len(documents), completed=len(done))
+            for lo in range(0, len(documents), cfg.batch_size):
+                batch = [d for d in documents[lo: lo + cfg.batch_size] if d.id not in done]
+                if not batch:
+                    continue
+                outputs = generator.generate([d.full_text for d in batch], num_queries=cfg.num_queries,
+                                             top_p=cfg.top_p, temperature=cfg.temperature,
+                                             max_new_tokens=cfg.max_new_tokens, seed=cfg.seed * 1_000_003 + lo)
+                lines = "".join(json.dumps({"doc_id": doc.id, "queries": queries}, ensure_ascii=False) + "\n"
+                                for doc, queries in zip(batch, outputs)).encode("utf-8")
+                _write_all(fd, lines)  # one batch, one append
+                os.fsync(fd)
+                for doc, queries in zip(batch, outputs):
+                    done[doc.id] = queries
+                progress.advance(task, len(batch))
+    finally:
+        os.close(fd)
 
     private = {normalise(q) for q in private_queries}
     queries: dict[str, str] = {}
@@ -107,7 +166,14 @@ def generate_synthetic(generator_dir: str | Path, documents: list[Document], out
                 "generated": sum(len(t) for t in done.values()), "kept": len(queries),
                 "dropped_copies_of_private_queries": dropped_copies, "dropped_empty": dropped_empty}
     corpus = {doc_id: by_id[doc_id] for doc_id in done}
-    write_beir(out_dir, BeirDataset(corpus=corpus, queries=queries, qrels={"train": qrels}), manifest=manifest)
-    ledger.save(out_dir)
+    with atomic_path(out_dir) as staged:  # dataset and ledger appear together
+        write_beir(staged, BeirDataset(corpus=corpus, queries=queries, qrels={"train": qrels}), manifest=manifest)
+        ledger.save(staged)
     shutil.rmtree(partial_dir, ignore_errors=True)
     return manifest
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
