@@ -1,7 +1,8 @@
 """Loading Hugging Face models safely and with clear errors.
 
 ``trust_remote_code`` is always off and weights are read from safetensors when the repository
-has them; a load failure (missing files, no network) becomes a one-line
+has them; pickle-only weights need ``--trust-remote-pickle`` and offline mode is enforced
+(:mod:`privret.models.safety`); a load failure (missing files, no network) becomes a one-line
 :class:`~privret.errors.ModelUnavailableError` that says how to make the model available.
 """
 
@@ -12,13 +13,16 @@ from typing import TypeVar
 
 from privret.errors import ModelUnavailableError
 from privret.models.registry import resolve
+from privret.models.safety import check_weights, enforce_offline
 
 T = TypeVar("T")
 
 
 def load_pretrained(name: str, loader: Callable[[str], T]) -> T:
     """Resolve ``name`` and call ``loader(path_or_id)``, translating failures into a clear error."""
+    enforce_offline()
     location = resolve(name)
+    check_weights(location, name)
     try:
         return loader(location)
     except OSError as err:
