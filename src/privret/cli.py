@@ -30,6 +30,31 @@ out = Console()
 DataOpt = Annotated[Optional[Path], typer.Option("--data", help="BEIR dataset directory")]
 SplitOpt = Annotated[str, typer.Option(help="qrels split holding the private training pairs")]
 PairsOpt = Annotated[Optional[Path], typer.Option("--pairs", help="pairs JSONL ({query, doc_id|doc[, user_id]})")]
+BudgetCapOpt = Annotated[Optional[float], typer.Option(
+    help="refuse to run when all DP releases on this dataset would together exceed this epsilon "
+         "(registry: $PRIVRET_BUDGET_DIR, default ~/.cache/privret/budget)")]
+AllowOverOpt = Annotated[bool, typer.Option(help="run past --budget-cap anyway (with a warning)")]
+
+
+@app.callback()
+def _global_options(
+    trust_remote_pickle: Annotated[bool, typer.Option(
+        "--trust-remote-pickle", help="allow loading models whose weights exist only as pickle files "
+                                      "(pickles can run code; use only for sources you trust)")] = False,
+) -> None:
+    """Dense retrieval on private query logs with differential privacy."""
+    if trust_remote_pickle:
+        from privret.models.safety import set_trust_pickle
+
+        set_trust_pickle(True)
+
+
+def _budget_policy(cap: float | None, allow_over: bool):
+    from privret.privacy.budget import BudgetPolicy
+
+    if cap is not None and not (math.isfinite(cap) and cap > 0):
+        raise InputError(f"must be a finite epsilon > 0, got {cap}", field="--budget-cap")
+    return BudgetPolicy(cap=cap, allow_over=allow_over)
 
 
 def _training_pairs(data: Path | None, split: str, pairs: Path | None):
@@ -83,16 +108,20 @@ def generator_train(
     accountant: Annotated[str, typer.Option(help="prv or rdp")] = "prv",
     seed: Annotated[int, typer.Option()] = 0,
     resume: Annotated[bool, typer.Option(help="continue an interrupted run in --out")] = False,
+    secure_rng: Annotated[bool, typer.Option(help="DP noise and sampling from the OS CSPRNG (os.urandom)")] = False,
+    budget_cap: BudgetCapOpt = None,
+    allow_over_budget: AllowOverOpt = False,
 ) -> None:
     """DP fine-tune a generator on document -> query pairs (DP-Adam, per-unit clipping, Poisson)."""
     from privret.train.generator import GeneratorTrainConfig, train_generator
 
+    policy = _budget_policy(budget_cap, allow_over_budget)
     training, data_hash = _training_pairs(data, split, pairs)
     cfg = _config(GeneratorTrainConfig, model=model, epsilon=epsilon, delta=delta, unit=unit, clip_norm=clip_norm,
                   batch_size=batch_size, epochs=epochs, learning_rate=learning_rate, trainable=trainable,
                   lora_rank=lora_rank, trained_layers=trained_layers or None, max_doc_tokens=max_doc_tokens,
-                  accountant=accountant, seed=seed)
-    ledger = train_generator(training, out_dir, cfg, data_hash=data_hash, resume=resume)
+                  accountant=accountant, seed=seed, secure_rng=secure_rng)
+    ledger = train_generator(training, out_dir, cfg, data_hash=data_hash, resume=resume, budget=policy)
     out.print(f"generator written to {out_dir}: {ledger.summary()}")
 
 
@@ -147,12 +176,16 @@ def retriever_train(
     public_negatives: Annotated[int, typer.Option(help="--dp public-negatives: negatives per step")] = 32,
     spreadout_weight: Annotated[float, typer.Option(help="--dp logit-dp: spreadout regulariser weight")] = 0.0,
     accountant: Annotated[str, typer.Option(help="--dp: prv or rdp")] = "prv",
+    budget_cap: BudgetCapOpt = None,
+    allow_over_budget: AllowOverOpt = False,
 ) -> None:
     """Train a dual encoder (in-batch softmax) on original or synthetic pairs; --dp trains it with DP directly."""
     from privret.pipeline import non_private_ledger
     from privret.privacy.ledger import LEDGER_FILE, PrivacyLedger
+    from privret.runlock import RunLock
     from privret.train.retriever import RetrieverTrainConfig, train_retriever
 
+    policy = _budget_policy(budget_cap, allow_over_budget)
     training, data_hash = _training_pairs(data, split, pairs)
     if dp is not None:
         from privret.train.dp_retriever import METHODS, DPRetrieverConfig, train_dp_retriever
@@ -164,15 +197,43 @@ def retriever_train(
                          learning_rate=learning_rate, temperature=temperature, spreadout_weight=spreadout_weight,
                          trainable=trainable, lora_rank=lora_rank, public_negatives=public_negatives,
                          accountant=accountant, seed=seed)
-        ledger = train_dp_retriever(training, out_dir, dp_cfg, data_hash=data_hash, public_corpus=training.corpus)
+        with RunLock(out_dir, what="retriever directory"):
+            if out_dir.exists():
+                raise InputError("already exists (remove it or choose another output)", path=out_dir)
+            release_id = _dp_retriever_precheck(training, dp_cfg, data_hash, out_dir, policy)
+            ledger = train_dp_retriever(training, out_dir, dp_cfg, data_hash=data_hash, public_corpus=training.corpus)
+        from privret.privacy import budget as registry
+
+        registry.record(registry.Release.from_ledger(ledger, release_id=release_id, status="final",
+                                                     artefact=out_dir.absolute()), policy)
         out.print(f"retriever written to {out_dir} ({ledger.summary()}, {dp})")
         return
     cfg = _config(RetrieverTrainConfig, model=model, epochs=epochs, batch_size=batch_size,
                   learning_rate=learning_rate, temperature=0.05 if temperature is None else temperature, seed=seed)
     synthetic = data is not None and pairs is None and (data / LEDGER_FILE).exists()
     ledger = PrivacyLedger.load(data) if synthetic else non_private_ledger(training, model, data_hash, "query")
-    train_retriever(training, out_dir, cfg, ledger=ledger)
+    with RunLock(out_dir, what="retriever directory"):
+        train_retriever(training, out_dir, cfg, ledger=ledger)
     out.print(f"retriever written to {out_dir} ({ledger.summary()})")
+
+
+def _dp_retriever_precheck(training, dp_cfg, data_hash: str, out_dir: Path, policy) -> str:
+    """Record the planned direct-DP release in the budget registry (cap check) before training."""
+    from privret.privacy import budget as registry
+    from privret.privacy.accounting import spent_epsilon
+    from privret.train.dp_retriever import plan
+
+    n_units = len(training.units(dp_cfg.unit))
+    sample_rate, steps, delta, mech = plan(dp_cfg, n_units)
+    release_id = registry.new_release_id()
+    planned = registry.Release(
+        release_id=release_id, status="planned", data_hash=data_hash, unit=dp_cfg.unit.value, n_units=n_units,
+        mechanism=f"direct-{dp_cfg.method}", accountant=dp_cfg.accountant, noise_multiplier=mech.sigma,
+        sample_rate=sample_rate, steps=steps, delta=delta,
+        epsilon=spent_epsilon(noise_multiplier=mech.sigma, sample_rate=sample_rate, steps=steps, delta=delta,
+                              accountant=dp_cfg.accountant), artefact=str(out_dir.absolute()))
+    registry.check_and_record(planned, policy)
+    return release_id
 
 
 @evaluate_app.callback(invoke_without_command=True)
@@ -197,8 +258,10 @@ def evaluate(
     if ctx.invoked_subcommand is not None:
         return
     if not model:
-        out.print(ctx.get_help())
-        raise typer.Exit(0 if data is None and datasets is None else EXIT_BAD_INPUT)
+        if data is None and datasets is None:
+            out.print(ctx.get_help())
+            raise typer.Exit(0)
+        raise InputError("give the retriever to evaluate with --model", field="--model")
     if (data is None) == (datasets is None):
         raise InputError("give exactly one of --data DIR or --datasets a,b,c", field="--data")
     from privret.io import write_json_atomic
@@ -417,14 +480,17 @@ def report(
 def pipeline(
     config: Annotated[Path, typer.Argument(help="pipeline YAML (see configs/)")],
     run_dir: Annotated[Optional[Path], typer.Option(help="default runs/<name>")] = None,
+    budget_cap: BudgetCapOpt = None,
+    allow_over_budget: AllowOverOpt = False,
 ) -> None:
     """Zero-shot, original pairs and DP synthetic at every epsilon; re-running skips finished stages."""
     from privret.config import load_config
     from privret.pipeline import run_pipeline, summary_table
 
+    policy = _budget_policy(budget_cap, allow_over_budget)
     cfg = load_config(config)
     target = run_dir or Path("runs") / cfg.name
-    rows = run_pipeline(cfg, target)
+    rows = run_pipeline(cfg, target, budget=policy)
     out.print(summary_table(rows))
     out.print(f"results: {target.resolve()}/summary.md")
 
