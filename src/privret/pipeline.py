@@ -17,6 +17,7 @@ interrupted one resumes (generator checkpoints, partial generation).
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from pathlib import Path
@@ -30,7 +31,9 @@ from privret.data.pairs import TrainingPairs, pairs_from_beir
 from privret.evaluate.retrieval import evaluate_retriever
 from privret.io import file_sha256, write_json_atomic, write_text_atomic
 from privret.models.encoder import load_encoder
+from privret.privacy.budget import BudgetPolicy, run_composition, run_composition_sentence
 from privret.privacy.ledger import PrivacyLedger
+from privret.runlock import RunLock, recover_tree
 from privret.synth.generate import generate_synthetic
 from privret.train.generator import train_generator
 from privret.train.retriever import train_retriever
@@ -69,7 +72,20 @@ def _evaluate_stage(out: Path, model_name: str, dataset: BeirDataset, split: str
     return result
 
 
-def run_pipeline(cfg: PipelineConfig, run_dir: str | Path) -> list[dict]:
+def _exclusive_run_dir(run):
+    """Hold the run directory's lock (:class:`privret.runlock.RunLock`) for the whole call."""
+
+    @functools.wraps(run)
+    def locked(cfg, run_dir, *args, **kwargs):
+        with RunLock(run_dir, what="run directory"):
+            recover_tree(run_dir)  # stale staging directories and cut swaps left by a killed run
+            return run(cfg, run_dir, *args, **kwargs)
+
+    return locked
+
+
+@_exclusive_run_dir
+def run_pipeline(cfg: PipelineConfig, run_dir: str | Path, *, budget: BudgetPolicy | None = None) -> list[dict]:
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     write_json_atomic(run_dir / "config.json", cfg.model_dump(mode="json"))
@@ -102,7 +118,7 @@ def run_pipeline(cfg: PipelineConfig, run_dir: str | Path) -> list[dict]:
         if not (stage / "generator" / "generator.json").exists():
             started = time.time()
             train_generator(pairs, stage / "generator", cfg.generator_config(epsilon), data_hash=data_hash,
-                            resume=True)
+                            resume=True, budget=budget)
             timing["generator_seconds"] = round(time.time() - started, 1)
         if not (stage / "synthetic").exists():
             started = time.time()
@@ -170,4 +186,6 @@ def summary_markdown(rows: list[dict], cfg: PipelineConfig) -> str:
 
 def write_summary(run_dir: Path, rows: list[dict], cfg: PipelineConfig) -> None:
     write_json_atomic(run_dir / "summary.json", rows)
-    write_text_atomic(run_dir / "summary.md", summary_markdown(rows, cfg))
+    joint = run_composition(run_dir)  # what releasing every row together costs (docs/reliability.md)
+    write_json_atomic(run_dir / "budget.json", joint)
+    write_text_atomic(run_dir / "summary.md", summary_markdown(rows, cfg) + "\n" + run_composition_sentence(joint) + "\n")

@@ -115,3 +115,24 @@ def recover_directory(target: str | Path) -> list[str]:
         shutil.rmtree(stale, ignore_errors=True)
         actions.append(f"removed {stale.name}")
     return actions
+
+
+def recover_tree(root: str | Path, *, depth: int = 3) -> list[str]:
+    """:func:`recover_directory` for every interrupted swap or staging directory under ``root``
+    (``depth`` levels), e.g. a whole pipeline run directory. Call it only while holding the lock."""
+    root = Path(root)
+    actions: list[str] = []
+    if not root.is_dir():
+        return actions
+    pattern = re.compile(r"\.(.+?)(?:\.[a-z0-9_]{8}\.tmp|\.old)")
+    targets = set()
+    for entry in root.iterdir():
+        match = pattern.fullmatch(entry.name)
+        if match and entry.is_dir():
+            targets.add(root / match.group(1))
+    for target in sorted(targets):
+        actions += recover_directory(target)
+    if depth > 1:
+        for sub in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
+            actions += recover_tree(sub, depth=depth - 1)
+    return actions

@@ -282,3 +282,37 @@ def compose_ledgers(ledgers: list) -> Composition:
     if len(units) > 1:
         raise InputError(f"cannot compose releases under different privacy units ({', '.join(sorted(units))})")
     return compose(items)
+
+
+def run_composition(run_dir: str | Path) -> dict:
+    """What releasing every DP model of a pipeline run together costs.
+
+    The releases are the generators (``eps-*/generator``; the synthetic sets and retrievers
+    derived from one carry the same ledger and are post-processing of it, so they are not
+    counted again) and the direct DP retrievers (``direct-*/retriever``).
+    """
+    from privret.privacy.ledger import LEDGER_FILE, PrivacyLedger
+
+    run_dir = Path(run_dir)
+    paths = sorted(run_dir.glob(f"eps-*/generator/{LEDGER_FILE}")) + sorted(
+        run_dir.glob(f"direct-*/retriever/{LEDGER_FILE}"))
+    ledgers = [(p.parent.parent.name, PrivacyLedger.load(p.parent)) for p in paths]
+    private = [(name, ledger) for name, ledger in ledgers if ledger.is_private]
+    result = {"releases": [name for name, _ in private],
+              "non_private": [name for name, ledger in ledgers if not ledger.is_private]}
+    by_unit: dict[str, list] = {}
+    for _, ledger in private:
+        by_unit.setdefault(ledger.unit, []).append(ledger)
+    result["composition"] = {unit: compose_ledgers(items).model_dump(mode="json") for unit, items in by_unit.items()}
+    return result
+
+
+def run_composition_sentence(summary: dict) -> str:
+    parts = [f"releasing all {c['releases']} DP models of this run together (unit '{unit}') costs "
+             f"epsilon = {c['epsilon']:.3g}, delta = {c['delta']:.2g} ({c['method']})"
+             for unit, c in summary["composition"].items()]
+    text = "; ".join(parts) if parts else "no DP model in this run yet"
+    if summary["non_private"]:
+        text += ("; the non-private rows (" + ", ".join(summary["non_private"]) + ") are references with no "
+                 "guarantee: releasing any of them voids the privacy of this data")
+    return text[0].upper() + text[1:] + "."
