@@ -104,3 +104,24 @@ def test_cli_data_fed_squad(tiny_squad, tmp_path):
     res = runner.invoke(app, ["data", "fed-squad", "--squad", str(tmp_path / "nope.json"), "--out",
                               str(tmp_path / "fed2")])
     assert res.exit_code != 0 and not (tmp_path / "fed2").exists()
+
+
+def test_cli_federated_train_bm25_and_bad_config(tiny_squad, tmp_path):
+    from typer.testing import CliRunner
+
+    from privret.cli import app
+    from privret.errors import InputError
+
+    runner = CliRunner()
+    assert runner.invoke(app, ["data", "fed-squad", "--squad", str(tiny_squad), "--out", str(tmp_path / "fed"),
+                               "--clients", "2"]).exit_code == 0
+    res = runner.invoke(app, ["federated", "train", "--data", str(tmp_path / "fed"), "--out", str(tmp_path / "r"),
+                              "--baseline", "bm25"])
+    assert res.exit_code == 0, res.output
+    assert (tmp_path / "r" / "bm25.json").is_file()
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("rounds: 2\nnum_roundz: 3\n")
+    res = runner.invoke(app, ["federated", "train", "--data", str(tmp_path / "fed"), "--out", str(tmp_path / "r2"),
+                              "--config", str(bad)])
+    assert isinstance(res.exception, InputError) and res.exception.field == "num_roundz"
+    assert not (tmp_path / "r2").exists()

@@ -81,16 +81,17 @@ def test_federated_run_all_stages_bytes_and_resume(fed_dir, tiny_encoder, tmp_pa
     assert again["evaluations"]["pdd-as2"] == ev["pdd-as2"]
 
 
-def test_dp_flag_records_a_finite_epsilon(fed_dir, tiny_encoder, tmp_path):
+@pytest.mark.parametrize("side", ["server", "client"])
+def test_dp_flag_records_a_finite_epsilon(side, fed_dir, tiny_encoder, tmp_path):
     pytest.importorskip("flwr")
     from privret.federated.runner import run_federated_local
 
-    cfg = _cfg(tiny_encoder, rounds=1, warmup_rounds=1, personalize=[], dp="server", dp_noise_multiplier=1.0,
+    cfg = _cfg(tiny_encoder, rounds=1, warmup_rounds=1, personalize=[], dp=side, dp_noise_multiplier=1.0,
                dp_clip_norm=0.5)
     run_federated_local(cfg, fed_dir, tmp_path / "dp", resume=False)
     ledger = json.loads((tmp_path / "dp" / "privacy_ledger.json").read_text())
     assert ledger["unit"] == "client" and ledger["steps"] == 1 and ledger["clip_norm"] == 0.5
-    assert 0 < float(ledger["epsilon"]) < float("inf")
+    assert 0 < float(ledger["epsilon"]) < float("inf") and side in ledger["mechanism"]
 
 
 def test_baselines_run_per_client(fed_dir, tiny_encoder):
