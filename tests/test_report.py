@@ -55,8 +55,8 @@ def write_fake_run(root: Path) -> Path:
     (private / "qrels" / "train.tsv").write_text("query-id\tcorpus-id\tscore\nq1\td1\t1\nq2\td2\t1\n")
     run = root / "run"
     run.mkdir()
-    (run / "config.json").write_text(json.dumps({"name": "fake-scifact", "dataset": str(private), "train_split": "train",
-                                                 "eval_split": "test", "unit": "query"}))
+    (run / "config.json").write_text(json.dumps({"name": "fake-scifact", "dataset": str(private),
+                                                 "train_split": "train", "eval_split": "test", "unit": "query"}))
     _metrics(run / "zero_shot" / "metrics.json", 0.40)
     _metrics(run / "original" / "metrics.json", 0.62)
     _ledger(math.inf, "none").save(_mk(run / "original" / "retriever"))
@@ -213,7 +213,7 @@ def plot_pixels(shot: Path) -> int:
 
     image = Image.open(shot).convert("RGB")
     count = 0
-    for r, g, b in image.getdata():
+    for r, g, b in (image.get_flattened_data() if hasattr(image, "get_flattened_data") else image.getdata()):
         if any(abs(r - cr) + abs(g - cg) + abs(b - cb) < 40 for cr, cg, cb in PLOT_COLOURS):
             count += 1
     return count

@@ -76,7 +76,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from privret.data.beir import Document
-from privret.data.pairs import PrivacyUnit, QueryDocPair, TrainingPairs
+from privret.data.pairs import QueryDocPair, TrainingPairs
 from privret.errors import InputError
 from privret.io import write_json_atomic
 from privret.privacy.accounting import default_delta
@@ -375,7 +375,8 @@ def _trial_result(generator, canaries: list[Canary], cfg: CanaryAuditConfig) -> 
     samples: list[list[str]] = []
     for lo in range(0, len(docs), 8):
         samples += generator.generate(docs[lo: lo + 8], num_queries=cfg.samples, top_p=cfg.top_p,
-                                      max_new_tokens=cfg.max_new_tokens, seed=cfg.seed * 7919 + canaries[0].trial * 101 + lo)
+                                      max_new_tokens=cfg.max_new_tokens,
+                                      seed=cfg.seed * 7919 + canaries[0].trial * 101 + lo)
     for c, sampled in zip(canaries, samples):
         scores = fast_log_likelihoods(generator, c.document.full_text, [c.query(s) for s in c.candidates])
         index = c.candidates.index(c.secret)
@@ -496,7 +497,8 @@ def canary_table_markdown(report: dict) -> str:
             if r["epsilon_lower_bound"] is not None and not r["comparable_to_ledger"]:
                 bound += " (group)"
             k = "0 (control)" if r["repetitions"] == 0 else str(r["repetitions"])
-            lines.append(f"| {res['epsilon']} | {k} | {r['canaries']} | {r['rank_mean']:.1f}/{m} ± {r['rank_std']:.1f} "
+            lines.append(f"| {res['epsilon']} | {k} | {r['canaries']} "
+                         f"| {r['rank_mean']:.1f}/{m} ± {r['rank_std']:.1f} "
                          f"| {r['exposure_mean']:.2f} ± {r['exposure_std']:.2f} | {r['extracted_fraction']:.0%} "
                          f"| {r['leaked_fraction']:.0%} | {bound} |")
     return "\n".join(lines) + "\n"

@@ -256,8 +256,8 @@ def _examples(run_dir: Path, config: dict, stages: list[Row], show_private: bool
     originals = None
     if show_private:
         originals = _original_queries(config, chosen)
-    return Examples([documents[d] for d in chosen], {k: {d: v.get(d, []) for d in chosen} for k, v in per_label.items()},
-                    originals, hidden)
+    synthetic = {k: {d: v.get(d, []) for d in chosen} for k, v in per_label.items()}
+    return Examples([documents[d] for d in chosen], synthetic, originals, hidden)
 
 
 def _original_queries(config: dict, doc_ids: list[str]) -> dict[str, list[str]] | None:

@@ -12,7 +12,7 @@ import html
 import math
 from datetime import datetime, timezone
 
-from privret.report.collect import Row, RunData, eps_label
+from privret.report.collect import Row, RunData
 from privret.report.plot import method_label, privacy_utility_png
 
 RETRIEVAL_METRICS = ("ndcg@10", "recall@10", "recall@100", "mrr@10")
@@ -115,7 +115,9 @@ def canary_rows(canaries: dict) -> list[list[str]]:
         for r in res.get("rows", []):
             k = r["repetitions"]
             bound = r.get("epsilon_lower_bound")
-            bound_text = "-" if bound is None else f"{bound:.3g}" + ("" if r.get("comparable_to_ledger") else " (group)")
+            bound_text = "-" if bound is None else f"{bound:.3g}"
+            if bound is not None and not r.get("comparable_to_ledger"):
+                bound_text += " (group)"
             out.append([_e(res.get("epsilon")), "0 (control)" if k == 0 else str(k), str(r["canaries"]),
                         f"{r['rank_mean']:.1f}/{m} ± {r['rank_std']:.1f}",
                         f"{r['exposure_mean']:.2f} ± {r['exposure_std']:.2f}",

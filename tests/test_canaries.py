@@ -1,0 +1,186 @@
+"""Canary exposure audit: exposure and ranks on hand-made scores, the epsilon lower bound, scoring, and a
+tiny LM that memorised its canaries (caught) next to canaries it never saw (not caught)."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from privret.data.beir import Document
+from privret.data.pairs import QueryDocPair, TrainingPairs
+from privret.evaluate import canaries as C
+
+torch.set_num_threads(1)
+
+WORDS = ("aspirin heart risk gene memory mice vitamin blood children sleep immune virus cancer drug trial cells "
+         "protein brain diet exercise disease patients study effect increase reduce level high low treatment "
+         "response adults what how does do why which the a of and in to is for with on").split()
+
+
+def write_digit_llama(directory, *, seed: int = 0):
+    """A 2-layer Llama whose word-level tokenizer splits numbers into single digits (so a 10-digit secret is
+    10 tokens, as with SmolLM2's tokenizer); built offline."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    specials = ["[PAD]", "[UNK]", "</s>", "<s>"]
+    vocab = {w: i for i, w in enumerate(specials + sorted(set(WORDS)) + list(".,:?-0123456789"))}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    backend.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Whitespace(),
+                                                     pre_tokenizers.Digits(individual_digits=True)])
+    backend.decoder = decoders.WordPiece(prefix="##")
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="[PAD]", unk_token="[UNK]",
+                                        eos_token="</s>", bos_token="<s>")
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=len(vocab), hidden_size=48, intermediate_size=96, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                         tie_word_embeddings=True, pad_token_id=0, eos_token_id=2, bos_token_id=3)
+    model = LlamaForCausalLM(config)
+    with torch.no_grad():  # the generator trains the layers only; frozen (tied) embeddings of the default
+        model.get_input_embeddings().weight.normal_(0.0, 0.5)  # 0.02 scale would cap every logit near 1
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def digit_llama(tmp_path_factory):
+    return write_digit_llama(tmp_path_factory.mktemp("digit-llama"))
+
+
+def toy_pairs(n_docs: int = 12) -> TrainingPairs:
+    import random
+
+    rng = random.Random(3)
+    corpus = {f"d{i}": Document(f"d{i}", "", " ".join(rng.choice(WORDS) for _ in range(12))) for i in range(n_docs)}
+    pairs = [QueryDocPair(" ".join(rng.choice(WORDS) for _ in range(4)), f"d{i}", query_id=f"q{i}")
+             for i in range(n_docs)]
+    return TrainingPairs(pairs, corpus)
+
+
+# -- exposure on a hand-made ranking ----------------------------------------------------------------
+def test_rank_and_exposure_on_a_hand_made_ranking():
+    scores = [-5.0, -1.0, -3.0, -1.0, -9.0, -2.0, -4.0, -8.0]
+    assert C.secret_rank(scores, 4) == 8  # the worst of 8
+    assert C.secret_rank(scores, 2) == 4  # -1, -1, -2 are above it
+    assert C.secret_rank(scores, 1) == 2  # a tie counts against the secret
+    assert C.exposure(1, 8) == pytest.approx(3.0)
+    assert C.exposure(4, 8) == pytest.approx(1.0)
+    assert C.exposure(8, 8) == pytest.approx(0.0)
+    # 100 candidates, secret 25th: log2(100) - log2(25) = 2 bits
+    scores = [float(-i) for i in range(100)]
+    assert C.secret_rank(scores, 24) == 25 and C.exposure(25, 100) == pytest.approx(2.0)
+    with pytest.raises(ValueError):
+        C.exposure(0, 100)
+
+
+def test_clopper_pearson_matches_scipy():
+    beta = pytest.importorskip("scipy.stats").beta
+    for successes, trials in [(1, 10), (5, 10), (9, 10), (3, 7), (50, 100)]:
+        assert C.clopper_pearson_lower(successes, trials, 0.05) == pytest.approx(
+            beta.ppf(0.05, successes, trials - successes + 1), rel=1e-9)
+    assert C.clopper_pearson_lower(0, 5, 0.05) == 0.0
+    assert C.clopper_pearson_lower(4, 4, 0.05) == pytest.approx(0.05 ** 0.25)
+
+
+def test_epsilon_lower_bound_by_hand():
+    # 3 trials, every canary of one kind at rank 1; 2 kinds x 3 thresholds -> alpha' = 0.05 / 6
+    ranks = {"a": [1, 1, 1], "b": [40, 70, 12]}
+    bound, threshold = C.epsilon_lower_bound(ranks, 100, 1e-4, alpha=0.05)
+    tpr = (0.05 / 6) ** (1 / 3)
+    assert threshold == 1 and bound == pytest.approx(math.log((tpr - 1e-4) / 0.01))
+    # chance-level ranks give nothing
+    assert C.epsilon_lower_bound({"a": [50, 20, 90], "b": [33, 61, 7]}, 100, 1e-4) == (0.0, None)
+    # the complement direction: TPR near 1 at a threshold where FPR is large
+    assert C.epsilon_lower_bound_from_test(0.999, 0.5, 0.0) == pytest.approx(math.log(0.5 / 0.001))
+
+
+# -- canaries and privacy units ----------------------------------------------------------------------
+def test_canaries_and_their_privacy_units():
+    pairs = toy_pairs()
+    canaries = C.make_canaries(pairs, trial=0, repetitions=(1, 10), n_candidates=100, seed=0)
+    assert sorted({c.kind for c in canaries}) == sorted(C.KINDS) and len(canaries) == 9  # 2 counts + controls
+    for c in canaries:
+        assert len(c.candidates) == 100 and c.candidates.count(c.secret) == 1 and len(set(c.candidates)) == 100
+        assert all(len(s) == 10 and s.isdigit() for s in c.candidates)
+        assert c.query().endswith(" " + c.secret)
+    own = [c for c in canaries if c.kind == "own-document"][0]
+    source = [p for p in pairs.pairs if p.query == own.prefix][0]
+    assert own.document.id == source.doc_id
+    assert C.make_canaries(pairs, trial=1, repetitions=(1, 10), n_candidates=100, seed=0)[0].secret != \
+        canaries[0].secret
+    training = C.insert_canaries(pairs, canaries)
+    assert len(training.pairs) == len(pairs.pairs) + 3 * (1 + 10)
+    # unit=query: the 10 copies of a canary are ONE unit; unit=pair: ten
+    by_query = training.units("query")
+    by_pair = training.units("pair")
+    assert len(by_query) == len(pairs.units("query")) + 6
+    assert len(by_pair) == len(training.pairs)
+    ten = [c for c in canaries if c.repetitions == 10][0]
+    rows = [i for i, p in enumerate(training.pairs) if p.query_id == ten.key]
+    assert rows in by_query and len(rows) == 10
+
+
+def test_fast_scoring_equals_the_loss_module(digit_llama):
+    from privret.models.generator import load_generator
+
+    gen = load_generator(str(digit_llama), trained_layers=1, bf16=False)
+    doc = "aspirin can reduce the risk of heart disease"
+    queries = [f"aspirin heart risk {s}" for s in ("0123456789", "9876543210", "5555555555", "0123456780")]
+    slow = C.log_likelihoods(gen, doc, queries)
+    fast = C.fast_log_likelihoods(gen, doc, queries, batch_size=3)
+    assert fast == pytest.approx(slow, rel=1e-4, abs=1e-4)
+    # and both are the plain sum of the model's log-probabilities of the query tokens (EOS included)
+    ex = gen.example(doc, queries[1])
+    ids = torch.tensor([ex.prompt_ids + ex.target_ids])
+    with torch.no_grad():
+        logp = torch.log_softmax(gen.model(input_ids=ids).logits[0].float(), dim=-1)
+    n = len(ex.prompt_ids)
+    direct = sum(float(logp[n - 1 + j, t]) for j, t in enumerate(ex.target_ids))
+    assert fast[1] == pytest.approx(direct, rel=1e-4)
+
+
+# -- the audit catches a memorising model and not a model that never saw the canary -----------------
+def test_memorised_canaries_are_caught_unseen_ones_are_not(digit_llama, tmp_path):
+    cfg = C.CanaryAuditConfig(epsilons=[math.inf], trials=2, repetitions=[50], candidates=100, samples=4,
+                              max_new_tokens=16, seed=0,
+                              generator={"model": str(digit_llama), "unit": "pair", "trainable": "full",
+                                         "trained_layers": None, "epochs": 12, "batch_size": 32,
+                                         "learning_rate": 0.01, "max_doc_tokens": 32, "physical_batch": 64,
+                                         "bf16": False})
+    report = C.run_canary_audit(toy_pairs(), tmp_path / "audit", cfg, data_hash="toy")
+    (result,) = report["results"]
+    rows = {r["repetitions"]: r for r in result["rows"]}
+    inserted = [c for c in result["canaries"] if c["repetitions"] == 50]
+    controls = [c for c in result["canaries"] if c["repetitions"] == 0]
+    assert len(inserted) == 6 and len(controls) == 6
+    # memorised: the secret is the most likely of 100 candidates, maximal exposure, and it is sampled
+    assert all(c["rank"] == 1 for c in inserted), [c["rank"] for c in inserted]
+    assert rows[50]["exposure_mean"] == pytest.approx(math.log2(100))
+    assert rows[50]["leaked_fraction"] >= 0.5
+    assert rows[50]["epsilon_lower_bound"] > 1.0  # the attack proves this model is not private
+    # never inserted: ranked like chance, never extracted
+    assert rows[0]["extracted_fraction"] == 0.0 and rows[0]["leaked_fraction"] == 0.0
+    assert rows[0]["exposure_mean"] < 3.0 and rows[0]["epsilon_lower_bound"] is None
+    # no private query text in the output
+    text = (tmp_path / "audit" / "canaries.json").read_text()
+    assert all(p.query not in text for p in toy_pairs().pairs)
+    # a re-run reuses the finished trials; other settings in the same directory are refused
+    again = C.run_canary_audit(toy_pairs(), tmp_path / "audit", cfg, data_hash="toy")
+    assert again["results"][0]["canaries"] == result["canaries"]
+    from privret.errors import InputError
+
+    with pytest.raises(InputError, match="other settings"):
+        C.run_canary_audit(toy_pairs(), tmp_path / "audit", cfg.model_copy(update={"trials": 3}), data_hash="toy")
+
+
+def test_cli_rejects_bad_lists(tmp_path, toy_beir):
+    result = subprocess.run([sys.executable, "-m", "privret.cli", "audit", "canaries", "--data", str(toy_beir),
+                             "--out", str(tmp_path / "a"), "--epsilons", "inf,abc"], capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 2 and "--epsilons" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "a").exists()
