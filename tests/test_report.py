@@ -82,6 +82,9 @@ def write_fake_run(root: Path) -> Path:
          "mauve_details": {"featurizer": "minilm-l6"}},
         {"bleu": 0.09, "mauve": 0.34, "pairs": 900, "synthetic": {"epsilon": 8.0},
          "mauve_details": {"featurizer": "minilm-l6"}}]))
+    (run / "eps-16" / "similarity.json").write_text(json.dumps(  # where `privret evaluate similarity` puts it
+        {"bleu": 0.10, "mauve": 0.37, "pairs": 900, "synthetic": {"epsilon": 16.0},
+         "mauve_details": {"featurizer": "minilm-l6"}}))
     (run / "zero_shot_datasets.json").write_text(json.dumps({
         "split": "test", "datasets": {"scifact": "/x/scifact", "nfcorpus": "/x/nfcorpus"},
         "rows": [{"source": "zero-shot", "epsilon": None,
@@ -118,7 +121,8 @@ def test_collect_reads_every_row_and_ledger(fake_run):
     assert methods[:2] == ["zero-shot", "original"]
     direct = [r for r in run.rows if r.key == "direct-logit-dp-eps-8"][0]
     assert direct.ledger["mechanism"] == "logit-dp" and direct.epsilon == 8.0
-    assert [s["epsilon"] for s in run.similarity] == [math.inf, 8.0]
+    assert [s["epsilon"] for s in run.similarity] == [math.inf, 16.0, 8.0]
+    assert run.similarity[1]["label"] == "eps-16" and run.similarity[1]["mauve"] == 0.37
     assert run.canaries["results"][0]["rows"][0]["exposure_mean"] == 6.64
     assert run.zero_shot_datasets[0]["file"] == "zero_shot_datasets.json"
     assert not run.notes  # every trained row has its ledger

@@ -165,11 +165,17 @@ def _timing(stage: Path) -> dict:
 
 
 def _similarity(run_dir: Path) -> list[dict]:
-    """``similarity.json``: one result of :func:`privret.evaluate.similarity.evaluate_similarity`,
-    a list of them, or an object holding them under ``results`` or keyed by epsilon label."""
-    path = run_dir / "similarity.json"
-    if not path.is_file():
-        return []
+    """``similarity.json`` at the run's root (one result of
+    :func:`privret.evaluate.similarity.evaluate_similarity`, a list of them, or an object holding them
+    under ``results`` or keyed by label) and ``<stage>/similarity.json`` (one result per stage)."""
+    out = _similarity_file(run_dir / "similarity.json") if (run_dir / "similarity.json").is_file() else []
+    for path in sorted(run_dir.glob("*/similarity.json")):
+        out += _similarity_file(path, label=path.parent.name)
+    out.sort(key=lambda r: -(r["epsilon"] if r["epsilon"] is not None else -1))
+    return out
+
+
+def _similarity_file(path: Path, label: str | None = None) -> list[dict]:
     data = read_json(path)
     if isinstance(data, dict) and "results" in data:
         data = data["results"]
@@ -188,10 +194,10 @@ def _similarity(run_dir: Path) -> list[dict]:
         if eps is None and "epsilon" in item:
             eps = _float(item["epsilon"])
         details = item.get("mauve_details") or {}
-        out.append({"label": item.get("label") or (f"ε={eps_label(eps)}" if eps is not None else f"#{i + 1}"),
+        name = item.get("label") or label or (f"ε={eps_label(eps)}" if eps is not None else f"#{i + 1}")
+        out.append({"label": name,
                      "epsilon": eps, "bleu": _float(item.get("bleu")), "mauve": _float(item.get("mauve")),
                      "pairs": item.get("pairs"), "featurizer": details.get("featurizer") or item.get("featurizer")})
-    out.sort(key=lambda r: -(r["epsilon"] if r["epsilon"] is not None else -1))
     return out
 
 
