@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from privret.config import GeneratorStage, PipelineConfig
+from privret.config import DirectDPGrid, GeneratorStage, PipelineConfig
 from privret.data.beir import load_beir
 from privret.synth.generate import GenerateConfig
 from privret.train.retriever import RetrieverTrainConfig
@@ -23,7 +23,9 @@ def tiny_config(toy_beir, tiny_llama_dir, tiny_bert_dir) -> PipelineConfig:
         generator=GeneratorStage(model=str(tiny_llama_dir), batch_size=2, epochs=1, trained_layers=1, lora_rank=4,
                                  bf16=False),
         generate=GenerateConfig(num_queries=2, max_new_tokens=6, batch_size=4),
-        retriever=RetrieverTrainConfig(model=str(tiny_bert_dir), epochs=1, batch_size=4, bf16=False))
+        retriever=RetrieverTrainConfig(model=str(tiny_bert_dir), epochs=1, batch_size=4, bf16=False),
+        direct_dp=DirectDPGrid(methods=["public-negatives", "batch-clip"], epsilons=[4.0],
+                               settings={"model": str(tiny_bert_dir), "batch_size": 2, "public_negatives": 3}))
 
 
 def test_pipeline_rows_ledgers_and_resume(tiny_config, tmp_path, monkeypatch):
@@ -32,7 +34,8 @@ def test_pipeline_rows_ledgers_and_resume(tiny_config, tmp_path, monkeypatch):
     run_dir = tmp_path / "run"
     rows = pipeline.run_pipeline(tiny_config, run_dir)
     assert [r["row"] for r in rows] == ["zero-shot", "original pairs (non-private)", "DP synthetic (epsilon=inf)",
-                                        "DP synthetic (epsilon=4)"]
+                                        "DP synthetic (epsilon=4)", "direct DP public-negatives (epsilon=4)",
+                                        "direct DP batch-clip (epsilon=4)"]
     assert rows[3]["epsilon"] == pytest.approx(4.0, rel=0.01) and rows[3]["delta"] == pytest.approx(1 / (2 * 5))
     for r in rows:
         assert 0.0 <= r["ndcg@10"] <= 1.0 and r["queries"] == 2
@@ -48,7 +51,12 @@ def test_pipeline_rows_ledgers_and_resume(tiny_config, tmp_path, monkeypatch):
     def must_not_run(*_a, **_k):
         raise AssertionError("finished stage ran again")
 
-    for name in ("train_generator", "generate_synthetic", "train_retriever", "evaluate_retriever"):
+    for r in rows[4:]:
+        assert r["epsilon"] == pytest.approx(4.0, rel=0.01)
+    assert json.loads((run_dir / "direct-batch-clip-eps-4" / "retriever" / "privacy_ledger.json").read_text())[
+        "mechanism"] == "direct-batch-clip"
+    for name in ("train_generator", "generate_synthetic", "train_retriever", "train_dp_retriever",
+                 "evaluate_retriever"):
         monkeypatch.setattr(pipeline, name, must_not_run)
     again = pipeline.run_pipeline(tiny_config, run_dir)
     assert [r["ndcg@10"] for r in again] == [r["ndcg@10"] for r in rows]

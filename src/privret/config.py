@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from privret.data.pairs import PrivacyUnit
 from privret.errors import InputError
 from privret.synth.generate import GenerateConfig
+from privret.train.dp_retriever import METHODS, DPRetrieverConfig
 from privret.train.generator import GeneratorTrainConfig
 from privret.train.retriever import RetrieverTrainConfig
 
@@ -22,6 +23,35 @@ class GeneratorStage(GeneratorTrainConfig):
     """Generator settings shared by every epsilon of the grid (epsilon itself comes from the grid)."""
 
     epsilon: float = Field(math.inf, exclude=True)
+
+
+class DirectDPGrid(BaseModel):
+    """Direct DP training of the retriever on the original pairs: one row per (method, epsilon)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    methods: list[str] = Field(default_factory=list, description=f"any of {', '.join(METHODS)}")
+    epsilons: list[float] = Field(default_factory=list)
+    settings: dict = Field(default_factory=dict, description="DPRetrieverConfig fields shared by every row")
+
+    @field_validator("methods")
+    @classmethod
+    def _known(cls, values: list[str]) -> list[str]:
+        for method in values:
+            if method not in METHODS:
+                raise ValueError(f"unknown direct DP method '{method}' (choose from {', '.join(METHODS)})")
+        return values
+
+    @field_validator("epsilons")
+    @classmethod
+    def _finite_positive(cls, values: list[float]) -> list[float]:
+        for eps in values:
+            if not math.isfinite(eps) or eps <= 0:
+                raise ValueError(f"direct DP epsilons must be finite and > 0, got {eps}")
+        return values
+
+    def config(self, method: str, epsilon: float, unit: PrivacyUnit) -> DPRetrieverConfig:
+        return DPRetrieverConfig(**{**self.settings, "method": method, "epsilon": epsilon, "unit": unit})
 
 
 class PipelineConfig(BaseModel):
@@ -38,6 +68,7 @@ class PipelineConfig(BaseModel):
     generator: GeneratorStage = GeneratorStage()
     generate: GenerateConfig = GenerateConfig()
     retriever: RetrieverTrainConfig = RetrieverTrainConfig()
+    direct_dp: DirectDPGrid = DirectDPGrid()
 
     @field_validator("epsilons")
     @classmethod
@@ -71,6 +102,13 @@ def load_config(path: str | Path) -> PipelineConfig:
     except ValidationError as err:
         first = err.errors()[0]
         raise InputError(first["msg"], path=path, field=".".join(str(p) for p in first["loc"])) from None
+    try:  # settings are checked now, not hours into the run
+        for method in config.direct_dp.methods:
+            config.direct_dp.config(method, (config.direct_dp.epsilons or [1.0])[0], config.unit)
+    except ValidationError as err:
+        first = err.errors()[0]
+        raise InputError(first["msg"], path=path,
+                         field="direct_dp.settings." + ".".join(str(p) for p in first["loc"])) from None
     if not config.dataset.is_absolute():
         config.dataset = (path.parent / config.dataset).resolve()
     return config

@@ -9,6 +9,8 @@ Layout of ``RUN_DIR``::
     eps-<e>/synthetic/             (BEIR dataset + manifest carrying the ledger)
     eps-<e>/retriever/
     eps-<e>/metrics.json
+    direct-<method>-eps-<e>/retriever/   (direct DP training on the original pairs, with its ledger)
+    direct-<method>-eps-<e>/metrics.json
     summary.json, summary.md       (the seed's Table 3 layout)
 
 Each stage writes its output atomically, so a finished stage is skipped on re-run and an
@@ -35,6 +37,7 @@ from privret.privacy.budget import BudgetPolicy, run_composition, run_compositio
 from privret.privacy.ledger import PrivacyLedger
 from privret.runlock import RunLock, recover_tree
 from privret.synth.generate import generate_synthetic
+from privret.train.dp_retriever import train_dp_retriever
 from privret.train.generator import train_generator
 from privret.train.retriever import train_retriever
 
@@ -138,6 +141,19 @@ def run_pipeline(cfg: PipelineConfig, run_dir: str | Path, *, budget: BudgetPoli
         rows.append(_evaluate_stage(stage, str(stage / "retriever"), dataset, cfg.eval_split,
                                     {"row": f"DP synthetic (epsilon={eps_label(epsilon)})",
                                      "epsilon": ledger.epsilon, "delta": ledger.delta}))
+    for method in cfg.direct_dp.methods:
+        for epsilon in cfg.direct_dp.epsilons:
+            stage = run_dir / f"direct-{method}-eps-{eps_label(epsilon)}"
+            console.rule(f"direct DP training of the retriever: {method}, epsilon = {eps_label(epsilon)}")
+            if not (stage / "retriever").exists():
+                started = time.time()
+                train_dp_retriever(pairs, stage / "retriever", cfg.direct_dp.config(method, epsilon, cfg.unit),
+                                   data_hash=data_hash, public_corpus=dataset.corpus)
+                write_json_atomic(stage / "timing.json", {"retriever_seconds": round(time.time() - started, 1)})
+            ledger = PrivacyLedger.load(stage / "retriever")
+            rows.append(_evaluate_stage(stage, str(stage / "retriever"), dataset, cfg.eval_split,
+                                        {"row": f"direct DP {method} (epsilon={eps_label(epsilon)})",
+                                         "epsilon": ledger.epsilon, "delta": ledger.delta}))
     write_summary(run_dir, rows, cfg)
     return rows
 
