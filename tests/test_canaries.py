@@ -125,6 +125,21 @@ def test_canaries_and_their_privacy_units():
     assert rows in by_query and len(rows) == 10
 
 
+def test_queries_too_long_for_the_generator_are_replaced():
+    """A canary whose secret would be cut off by the generator's query truncation could never be learnt."""
+    pairs = toy_pairs(20)
+    plain = C.make_canaries(pairs, trial=0, repetitions=(1, 10), n_candidates=10, seed=0)
+    banned = plain[0].prefix
+    kept = C.make_canaries(pairs, trial=0, repetitions=(1, 10), n_candidates=10, seed=0,
+                           fits=lambda q: not q.startswith(banned))
+    assert kept[0].prefix != banned and [c.prefix for c in kept[1:]] == [c.prefix for c in plain[1:]]
+    assert [c.secret for c in kept] == [c.secret for c in plain]  # secrets do not depend on the tokenizer
+    from privret.errors import InputError
+
+    with pytest.raises(InputError, match="short enough"):
+        C.make_canaries(pairs, trial=0, repetitions=(1, 10), n_candidates=10, seed=0, fits=lambda q: False)
+
+
 def test_fast_scoring_equals_the_loss_module(digit_llama):
     from privret.models.generator import load_generator
 
@@ -147,7 +162,7 @@ def test_fast_scoring_equals_the_loss_module(digit_llama):
 # -- the audit catches a memorising model and not a model that never saw the canary -----------------
 def test_memorised_canaries_are_caught_unseen_ones_are_not(digit_llama, tmp_path):
     cfg = C.CanaryAuditConfig(epsilons=[math.inf], trials=2, repetitions=[50], candidates=100, samples=4,
-                              max_new_tokens=16, seed=0,
+                              seed=0,
                               generator={"model": str(digit_llama), "unit": "pair", "trainable": "full",
                                          "trained_layers": None, "epochs": 12, "batch_size": 32,
                                          "learning_rate": 0.01, "max_doc_tokens": 32, "physical_batch": 64,

@@ -192,11 +192,14 @@ def random_secret(rng: random.Random) -> str:
 
 
 def make_canaries(pairs: TrainingPairs, *, trial: int, repetitions: tuple[int, ...], n_candidates: int,
-                  seed: int, controls: bool = True) -> list[Canary]:
+                  seed: int, controls: bool = True, fits=None) -> list[Canary]:
     """Canaries of every kind for each repetition count (plus never-inserted controls, k = 0).
 
     The random queries are drawn (distinct) from ``pairs``; the secret and its ``n_candidates - 1``
-    decoys are independent uniform 10-digit strings (distinct from each other).
+    decoys are independent uniform 10-digit strings (distinct from each other). ``fits(query)``, when
+    given, says whether a canary query fits the generator's query length (a secret cut off by the
+    generator's truncation could never be learnt); a drawn query that does not fit is replaced by
+    one drawn from another stream, so the secrets do not depend on the tokenizer.
     """
     rng = random.Random(f"privret-canaries/{seed}/{trial}")
     counts = list(repetitions) + ([0] if controls else [])
@@ -208,6 +211,14 @@ def make_canaries(pairs: TrainingPairs, *, trial: int, repetitions: tuple[int, .
         raise InputError(f"need at least {needed} distinct queries to draw canaries from, have {len(by_text)}",
                          field="--subsample")
     sources = rng.sample(sorted(by_text), needed)
+    if fits is not None:
+        spare_rng = random.Random(f"privret-canaries/spare/{seed}/{trial}")
+        spare = [q for q in spare_rng.sample(sorted(by_text), len(by_text))
+                 if q not in sources and fits(f"{q} {'0' * SECRET_DIGITS}")]
+        sources = [q if fits(f"{q} {'0' * SECRET_DIGITS}") else spare.pop(0) if spare else None for q in sources]
+        if None in sources:
+            raise InputError(f"fewer than {needed} private queries are short enough to carry a 10-digit secret "
+                             "within the generator's max_query_tokens", field="--subsample")
     doc_ids = sorted(pairs.corpus)
     canaries = []
     for i, (k, kind) in enumerate((k, kind) for k in counts for kind in KINDS):
@@ -339,7 +350,6 @@ class CanaryAuditConfig(BaseModel):
     candidates: int = Field(100, ge=2, le=100_000)
     samples: int = Field(10, gt=0, description="queries sampled per canary document for 'leaked'")
     top_p: float = Field(0.8, gt=0, le=1)
-    max_new_tokens: int = Field(32, gt=0, description="length cap of the sampled queries")
     subsample: int | None = Field(None, gt=0, description="private pairs kept (uniform, seeded); None = all")
     alpha: float = Field(0.05, gt=0, lt=1, description="confidence of the epsilon lower bound is 1 - alpha")
     seed: int = 0
@@ -361,6 +371,16 @@ class CanaryAuditConfig(BaseModel):
         return sorted(values)
 
 
+def _query_fits(model: str, max_query_tokens: int):
+    """``query -> bool``: does the query (with its end-of-query token) fit the generator's target cap?"""
+    from transformers import AutoTokenizer
+
+    from privret.models.registry import resolve
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve(model))
+    return lambda query: len(tokenizer(" " + query, add_special_tokens=False).input_ids) + 1 <= max_query_tokens
+
+
 def subsample_pairs(pairs: TrainingPairs, n: int | None, seed: int) -> TrainingPairs:
     """``n`` rows drawn uniformly without replacement (seeded), in their original order."""
     if n is None or n >= len(pairs.pairs):
@@ -373,9 +393,11 @@ def _trial_result(generator, canaries: list[Canary], cfg: CanaryAuditConfig) -> 
     rows = []
     docs = [c.document.full_text for c in canaries]
     samples: list[list[str]] = []
+    # long enough for any query the generator was trained to write (its target cap + end of query)
+    max_new = generator.max_query_tokens + 1
     for lo in range(0, len(docs), 8):
         samples += generator.generate(docs[lo: lo + 8], num_queries=cfg.samples, top_p=cfg.top_p,
-                                      max_new_tokens=cfg.max_new_tokens,
+                                      max_new_tokens=max_new,
                                       seed=cfg.seed * 7919 + canaries[0].trial * 101 + lo)
     for c, sampled in zip(canaries, samples):
         scores = fast_log_likelihoods(generator, c.document.full_text, [c.query(s) for s in c.candidates])
@@ -421,7 +443,8 @@ def run_canary_audit(pairs: TrainingPairs, out_dir: str | Path, cfg: CanaryAudit
     """Run every (epsilon, trial), write ``out_dir/canaries.json`` and return it.
 
     Each trial's generator and raw result sit in ``out_dir/eps-<e>/trial-<t>/``; a re-run skips
-    trials whose ``result.json`` exists (same settings required: they are checked).
+    trials whose ``result.json`` exists (same settings required, epsilons aside: they are checked, so
+    more epsilons can be added to an audit later).
     """
     from privret.models.generator import load_trained_generator
     from privret.privacy.ledger import PrivacyLedger
@@ -435,8 +458,8 @@ def run_canary_audit(pairs: TrainingPairs, out_dir: str | Path, cfg: CanaryAudit
         probe = GeneratorTrainConfig(**gen_fields, epsilon=math.inf)
     except Exception as err:  # pydantic ValidationError
         raise InputError(f"invalid generator settings: {str(err).splitlines()[0]}", field="generator") from None
-    settings = {"audit": cfg.model_dump(mode="json"), "generator": probe.model_dump(mode="json"),
-                "data_hash": data_hash, "pairs": len(base.pairs)}
+    settings = {"audit": cfg.model_dump(mode="json", exclude={"epsilons"}),
+                "generator": probe.model_dump(mode="json"), "data_hash": data_hash, "pairs": len(base.pairs)}
     settings_file = out_dir / "settings.json"
     if settings_file.exists():
         saved = json.loads(settings_file.read_text())
@@ -446,8 +469,9 @@ def run_canary_audit(pairs: TrainingPairs, out_dir: str | Path, cfg: CanaryAudit
         write_json_atomic(settings_file, settings)
 
     results = []
+    fits = _query_fits(probe.model, probe.max_query_tokens)
     trials = {t: make_canaries(base, trial=t, repetitions=tuple(cfg.repetitions), n_candidates=cfg.candidates,
-                               seed=cfg.seed) for t in range(cfg.trials)}
+                               seed=cfg.seed, fits=fits) for t in range(cfg.trials)}
     with Progress() as progress:
         task = progress.add_task("canary audit (trials x epsilons)", total=cfg.trials * len(cfg.epsilons))
         for epsilon in cfg.epsilons:
