@@ -454,7 +454,7 @@ def audit_canaries(
                   repetitions=numbers(repetitions, "--repetitions", int), candidates=candidates, samples=samples,
                   top_p=top_p, subsample=subsample, alpha=alpha, seed=seed, generator=generator)
     report = run_canary_audit(training, out_dir, cfg, data_hash=data_hash)
-    out.print(canary_table_markdown(report), markup=False, highlight=False)
+    typer.echo(canary_table_markdown(report))
     out.print(f"written: {out_dir / 'canaries.json'}")
 
 
@@ -472,7 +472,7 @@ def report(
 
     html_path, md_path, markdown = build_report(run_dir, out=out_file, show_private_queries=show_private_queries,
                                                 examples=examples)
-    out.print(markdown, markup=False, highlight=False)
+    typer.echo(markdown)
     out.print(f"report: {html_path.resolve()}  (Markdown: {md_path.resolve()})")
 
 
