@@ -47,9 +47,9 @@ def _step(out: Path, name: str, fn) -> dict:
         print(f"[skip] {name} (done: {path})", flush=True)
         return json.loads(path.read_text())
     print(f"[run] {name}", flush=True)
-    t0 = time.time()
+    t0, c0 = time.time(), time.process_time()
     result = fn()
-    save_result(path, result, seconds=round(time.time() - t0, 1))
+    save_result(path, result, seconds=round(time.time() - t0, 1), cpu_seconds=round(time.process_time() - c0, 1))
     print(f"[done] {name} in {time.time() - t0:.0f}s", flush=True)
     return json.loads(path.read_text())
 

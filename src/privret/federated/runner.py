@@ -19,7 +19,6 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from privret.data.fed_squad import ClientData, load_fed_squad
