@@ -33,10 +33,10 @@ def toy_pairs() -> TrainingPairs:
     return TrainingPairs(pairs, corpus)
 
 
-@pytest.fixture()
-def tiny_setup(tiny_llama_dir):
+@pytest.fixture(params=["lora", "full"])
+def tiny_setup(tiny_llama_dir, request):
     gen = load_generator(str(tiny_llama_dir), trained_layers=1, bf16=False)
-    gen.make_trainable("lora", lora_rank=4)
+    gen.make_trainable(request.param, lora_rank=4)
     pairs = toy_pairs()
     items = gen.prepare([gen.example(pairs.corpus[p.doc_id].full_text, p.query) for p in pairs.pairs])
     return gen, pairs, items
@@ -101,7 +101,6 @@ def test_noise_std_is_sigma_times_clip_norm(tiny_setup):
     from opacus import GradSampleModule
 
     gen, pairs, items = tiny_setup
-    gen.make_trainable("full")  # more coordinates for a tight estimate
     module = GradSampleModule(gen.loss_module(), batch_first=True, loss_reduction="sum")
     params = gen.trainable_parameters()
     sigma, clip, expected_batch = 1.7, 0.3, 5.0
@@ -109,8 +108,9 @@ def test_noise_std_is_sigma_times_clip_norm(tiny_setup):
     gtrain._dp_step(gen, module, items, pairs.units("query"), [], params, cfg, sigma=sigma,
                     expected_batch=expected_batch, rng=torch.Generator().manual_seed(1))
     noise = torch.cat([p.grad.flatten() for p in params.values()]) * expected_batch
-    assert noise.numel() > 5000
-    assert noise.std().item() == pytest.approx(sigma * clip, rel=0.03)
+    assert noise.numel() > 1500
+    # the sample std of N normals has relative standard error 1/sqrt(2N): allow 5 of them
+    assert noise.std().item() == pytest.approx(sigma * clip, rel=5 / math.sqrt(2 * noise.numel()))
     assert abs(noise.mean().item()) < 4 * sigma * clip / math.sqrt(noise.numel())
 
 

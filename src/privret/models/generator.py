@@ -124,7 +124,7 @@ class QueryGenerator:
         raise NotImplementedError
 
     def loss_module(self) -> nn.Module:
-        """Maps a collated batch to a vector of per-example losses."""
+        """Maps a collated batch to a vector of per-example losses (returned in training mode)."""
         raise NotImplementedError
 
     # -- sampling --------------------------------------------------------------------------
@@ -299,9 +299,8 @@ class CausalQueryGenerator(QueryGenerator):
 
     def loss_module(self) -> nn.Module:
         base = self._base()
-        if self._layered:
-            return _TopLayersLoss(base, self.first_trained_layer)
-        return _CausalFullLoss(base)
+        module = _TopLayersLoss(base, self.first_trained_layer) if self._layered else _CausalFullLoss(base)
+        return module.train()  # Opacus records activations only in training mode
 
     @torch.no_grad()
     def generate(self, docs, *, num_queries=1, top_p=0.8, temperature=1.0, max_new_tokens=48, seed=None):
@@ -353,7 +352,7 @@ class Seq2SeqQueryGenerator(QueryGenerator):
         return {k: v.to(self.device) for k, v in batch.items()}
 
     def loss_module(self):
-        return _Seq2SeqLoss(self.model)
+        return _Seq2SeqLoss(self.model).train()
 
     @torch.no_grad()
     def generate(self, docs, *, num_queries=1, top_p=0.8, temperature=1.0, max_new_tokens=48, seed=None):
