@@ -57,7 +57,8 @@ class DirectDPGrid(BaseModel):
 class PipelineConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    name: str = Field(min_length=1)
+    name: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
+                      description="run name; the default run directory is runs/<name>, so one plain path component")
     dataset: Path
     train_split: str = "train"
     eval_split: str = "test"
@@ -83,12 +84,37 @@ class PipelineConfig(BaseModel):
                                        "unit": self.unit})
 
 
+MAX_CONFIG_BYTES = 1 << 20  # a pipeline config is a few hundred bytes; PyYAML is slow on megabytes
+MAX_CONFIG_NESTING = 64  # PyYAML is quadratic in flow nesting ([[[...]]] 20k deep: > 60 s)
+
+
+def _bounded_text(path: Path) -> str:
+    """The file's text, refusing sizes and bracket nesting that would make PyYAML hang."""
+    with open(path, "rb") as f:
+        data = f.read(MAX_CONFIG_BYTES + 1)
+    if len(data) > MAX_CONFIG_BYTES:
+        raise InputError(f"config larger than {MAX_CONFIG_BYTES} bytes", path=path)
+    text = data.decode("utf-8")
+    depth = deepest = 0
+    for char in text:
+        if char in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char in "]}":
+            depth = max(0, depth - 1)
+    if deepest > MAX_CONFIG_NESTING:
+        raise InputError(f"config nested more than {MAX_CONFIG_NESTING} brackets deep", path=path)
+    return text
+
+
 def load_config(path: str | Path) -> PipelineConfig:
     path = Path(path)
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        raw = yaml.safe_load(_bounded_text(path))
     except FileNotFoundError:
         raise InputError("config file not found", path=path) from None
+    except RecursionError:
+        raise InputError("YAML nested too deeply", path=path) from None
     except UnicodeDecodeError:
         raise InputError("config is not valid UTF-8", path=path) from None
     except yaml.YAMLError as err:

@@ -85,6 +85,8 @@ def read_jsonl(path: str | Path) -> Iterator[tuple[int, dict]]:
             obj = json.loads(text)
         except json.JSONDecodeError as err:
             raise InputError(f"malformed JSON ({err.msg})", path=path, line=number) from None
+        except RecursionError:
+            raise InputError("JSON nested too deeply", path=path, line=number) from None
         if not isinstance(obj, dict):
             raise InputError("expected a JSON object", path=path, line=number)
         yield number, obj

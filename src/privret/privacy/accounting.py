@@ -18,6 +18,8 @@ from opacus.accountants.utils import get_noise_multiplier
 from privret.errors import InputError
 
 ACCOUNTANTS = ("prv", "rdp")
+MIN_EPSILON, MAX_EPSILON = 0.05, 50.0  # targets the noise calibration handles in bounded time
+MAX_STEPS = 100_000
 
 
 def default_delta(n_units: int) -> float:
@@ -31,6 +33,11 @@ def check_budget(epsilon: float, delta: float, n_units: int) -> None:
         raise InputError(f"epsilon must be > 0 (or inf for no privacy), got {epsilon}", field="epsilon")
     if not math.isfinite(epsilon):
         return
+    if not MIN_EPSILON <= epsilon <= MAX_EPSILON:
+        # outside this range Opacus's noise search does not terminate in useful time (measured: epsilon = 1e-9
+        # or 1000 ran > 60 s); epsilon > 50 protects nothing in practice, use inf for a non-private reference
+        raise InputError(f"target epsilon must be in [{MIN_EPSILON}, {MAX_EPSILON}] (or inf), got {epsilon}",
+                         field="epsilon")
     if not (0 < delta < 1.0 / n_units):
         raise InputError(f"delta must be in (0, 1/n) = (0, {1.0 / n_units:.3g}) for n={n_units} units, got {delta}",
                          field="delta")
@@ -48,6 +55,9 @@ def calibrate_noise(*, target_epsilon: float, delta: float, sample_rate: float, 
     _check_accountant(accountant)
     if not 0 < sample_rate <= 1:
         raise InputError(f"sample rate must be in (0, 1], got {sample_rate}", field="batch_size")
+    if steps > MAX_STEPS:
+        raise InputError(f"{steps} steps is past what the accountant calibrates here (at most {MAX_STEPS}); "
+                         "use fewer epochs or a larger batch", field="epochs")
     return float(get_noise_multiplier(target_epsilon=target_epsilon, target_delta=delta,
                                       sample_rate=sample_rate, steps=steps, accountant=accountant))
 

@@ -187,11 +187,15 @@ def _append(path: Path, release: Release) -> None:
 
 
 def releases(data_hash: str, *, directory: str | Path | None = None) -> list[Release]:
-    """One entry per release (the record with the most steps), in order of first appearance."""
-    merged: dict[str, Release] = {}
+    """One entry per release (the record with the most steps), in order of first appearance.
+
+    A release is a (release id, artefact path) pair: a copied run directory resumed in its new
+    place is a second release (their shared first steps are then counted twice: conservative)."""
+    merged: dict[tuple[str, str], Release] = {}
     for r in _read(registry_file(data_hash, directory)):
-        if r.release_id not in merged or r.steps >= merged[r.release_id].steps:
-            merged[r.release_id] = r
+        key = (r.release_id, r.artefact)
+        if key not in merged or r.steps >= merged[key].steps:
+            merged[key] = r
     return list(merged.values())
 
 
@@ -249,7 +253,7 @@ def check_and_record(release: Release, policy: BudgetPolicy | None = None) -> Co
     path = registry_file(release.data_hash, policy.directory)
     with _locked(path):
         others = [r for r in releases(release.data_hash, directory=policy.directory)
-                  if r.release_id != release.release_id]
+                  if (r.release_id, r.artefact) != (release.release_id, release.artefact)]
         total = compose(others + [release], unit=release.unit)
         if policy.cap is not None and total.epsilon > policy.cap:
             message = (f"releases on this dataset (unit '{release.unit}') would reach epsilon = {total.epsilon:.3g} "

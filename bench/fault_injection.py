@@ -1,0 +1,319 @@
+"""Fault injection: SIGKILL each long command at random moments, resume it, check what survives.
+
+For every command, a reference run goes uninterrupted first. Then, per trial, the command runs
+in a forked child (so each attempt starts in milliseconds, the libraries being loaded once) and
+the parent sends SIGKILL after a random delay drawn uniformly from [0, 1.1 x reference time];
+the command is started again (resume) until one attempt finishes by itself (at most --kills
+kills per trial, then it runs to the end). Checked after each trial:
+
+* resumed: the last attempt exited 0 and left the complete artefact;
+* identical: for deterministic (non-private, seeded) runs, the artefact equals the reference
+  byte for byte (ledger timestamps aside);
+* ledger >= truth: for DP runs, the final ledger's ``steps`` (and the budget registry's record)
+  is at least the true number of noisy updates that may have reached disk. The truth is counted
+  independently of privret's step log: a hook in the child appends "this process had applied m
+  noisy updates" and fsyncs it *before* every safetensors write of parameters begins; the truth
+  is the sum over processes of their largest m.
+
+Commands: generator-dp (epsilon 4), generator-plain (epsilon inf), generate, retriever, pipeline.
+Tiny models built in code (tests/conftest.py); CPU, one thread.
+
+    python bench/fault_injection.py                      # all commands, default trial counts
+    python bench/fault_injection.py --commands generate --trials 3 --json /tmp/fi.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import shutil
+import signal
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+
+import torch  # noqa: E402
+
+torch.set_num_threads(1)
+
+from conftest import TOY_DOCS, TOY_TEST, TOY_TRAIN, write_beir_dir, write_tiny_bert, write_tiny_llama  # noqa: E402
+
+from privret.data.beir import Document, load_beir  # noqa: E402
+from privret.data.pairs import pairs_from_beir  # noqa: E402
+from privret.privacy import budget  # noqa: E402
+from privret.privacy.ledger import PrivacyLedger  # noqa: E402
+
+TRUTH_ENV = "PRIVRET_FI_TRUTH"
+
+
+# --- the commands -----------------------------------------------------------------------------
+
+class Setup:
+    def __init__(self, work: Path):
+        self.work = work
+        self.llama = write_tiny_llama(work / "tiny-llama")
+        self.bert = write_tiny_bert(work / "tiny-bert")
+        corpus = [{"_id": i, "title": t, "text": x} for i, t, x in TOY_DOCS]
+        # more (private) training queries than the toy set, so DP runs take some steps
+        train = [(q, t, ds) for q, t, ds in TOY_TRAIN]
+        train += [(f"x{k}", f"{TOY_TRAIN[k % 5][1]} {w}", TOY_TRAIN[k % 5][2])
+                  for k, w in enumerate(["study", "effect", "level", "risk", "trial", "cells", "brain", "diet"] * 3)]
+        queries = [{"_id": q, "text": t} for q, t, _ in train + TOY_TEST]
+        qrels = {"train": [(q, d, 1) for q, _, ds in train for d in ds],
+                 "test": [(q, d, 1) for q, _, ds in TOY_TEST for d in ds]}
+        self.data = write_beir_dir(work / "data", corpus, queries, qrels)
+        self.dataset = load_beir(self.data)
+        self.pairs = pairs_from_beir(self.dataset, "train")
+        words = "aspirin heart risk gene memory mice vitamin blood children sleep immune virus cancer drug".split()
+        self.docs = [Document(f"g{i}", "", " ".join(words[(i * 7 + j) % len(words)] for j in range(6)))
+                     for i in range(40)]
+
+    def generator_cfg(self, epsilon: float):
+        from privret.train.generator import GeneratorTrainConfig
+
+        return GeneratorTrainConfig(model=str(self.llama), epsilon=epsilon, batch_size=8, epochs=4, trained_layers=1,
+                                    lora_rank=4, bf16=False, checkpoint_every=1, physical_batch=8)
+
+    def run(self, command: str, out: Path) -> None:
+        """One attempt of ``command`` into ``out`` (resuming whatever is there)."""
+        if command in ("generator-dp", "generator-plain"):
+            from privret.train.generator import train_generator
+
+            epsilon = 4.0 if command == "generator-dp" else math.inf
+            train_generator(self.pairs, out, self.generator_cfg(epsilon), data_hash="fault-injection", resume=True)
+        elif command == "generate":
+            from privret.synth.generate import GenerateConfig, generate_synthetic
+
+            if not out.exists():
+                generate_synthetic(self.work / "plain-generator", self.docs, out,
+                                   GenerateConfig(num_queries=2, max_new_tokens=6, batch_size=2, seed=1),
+                                   private_queries={p.query for p in self.pairs.pairs}, resume=True)
+        elif command == "retriever":
+            from privret.pipeline import non_private_ledger
+            from privret.runlock import RunLock, recover_directory
+            from privret.train.retriever import RetrieverTrainConfig, train_retriever
+
+            with RunLock(out):
+                recover_directory(out)
+                if not out.exists():
+                    train_retriever(self.pairs, out, RetrieverTrainConfig(model=str(self.bert), epochs=3, batch_size=4,
+                                                                          bf16=False, seed=2),
+                                    ledger=non_private_ledger(self.pairs, "tiny", "fault-injection", "query"))
+        elif command == "pipeline":
+            from privret.config import GeneratorStage, PipelineConfig
+            from privret.pipeline import run_pipeline
+            from privret.synth.generate import GenerateConfig
+            from privret.train.retriever import RetrieverTrainConfig
+
+            cfg = PipelineConfig(
+                name="fi", dataset=self.data, epsilons=[math.inf, 4.0], synthetic_documents="corpus",
+                generator=GeneratorStage(model=str(self.llama), batch_size=8, epochs=2, trained_layers=1, lora_rank=4,
+                                         bf16=False, checkpoint_every=1, physical_batch=8),
+                generate=GenerateConfig(num_queries=2, max_new_tokens=5, batch_size=2),
+                retriever=RetrieverTrainConfig(model=str(self.bert), epochs=1, batch_size=4, bf16=False))
+            run_pipeline(cfg, out)
+        else:
+            raise ValueError(command)
+
+
+# --- the independent truth counter (installed in each child) ------------------------------------
+
+def install_truth_hooks(truth_file: Path) -> None:
+    import safetensors.torch as st_torch
+
+    from privret.models import generator as genmod
+    from privret.train import generator as gtrain
+
+    state = {"dp_steps": 0}
+    original_step, original_save, original_gen_save = gtrain._dp_step, st_torch.save_file, genmod.QueryGenerator.save
+
+    def counted_step(*a, **k):
+        out = original_step(*a, **k)
+        state["dp_steps"] += 1  # the optimizer applies it right after
+        return out
+
+    def note() -> None:
+        if state["dp_steps"]:
+            with open(truth_file, "a") as f:
+                f.write(json.dumps({"pid": os.getpid(), "applied": state["dp_steps"]}) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+
+    def save_file(tensors, filename, *a, **k):
+        if Path(filename).name == "params.safetensors":
+            note()
+        return original_save(tensors, filename, *a, **k)
+
+    def gen_save(self, directory):
+        note()
+        return original_gen_save(self, directory)
+
+    gtrain._dp_step = counted_step
+    st_torch.save_file = save_file
+    genmod.QueryGenerator.save = gen_save
+
+
+def truth_steps(truth_file: Path) -> int:
+    if not truth_file.exists():
+        return 0
+    best: dict[int, int] = {}
+    for line in truth_file.read_text().splitlines():
+        if line.strip():
+            row = json.loads(line)
+            best[row["pid"]] = max(best.get(row["pid"], 0), row["applied"])
+    return sum(best.values())
+
+
+# --- running, killing, comparing ----------------------------------------------------------------
+
+def attempt(setup: Setup, command: str, out: Path, truth_file: Path, kill_after: float | None) -> tuple[str, float]:
+    """Fork one attempt; SIGKILL it after ``kill_after`` s (None: let it finish). ('killed'|'ok'|'failed', s)."""
+    started = time.perf_counter()
+    pid = os.fork()
+    if pid == 0:  # child
+        code = 0
+        try:
+            install_truth_hooks(truth_file)
+            with open(os.devnull, "w") as sink:
+                os.dup2(sink.fileno(), 1)
+                setup.run(command, out)
+        except BaseException:  # noqa: BLE001 - report anything, the parent counts it
+            traceback.print_exc()
+            code = 1
+        os._exit(code)
+    deadline = None if kill_after is None else started + kill_after
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return ("ok" if os.waitstatus_to_exitcode(status) == 0 else "failed"), time.perf_counter() - started
+        if deadline is not None and time.perf_counter() >= deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            return "killed", time.perf_counter() - started
+        time.sleep(0.01)
+
+
+def artefact_files(command: str, out: Path) -> dict[str, bytes]:
+    """The deterministic part of an artefact, as {relative path: bytes}."""
+    if command == "generator-plain":
+        roots = [out]
+    elif command in ("generate", "retriever"):
+        roots = [out]
+    elif command == "pipeline":
+        roots = [out / "original" / "retriever", out / "eps-inf" / "generator", out / "eps-inf" / "synthetic",
+                 out / "eps-inf" / "retriever"]
+    else:
+        return {}
+    files = {}
+    for root in roots:
+        for path in sorted(root.rglob("*")):
+            if path.is_file() and path.name not in ("privacy_ledger.json",):
+                files[str(path.relative_to(out))] = path.read_bytes().replace(str(out).encode(), b"<OUT>")
+    if command == "pipeline":
+        for name in ("zero_shot/metrics.json", "original/metrics.json", "eps-inf/metrics.json"):
+            metrics = json.loads((out / name).read_text())
+            metrics.pop("eval_seconds", None)
+            files[name] = json.dumps(metrics, sort_keys=True).encode()
+    return files
+
+
+def final_ledger(command: str, out: Path) -> PrivacyLedger | None:
+    if command == "generator-dp":
+        return PrivacyLedger.load(out)
+    if command == "pipeline":
+        return PrivacyLedger.load(out / "eps-4" / "generator")
+    return None
+
+
+def complete(command: str, out: Path) -> bool:
+    marker = {"generator-dp": "generator.json", "generator-plain": "generator.json", "generate": "manifest.json",
+              "retriever": "privacy_ledger.json", "pipeline": "summary.json"}[command]
+    return (out / marker).is_file()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--commands", default="generator-dp,generator-plain,generate,retriever,pipeline")
+    parser.add_argument("--trials", type=int, default=6, help="trials per command (pipeline: half)")
+    parser.add_argument("--kills", type=int, default=3, help="at most this many kills per trial")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", type=Path, default=ROOT / "bench" / "results" / "fault_injection.json")
+    args = parser.parse_args()
+    rng = random.Random(args.seed)
+    work = Path(tempfile.mkdtemp(prefix="privret-fi-"))
+    os.environ["PRIVRET_BUDGET_DIR"] = str(work / "budget")
+    setup = Setup(work)
+    from privret.train.generator import train_generator
+
+    train_generator(setup.pairs, work / "plain-generator", setup.generator_cfg(math.inf), data_hash="fi")
+    summary = {}
+    try:
+        for command in args.commands.split(","):
+            ref = work / f"ref-{command}"
+            status, ref_seconds = attempt(setup, command, ref, work / f"truth-ref-{command}", None)
+            assert status == "ok", f"reference run of {command} failed"
+            reference = artefact_files(command, ref)
+            row = {"reference_seconds": round(ref_seconds, 1), "trials": 0, "kills": 0, "attempts": 0,
+                   "resumed": 0, "failed_attempts": 0, "identical": 0, "compared": 0, "ledger_checks": 0,
+                   "ledger_ge_truth": 0, "min_ledger_minus_truth": None, "extra_steps_charged": []}
+            trials = max(1, args.trials // 2) if command == "pipeline" else args.trials
+            for trial in range(trials):
+                out = work / f"{command}-{trial}"
+                truth_file = work / f"truth-{command}-{trial}"
+                kills = 0
+                while True:
+                    kill_after = rng.uniform(0.0, 1.1 * ref_seconds) if kills < args.kills else None
+                    status, _ = attempt(setup, command, out, truth_file, kill_after)
+                    row["attempts"] += 1
+                    if status == "killed":
+                        kills += 1
+                        continue
+                    if status == "failed":
+                        row["failed_attempts"] += 1
+                        if row["failed_attempts"] > 3 * trials:
+                            raise SystemExit(f"{command}: attempts keep failing")
+                        continue
+                    if complete(command, out):
+                        break
+                row["trials"] += 1
+                row["kills"] += kills
+                row["resumed"] += int(complete(command, out))
+                if reference:
+                    row["compared"] += 1
+                    row["identical"] += int(artefact_files(command, out) == reference)
+                ledger = final_ledger(command, out)
+                if ledger is not None:
+                    truth = truth_steps(truth_file)
+                    registry = max(r.steps for r in budget.releases("fault-injection")
+                                   if r.artefact == str(out) or r.artefact.startswith(str(out) + "/"))
+                    row["ledger_checks"] += 1
+                    row["ledger_ge_truth"] += int(ledger.steps >= truth and registry >= truth)
+                    gap = ledger.steps - truth
+                    row["min_ledger_minus_truth"] = gap if row["min_ledger_minus_truth"] is None else min(
+                        row["min_ledger_minus_truth"], gap)
+                    row["extra_steps_charged"].append(ledger.steps - ledger.planned_steps)
+                print(json.dumps({"command": command, "trial": trial, "kills": kills}), flush=True)
+                shutil.rmtree(out, ignore_errors=True)
+            summary[command] = row
+            print(json.dumps({command: row}), flush=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    totals = {k: sum(r[k] for r in summary.values()) for k in ("kills", "attempts", "resumed", "trials", "identical",
+                                                               "compared", "ledger_checks", "ledger_ge_truth")}
+    result = {"seed": args.seed, "max_kills_per_trial": args.kills, "commands": summary, "totals": totals}
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(totals))
+
+
+if __name__ == "__main__":
+    main()
