@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from conftest import WORDS
+from helpers import WORDS
 from privret.data.beir import Document
 from privret.data.pairs import QueryDocPair, TrainingPairs
 from privret.errors import InputError

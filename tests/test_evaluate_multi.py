@@ -9,7 +9,7 @@ import sys
 
 import pytest
 import torch
-from conftest import TOY_DOCS, write_beir_dir
+from helpers import TOY_DOCS, write_beir_dir
 from typer.testing import CliRunner
 
 from privret.cli import app

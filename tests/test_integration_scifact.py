@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from conftest import SHARED_DATA
+from helpers import SHARED_DATA
 from privret.data.beir import BeirDataset, load_beir
 from privret.data.pairs import TrainingPairs, pairs_from_beir
 from privret.evaluate.retrieval import evaluate_retriever

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from conftest import WORDS
+from helpers import WORDS
 from privret.privacy.logit_dp import (GhostNorms, contrastive_constants, contrastive_factor, lemma45_constant,
                                       logit_dp_factor, loss_logit_grads, pair_norm_bounds, reweighting, row_losses,
                                       spreadout_factor)

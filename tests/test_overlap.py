@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import WORDS, write_beir_dir, write_tiny_llama
+from helpers import WORDS, write_beir_dir, write_tiny_llama
 from hypothesis import given, settings, strategies as st
 from typer.testing import CliRunner
 

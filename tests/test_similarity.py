@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import write_beir_dir
+from helpers import write_beir_dir
 from typer.testing import CliRunner
 
 from privret.cli import app

@@ -1,0 +1,132 @@
+"""Shared test helpers: tiny models built in code (no download), small datasets written by the tests.
+
+Imported by name (`from helpers import ...`); `conftest.py` re-exports the fixtures. Not named
+`conftest` so that it cannot be confused with tests/federated/conftest.py.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+WORDS = ("the a of and in to is for with on what how does do why which cell cells gene genes protein mice "
+         "cancer risk heart brain blood drug trial patients study effect increase reduce memory aspirin vitamin "
+         "sleep diet exercise virus immune response treatment disease children adults level levels high low "
+         "query document answer write short search this that it are was be by as at from").split()
+
+
+def write_tiny_llama(directory: Path, *, layers: int = 2, seed: int = 0) -> Path:
+    """A 2-layer Llama with a word-level tokenizer: a real HF causal LM, small enough for unit tests."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    specials = ["[PAD]", "[UNK]", "</s>", "<s>"]
+    vocab = {w: i for i, w in enumerate(specials + sorted(set(WORDS)) + list(".,:?-0123456789"))}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    backend.decoder = decoders.WordPiece(prefix="##")
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="[PAD]", unk_token="[UNK]",
+                                        eos_token="</s>", bos_token="<s>")
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=len(vocab), hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                         tie_word_embeddings=True, pad_token_id=0, eos_token_id=2, bos_token_id=3)
+    LlamaForCausalLM(config).save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+def write_tiny_bert(directory: Path, *, seed: int = 0) -> Path:
+    """A 2-layer BERT encoder with a word-level tokenizer, as a plain HF directory."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    from transformers import BertConfig, BertModel, PreTrainedTokenizerFast
+
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    vocab = {w: i for i, w in enumerate(specials + sorted(set(WORDS)) + list(".,:?-0123456789"))}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    backend.post_processor = processors.TemplateProcessing(single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 2),
+                                                                                                   ("[SEP]", 3)])
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="[PAD]", unk_token="[UNK]",
+                                        cls_token="[CLS]", sep_token="[SEP]", mask_token="[MASK]")
+    torch.manual_seed(seed)
+    config = BertConfig(vocab_size=len(vocab), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                        num_attention_heads=4, max_position_embeddings=128)
+    BertModel(config).save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_dir(tmp_path_factory) -> Path:
+    return write_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
+
+
+@pytest.fixture(scope="session")
+def tiny_bert_dir(tmp_path_factory) -> Path:
+    return write_tiny_bert(tmp_path_factory.mktemp("tiny-bert"))
+
+
+def write_beir_dir(root: Path, corpus: list[dict], queries: list[dict], qrels: dict[str, list[tuple]]) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "corpus.jsonl").write_text("".join(json.dumps(d) + "\n" for d in corpus))
+    (root / "queries.jsonl").write_text("".join(json.dumps(q) + "\n" for q in queries))
+    (root / "qrels").mkdir(exist_ok=True)
+    for split, rows in qrels.items():
+        lines = ["query-id\tcorpus-id\tscore"] + ["\t".join(map(str, r)) for r in rows]
+        (root / "qrels" / f"{split}.tsv").write_text("\n".join(lines) + "\n")
+    return root
+
+
+TOY_DOCS = [
+    ("d1", "Aspirin", "aspirin can reduce the risk of heart disease in adults"),
+    ("d2", "Memory", "mice with the gene show low memory in the brain"),
+    ("d3", "Vitamin", "vitamin levels in blood are high in children with a good diet"),
+    ("d4", "Sleep", "sleep and exercise increase the immune response to a virus"),
+    ("d5", "Cancer", "the drug trial in patients with cancer was a study of treatment"),
+    ("d6", "Cells", "cells of the immune system do respond to the virus"),
+]
+TOY_TRAIN = [("q1", "aspirin heart risk", ["d1"]), ("q2", "gene memory mice", ["d2"]),
+             ("q3", "vitamin blood children", ["d3", "d6"]), ("q4", "sleep immune virus", ["d4"]),
+             ("q5", "cancer drug trial", ["d5"])]
+TOY_TEST = [("t1", "what does aspirin reduce", ["d1"]), ("t2", "immune cells virus", ["d6"])]
+
+
+@pytest.fixture()
+def toy_beir(tmp_path) -> Path:
+    corpus = [{"_id": i, "title": t, "text": x} for i, t, x in TOY_DOCS]
+    queries = [{"_id": q, "text": t} for q, t, _ in TOY_TRAIN + TOY_TEST]
+    qrels = {"train": [(q, d, 1) for q, _, ds in TOY_TRAIN for d in ds],
+             "test": [(q, d, 1) for q, _, ds in TOY_TEST for d in ds]}
+    return write_beir_dir(tmp_path / "toy", corpus, queries, qrels)
+
+
+def write_tiny_t5(directory: Path, *, seed: int = 0) -> Path:
+    """A 1-layer T5 with a word-level tokenizer (seq2seq generator family)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast, T5Config, T5ForConditionalGeneration
+
+    specials = ["[PAD]", "</s>", "[UNK]"]
+    vocab = {w: i for i, w in enumerate(specials + sorted(set(WORDS)) + ["generate_query"] + list(".,:?-_"))}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    backend.decoder = decoders.WordPiece(prefix="##")
+    backend.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 1)])
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="[PAD]", unk_token="[UNK]",
+                                        eos_token="</s>")
+    torch.manual_seed(seed)
+    config = T5Config(vocab_size=len(vocab), d_model=32, d_kv=8, d_ff=64, num_layers=1, num_decoder_layers=1,
+                      num_heads=4, pad_token_id=0, eos_token_id=1, decoder_start_token_id=0)
+    T5ForConditionalGeneration(config).save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+@pytest.fixture(scope="session")
+def tiny_t5_dir(tmp_path_factory) -> Path:
+    return write_tiny_t5(tmp_path_factory.mktemp("tiny-t5"))
