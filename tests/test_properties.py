@@ -343,7 +343,7 @@ def test_retriever_train_flags(stubbed, toy_beir_module, scratch, values):
 
 @pytest.fixture(scope="module")
 def toy_beir_module(tmp_path_factory):
-    from conftest import TOY_DOCS, TOY_TEST, TOY_TRAIN, write_beir_dir
+    from helpers import TOY_DOCS, TOY_TEST, TOY_TRAIN, write_beir_dir
 
     root = tmp_path_factory.mktemp("toy") / "toy"
     corpus = [{"_id": i, "title": t, "text": x} for i, t, x in TOY_DOCS]
