@@ -1,7 +1,7 @@
 """Encoding + exact search over N generated short documents: peak RSS and wall time.
 
 Each (method, N) runs in a fresh process so ``ru_maxrss`` is that run's own peak. The encoder
-is a 2-layer BERT with hidden size 32 built in code (tests/conftest.py): the point is memory,
+is a 2-layer BERT with hidden size 32 built in code (tests/helpers.py): the point is memory,
 not model quality or speed.
 
     python bench/bench_scale.py                       # N = 100k and 1M, streaming + FAISS
@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 
 def words():
-    from conftest import WORDS
+    from helpers import WORDS
 
     return sorted(set(WORDS))
 
@@ -91,7 +91,7 @@ def main() -> None:
     if args.one:
         print(json.dumps(one(args.one[0], int(args.one[1]), int(args.one[2]), args.model)))
         return
-    from conftest import write_tiny_bert
+    from helpers import write_tiny_bert
 
     results = []
     with tempfile.TemporaryDirectory() as tmp:

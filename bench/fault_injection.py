@@ -16,7 +16,7 @@ kills per trial, then it runs to the end). Checked after each trial:
   is the sum over processes of their largest m.
 
 Commands: generator-dp (epsilon 4), generator-plain (epsilon inf), generate, retriever, pipeline.
-Tiny models built in code (tests/conftest.py); CPU, one thread.
+Tiny models built in code (tests/helpers.py); CPU, one thread.
 
     python bench/fault_injection.py                      # all commands, default trial counts
     python bench/fault_injection.py --commands generate --trials 3 --json /tmp/fi.json
@@ -45,7 +45,7 @@ import torch  # noqa: E402
 
 torch.set_num_threads(1)
 
-from conftest import TOY_DOCS, TOY_TEST, TOY_TRAIN, write_beir_dir, write_tiny_bert, write_tiny_llama  # noqa: E402
+from helpers import TOY_DOCS, TOY_TEST, TOY_TRAIN, write_beir_dir, write_tiny_bert, write_tiny_llama  # noqa: E402
 
 from privret.data.beir import Document, load_beir  # noqa: E402
 from privret.data.pairs import pairs_from_beir  # noqa: E402
@@ -81,7 +81,7 @@ class Setup:
         from privret.train.generator import GeneratorTrainConfig
 
         return GeneratorTrainConfig(model=str(self.llama), epsilon=epsilon, batch_size=8, epochs=4, trained_layers=1,
-                                    lora_rank=4, bf16=False, checkpoint_every=1, physical_batch=8)
+                                    lora_rank=4, bf16=False, checkpoint_every=1, physical_batch=8, accountant="rdp")
 
     def run(self, command: str, out: Path) -> None:
         """One attempt of ``command`` into ``out`` (resuming whatever is there)."""
@@ -243,9 +243,10 @@ def complete(command: str, out: Path) -> bool:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--commands", default="generator-dp,generator-plain,generate,retriever,pipeline")
-    parser.add_argument("--trials", type=int, default=6, help="trials per command (pipeline: half)")
-    parser.add_argument("--kills", type=int, default=3, help="at most this many kills per trial")
+    parser.add_argument("--trials", type=int, default=4, help="trials per command (pipeline: half)")
+    parser.add_argument("--kills", type=int, default=4, help="at most this many kills per trial")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--verbose", action="store_true")
     parser.add_argument("--json", type=Path, default=ROOT / "bench" / "results" / "fault_injection.json")
     args = parser.parse_args()
     rng = random.Random(args.seed)
@@ -272,7 +273,10 @@ def main() -> None:
                 kills = 0
                 while True:
                     kill_after = rng.uniform(0.0, 1.1 * ref_seconds) if kills < args.kills else None
-                    status, _ = attempt(setup, command, out, truth_file, kill_after)
+                    status, seconds = attempt(setup, command, out, truth_file, kill_after)
+                    if args.verbose:
+                        print(f"  {command} trial {trial}: {status} after {seconds:.1f} s (kill at {kill_after})",
+                              flush=True)
                     row["attempts"] += 1
                     if status == "killed":
                         kills += 1

@@ -1,5 +1,5 @@
 """Reliability: locks, crash recovery, honest ledgers after crashes, budget registry, CSPRNG noise,
-safe loading, reproducibility. Tiny models built in code (tests/conftest.py)."""
+safe loading, reproducibility. Tiny models built in code (tests/helpers.py)."""
 
 from __future__ import annotations
 
