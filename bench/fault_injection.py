@@ -297,7 +297,7 @@ def main() -> None:
                 ledger = final_ledger(command, out)
                 if ledger is not None:
                     truth = truth_steps(truth_file)
-                    registry = max(r.steps for r in budget.releases("fault-injection")
+                    registry = max(r.steps for r in budget.releases(ledger.data_hash)
                                    if r.artefact == str(out) or r.artefact.startswith(str(out) + "/"))
                     row["ledger_checks"] += 1
                     row["ledger_ge_truth"] += int(ledger.steps >= truth and registry >= truth)
