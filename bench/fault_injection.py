@@ -29,6 +29,7 @@ import json
 import math
 import os
 import random
+import re
 import shutil
 import signal
 import sys
@@ -217,7 +218,9 @@ def artefact_files(command: str, out: Path) -> dict[str, bytes]:
     for root in roots:
         for path in sorted(root.rglob("*")):
             if path.is_file() and path.name not in ("privacy_ledger.json",):
-                files[str(path.relative_to(out))] = path.read_bytes().replace(str(out).encode(), b"<OUT>")
+                data = path.read_bytes().replace(str(out).encode(), b"<OUT>")
+                # the ledger copied into a synthetic set's manifest carries its creation time
+                files[str(path.relative_to(out))] = re.sub(rb'"created_at": "[^"]*"', b'"created_at": ""', data)
     if command == "pipeline":
         for name in ("zero_shot/metrics.json", "original/metrics.json", "eps-inf/metrics.json"):
             metrics = json.loads((out / name).read_text())
@@ -293,7 +296,10 @@ def main() -> None:
                 row["resumed"] += int(complete(command, out))
                 if reference:
                     row["compared"] += 1
-                    row["identical"] += int(artefact_files(command, out) == reference)
+                    got = artefact_files(command, out)
+                    row["identical"] += int(got == reference)
+                    if got != reference and args.verbose:
+                        print("  differs:", sorted(k for k in set(got) | set(reference) if got.get(k) != reference.get(k)))
                 ledger = final_ledger(command, out)
                 if ledger is not None:
                     truth = truth_steps(truth_file)

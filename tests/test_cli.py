@@ -75,6 +75,11 @@ def test_pipeline_config_errors(tmp_path):
     config.write_text("name: [unclosed\n")
     result = run_cli("pipeline", str(config))
     assert result.returncode == 2 and "invalid YAML" in result.stderr
+    # PyYAML's reader error for a NUL byte spans two lines; ours must still be one
+    config.write_bytes(b"\x00")
+    result = run_cli("pipeline", str(config))
+    assert result.returncode == 2 and "invalid YAML" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
 
 
 def test_unknown_model_is_a_clear_error(toy_beir, tmp_path):

@@ -17,7 +17,7 @@ class InputError(Exception):
 
     def __init__(self, message: str, *, path: str | Path | None = None, line: int | None = None,
                  field: str | None = None):
-        self.message = message
+        self.message = " ".join(message.split())  # parsers' messages can span lines; ours may not
         self.path = str(path) if path is not None else None
         self.line = line
         self.field = field
