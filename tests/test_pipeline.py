@@ -25,7 +25,8 @@ def tiny_config(toy_beir, tiny_llama_dir, tiny_bert_dir) -> PipelineConfig:
         generate=GenerateConfig(num_queries=2, max_new_tokens=6, batch_size=4),
         retriever=RetrieverTrainConfig(model=str(tiny_bert_dir), epochs=1, batch_size=4, bf16=False),
         direct_dp=DirectDPGrid(methods=["public-negatives", "batch-clip"], epsilons=[4.0],
-                               settings={"model": str(tiny_bert_dir), "batch_size": 2, "public_negatives": 3}))
+                               settings={"model": str(tiny_bert_dir), "batch_size": 2, "public_negatives": 3},
+                               per_method={"batch-clip": {"trainable": "top:1"}}))
 
 
 def test_pipeline_rows_ledgers_and_resume(tiny_config, tmp_path, monkeypatch):
@@ -55,6 +56,9 @@ def test_pipeline_rows_ledgers_and_resume(tiny_config, tmp_path, monkeypatch):
         assert r["epsilon"] == pytest.approx(4.0, rel=0.01)
     assert json.loads((run_dir / "direct-batch-clip-eps-4" / "retriever" / "privacy_ledger.json").read_text())[
         "mechanism"] == "direct-batch-clip"
+    trained = {m: json.loads((run_dir / f"direct-{m}-eps-4" / "retriever" / "train_config.json").read_text())
+               for m in ("batch-clip", "public-negatives")}
+    assert trained["batch-clip"]["trainable"] == "top:1" and trained["public-negatives"]["trainable"] == "all"
     for name in ("train_generator", "generate_synthetic", "train_retriever", "train_dp_retriever",
                  "evaluate_retriever"):
         monkeypatch.setattr(pipeline, name, must_not_run)

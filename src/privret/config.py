@@ -33,6 +33,8 @@ class DirectDPGrid(BaseModel):
     methods: list[str] = Field(default_factory=list, description=f"any of {', '.join(METHODS)}")
     epsilons: list[float] = Field(default_factory=list)
     settings: dict = Field(default_factory=dict, description="DPRetrieverConfig fields shared by every row")
+    per_method: dict[str, dict] = Field(default_factory=dict,
+                                        description="DPRetrieverConfig fields for one method, over `settings`")
 
     @field_validator("methods")
     @classmethod
@@ -40,6 +42,12 @@ class DirectDPGrid(BaseModel):
         for method in values:
             if method not in METHODS:
                 raise ValueError(f"unknown direct DP method '{method}' (choose from {', '.join(METHODS)})")
+        return values
+
+    @field_validator("per_method")
+    @classmethod
+    def _known_keys(cls, values: dict[str, dict]) -> dict[str, dict]:
+        cls._known(list(values))
         return values
 
     @field_validator("epsilons")
@@ -51,7 +59,8 @@ class DirectDPGrid(BaseModel):
         return values
 
     def config(self, method: str, epsilon: float, unit: PrivacyUnit) -> DPRetrieverConfig:
-        return DPRetrieverConfig(**{**self.settings, "method": method, "epsilon": epsilon, "unit": unit})
+        return DPRetrieverConfig(**{**self.settings, **self.per_method.get(method, {}), "method": method,
+                                    "epsilon": epsilon, "unit": unit})
 
 
 class PipelineConfig(BaseModel):
@@ -128,13 +137,15 @@ def load_config(path: str | Path) -> PipelineConfig:
     except ValidationError as err:
         first = err.errors()[0]
         raise InputError(first["msg"], path=path, field=".".join(str(p) for p in first["loc"])) from None
-    try:  # settings are checked now, not hours into the run
-        for method in config.direct_dp.methods:
-            config.direct_dp.config(method, (config.direct_dp.epsilons or [1.0])[0], config.unit)
-    except ValidationError as err:
-        first = err.errors()[0]
-        raise InputError(first["msg"], path=path,
-                         field="direct_dp.settings." + ".".join(str(p) for p in first["loc"])) from None
+    grid = config.direct_dp
+    for method in grid.methods:  # settings are checked now, not hours into the run
+        try:
+            grid.config(method, (grid.epsilons or [1.0])[0], config.unit)
+        except ValidationError as err:
+            first = err.errors()[0]
+            name = ".".join(str(p) for p in first["loc"])
+            section = f"per_method.{method}" if first["loc"][0] in grid.per_method.get(method, {}) else "settings"
+            raise InputError(first["msg"], path=path, field=f"direct_dp.{section}.{name}") from None
     if not config.dataset.is_absolute():
         config.dataset = (path.parent / config.dataset).resolve()
     return config

@@ -141,8 +141,8 @@ def run_pipeline(cfg: PipelineConfig, run_dir: str | Path, *, budget: BudgetPoli
         rows.append(_evaluate_stage(stage, str(stage / "retriever"), dataset, cfg.eval_split,
                                     {"row": f"DP synthetic (epsilon={eps_label(epsilon)})",
                                      "epsilon": ledger.epsilon, "delta": ledger.delta}))
-    for method in cfg.direct_dp.methods:
-        for epsilon in cfg.direct_dp.epsilons:
+    for epsilon in cfg.direct_dp.epsilons:  # every method at the first epsilon before the next epsilon
+        for method in cfg.direct_dp.methods:
             stage = run_dir / f"direct-{method}-eps-{eps_label(epsilon)}"
             console.rule(f"direct DP training of the retriever: {method}, epsilon = {eps_label(epsilon)}")
             if not (stage / "retriever").exists():
