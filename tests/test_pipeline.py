@@ -10,6 +10,7 @@ import torch
 
 from privret.config import DirectDPGrid, GeneratorStage, PipelineConfig
 from privret.data.beir import load_beir
+from privret.synth.filter import RoundTripFilterConfig
 from privret.synth.generate import GenerateConfig
 from privret.train.retriever import RetrieverTrainConfig
 
@@ -26,7 +27,8 @@ def tiny_config(toy_beir, tiny_llama_dir, tiny_bert_dir) -> PipelineConfig:
         retriever=RetrieverTrainConfig(model=str(tiny_bert_dir), epochs=1, batch_size=4, bf16=False),
         direct_dp=DirectDPGrid(methods=["public-negatives", "batch-clip"], epsilons=[4.0],
                                settings={"model": str(tiny_bert_dir), "batch_size": 2, "public_negatives": 3},
-                               per_method={"batch-clip": {"trainable": "top:1"}}))
+                               per_method={"batch-clip": {"trainable": "top:1"}}),
+        synthetic_filter=RoundTripFilterConfig(encoder=str(tiny_bert_dir), top_k=2))
 
 
 def test_pipeline_rows_ledgers_and_resume(tiny_config, tmp_path, monkeypatch):
@@ -35,32 +37,38 @@ def test_pipeline_rows_ledgers_and_resume(tiny_config, tmp_path, monkeypatch):
     run_dir = tmp_path / "run"
     rows = pipeline.run_pipeline(tiny_config, run_dir)
     assert [r["row"] for r in rows] == ["zero-shot", "original pairs (non-private)", "DP synthetic (epsilon=inf)",
-                                        "DP synthetic (epsilon=4)", "direct DP public-negatives (epsilon=4)",
-                                        "direct DP batch-clip (epsilon=4)"]
-    assert rows[3]["epsilon"] == pytest.approx(4.0, rel=0.01) and rows[3]["delta"] == pytest.approx(1 / (2 * 5))
+                                        "DP synthetic, round-trip filtered (epsilon=inf)", "DP synthetic (epsilon=4)",
+                                        "DP synthetic, round-trip filtered (epsilon=4)",
+                                        "direct DP public-negatives (epsilon=4)", "direct DP batch-clip (epsilon=4)"]
+    assert rows[4]["epsilon"] == pytest.approx(4.0, rel=0.01) and rows[4]["delta"] == pytest.approx(1 / (2 * 5))
+    assert rows[5]["epsilon"] == rows[4]["epsilon"] and rows[5]["delta"] == rows[4]["delta"]
+    filtered = json.loads((run_dir / "eps-4-filtered" / "synthetic" / "manifest.json").read_text())
+    assert filtered["queries_in"] == len(load_beir(run_dir / "eps-4" / "synthetic").queries)
+    assert json.loads((run_dir / "eps-4-filtered" / "retriever" / "privacy_ledger.json").read_text())[
+        "epsilon"] == pytest.approx(rows[4]["epsilon"])
     for r in rows:
         assert 0.0 <= r["ndcg@10"] <= 1.0 and r["queries"] == 2
     synthetic = load_beir(run_dir / "eps-4" / "synthetic")
     manifest = json.loads((run_dir / "eps-4" / "synthetic" / "manifest.json").read_text())
-    assert manifest["ledger"]["epsilon"] == pytest.approx(rows[3]["epsilon"])
+    assert manifest["ledger"]["epsilon"] == pytest.approx(rows[4]["epsilon"])
     assert len(synthetic.corpus) == 6  # synthetic_documents: corpus
     assert manifest["kept"] + manifest["dropped_copies_of_private_queries"] + manifest["dropped_empty"] == 12
     retriever_ledger = json.loads((run_dir / "eps-4" / "retriever" / "privacy_ledger.json").read_text())
-    assert retriever_ledger["epsilon"] == pytest.approx(rows[3]["epsilon"])
+    assert retriever_ledger["epsilon"] == pytest.approx(rows[4]["epsilon"])
     assert "epsilon=4" in (run_dir / "summary.md").read_text()
 
     def must_not_run(*_a, **_k):
         raise AssertionError("finished stage ran again")
 
-    for r in rows[4:]:
+    for r in rows[6:]:
         assert r["epsilon"] == pytest.approx(4.0, rel=0.01)
     assert json.loads((run_dir / "direct-batch-clip-eps-4" / "retriever" / "privacy_ledger.json").read_text())[
         "mechanism"] == "direct-batch-clip"
     trained = {m: json.loads((run_dir / f"direct-{m}-eps-4" / "retriever" / "train_config.json").read_text())
                for m in ("batch-clip", "public-negatives")}
     assert trained["batch-clip"]["trainable"] == "top:1" and trained["public-negatives"]["trainable"] == "all"
-    for name in ("train_generator", "generate_synthetic", "train_retriever", "train_dp_retriever",
-                 "evaluate_retriever"):
+    for name in ("train_generator", "generate_synthetic", "filter_round_trip", "train_retriever",
+                 "train_dp_retriever", "evaluate_retriever"):
         monkeypatch.setattr(pipeline, name, must_not_run)
     again = pipeline.run_pipeline(tiny_config, run_dir)
     assert [r["ndcg@10"] for r in again] == [r["ndcg@10"] for r in rows]

@@ -73,6 +73,9 @@ def write_fake_run(root: Path) -> Path:
         (syn / "qrels" / "train.tsv").write_text("query-id\tcorpus-id\tscore\n"
                                                  + "".join(f"syn-{d}-0\t{d}\t1\n" for d, _, _ in DOCS))
         (syn / "manifest.json").write_text(json.dumps({"ledger": ledger.model_dump(mode="json")}))
+    filtered = run / "eps-8-filtered"
+    _metrics(filtered / "metrics.json", 0.53)
+    _ledger(8.0, "dp-sgd").save(_mk(filtered / "synthetic"))
     for eps, ndcg in (("16", 0.45), ("8", 0.41), ("3", 0.30)):
         stage = run / f"direct-logit-dp-eps-{eps}"
         _metrics(stage / "metrics.json", ndcg)
@@ -118,6 +121,9 @@ def test_collect_reads_every_row_and_ledger(fake_run):
     run = collect(fake_run)
     methods = [r.method for r in run.rows]
     assert methods.count("dp-synthetic") == 4 and methods.count("direct-logit-dp") == 3
+    filtered = [r for r in run.rows if r.method == "dp-synthetic-filtered"]
+    assert [(r.key, r.epsilon) for r in filtered] == [("eps-8-filtered", 8.0)]
+    assert filtered[0].label.startswith("DP synthetic queries, round-trip filtered")
     assert methods[:2] == ["zero-shot", "original"]
     direct = [r for r in run.rows if r.key == "direct-logit-dp-eps-8"][0]
     assert direct.ledger["mechanism"] == "logit-dp" and direct.epsilon == 8.0

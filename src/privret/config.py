@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from privret.data.pairs import PrivacyUnit
 from privret.errors import InputError
+from privret.synth.filter import RoundTripFilterConfig
 from privret.synth.generate import GenerateConfig
 from privret.train.dp_retriever import METHODS, DPRetrieverConfig
 from privret.train.generator import GeneratorTrainConfig
@@ -79,6 +80,8 @@ class PipelineConfig(BaseModel):
     generate: GenerateConfig = GenerateConfig()
     retriever: RetrieverTrainConfig = RetrieverTrainConfig()
     direct_dp: DirectDPGrid = DirectDPGrid()
+    synthetic_filter: RoundTripFilterConfig | None = Field(
+        None, description="also train on the round-trip-filtered synthetic set (extra rows eps-<e>-filtered)")
 
     @field_validator("epsilons")
     @classmethod

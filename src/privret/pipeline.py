@@ -9,6 +9,8 @@ Layout of ``RUN_DIR``::
     eps-<e>/synthetic/             (BEIR dataset + manifest carrying the ledger)
     eps-<e>/retriever/
     eps-<e>/metrics.json
+    eps-<e>-filtered/synthetic/    (with ``synthetic_filter``: the round-trip-filtered set, same ledger)
+    eps-<e>-filtered/retriever/, eps-<e>-filtered/metrics.json
     direct-<method>-eps-<e>/retriever/   (direct DP training on the original pairs, with its ledger)
     direct-<method>-eps-<e>/metrics.json
     summary.json, summary.md       (the seed's Table 3 layout)
@@ -36,6 +38,7 @@ from privret.models.encoder import load_encoder
 from privret.privacy.budget import BudgetPolicy, run_composition, run_composition_sentence
 from privret.privacy.ledger import PrivacyLedger
 from privret.runlock import RunLock, recover_tree
+from privret.synth.filter import filter_round_trip
 from privret.synth.generate import generate_synthetic
 from privret.train.dp_retriever import train_dp_retriever
 from privret.train.generator import train_generator
@@ -128,19 +131,25 @@ def run_pipeline(cfg: PipelineConfig, run_dir: str | Path, *, budget: BudgetPoli
             generate_synthetic(stage / "generator", documents, stage / "synthetic", cfg.generate,
                                private_queries={p.query for p in pairs.pairs}, resume=True)
             timing["generate_seconds"] = round(time.time() - started, 1)
-        if not (stage / "retriever").exists():
-            started = time.time()
-            synthetic = load_beir(stage / "synthetic", splits=["train"])
-            train_retriever(pairs_from_beir(synthetic, "train"), stage / "retriever", cfg.retriever,
-                            ledger=PrivacyLedger.load(stage / "synthetic"))
-            timing["retriever_seconds"] = round(time.time() - started, 1)
-        if timing:
-            old = _read_json(stage / "timing.json")
-            write_json_atomic(stage / "timing.json", {**old, **timing})
+        timing.update(_train_on_synthetic(stage / "synthetic", stage / "retriever", cfg))
+        _add_timing(stage, timing)
         ledger = PrivacyLedger.load(stage / "generator")
         rows.append(_evaluate_stage(stage, str(stage / "retriever"), dataset, cfg.eval_split,
                                     {"row": f"DP synthetic (epsilon={eps_label(epsilon)})",
                                      "epsilon": ledger.epsilon, "delta": ledger.delta}))
+        if cfg.synthetic_filter is not None:
+            filtered = run_dir / f"eps-{eps_label(epsilon)}-filtered"
+            console.rule(f"DP synthetic queries, round-trip filtered, epsilon = {eps_label(epsilon)}")
+            timing = {}
+            if not (filtered / "synthetic").exists():
+                started = time.time()
+                filter_round_trip(stage / "synthetic", dataset.corpus, filtered / "synthetic", cfg.synthetic_filter)
+                timing["filter_seconds"] = round(time.time() - started, 1)
+            timing.update(_train_on_synthetic(filtered / "synthetic", filtered / "retriever", cfg))
+            _add_timing(filtered, timing)
+            rows.append(_evaluate_stage(filtered, str(filtered / "retriever"), dataset, cfg.eval_split,
+                                        {"row": f"DP synthetic, round-trip filtered (epsilon={eps_label(epsilon)})",
+                                         "epsilon": ledger.epsilon, "delta": ledger.delta}))
     for epsilon in cfg.direct_dp.epsilons:  # every method at the first epsilon before the next epsilon
         for method in cfg.direct_dp.methods:
             stage = run_dir / f"direct-{method}-eps-{eps_label(epsilon)}"
@@ -156,6 +165,22 @@ def run_pipeline(cfg: PipelineConfig, run_dir: str | Path, *, budget: BudgetPoli
                                          "epsilon": ledger.epsilon, "delta": ledger.delta}))
     write_summary(run_dir, rows, cfg)
     return rows
+
+
+def _train_on_synthetic(synthetic_dir: Path, out: Path, cfg: PipelineConfig) -> dict:
+    """Train the retriever on a synthetic set unless done; its ledger is the set's (post-processing)."""
+    if out.exists():
+        return {}
+    started = time.time()
+    synthetic = load_beir(synthetic_dir, splits=["train"])
+    train_retriever(pairs_from_beir(synthetic, "train"), out, cfg.retriever, ledger=PrivacyLedger.load(synthetic_dir))
+    return {"retriever_seconds": round(time.time() - started, 1)}
+
+
+def _add_timing(stage: Path, timing: dict) -> None:
+    """Merge this call's stage times into ``stage/timing.json`` (a resumed stage keeps the others)."""
+    if timing:
+        write_json_atomic(stage / "timing.json", {**_read_json(stage / "timing.json"), **timing})
 
 
 def _read_json(path: Path) -> dict:

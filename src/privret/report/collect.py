@@ -26,7 +26,7 @@ from pathlib import Path
 from privret.errors import InputError
 
 LEDGER_FILE = "privacy_ledger.json"
-_EPS_DIR = re.compile(r"^eps-(?P<eps>inf|[0-9.eE+-]+)$")
+_EPS_DIR = re.compile(r"^eps-(?P<eps>inf|[0-9.eE+-]+?)(?P<filtered>-filtered)?$")
 _DIRECT_DIR = re.compile(r"^direct-(?P<method>.+)-eps-(?P<eps>inf|[0-9.eE+-]+)$")
 
 
@@ -107,6 +107,16 @@ def _ledger(*candidates: Path) -> tuple[dict | None, str | None]:
     return None, None
 
 
+def method_label(method: str) -> str:
+    if method == "dp-synthetic":
+        return "DP synthetic queries"
+    if method == "dp-synthetic-filtered":
+        return "DP synthetic queries, round-trip filtered"
+    if method.startswith("direct-"):
+        return f"direct DP ({method.removeprefix('direct-')})"
+    return method
+
+
 def _float(value):
     if value is None:
         return None
@@ -137,16 +147,16 @@ def collect(run_dir: str | Path, *, show_private_queries: bool = False, examples
         if m := _EPS_DIR.match(child.name):
             ledger, source = _ledger(child / "generator", child / "synthetic", child / "retriever")
             eps = ledger["epsilon"] if ledger else parse_eps(m["eps"])
-            stages.append(Row(child.name, f"DP synthetic queries (ε={eps_label(parse_eps(m['eps']))})",
-                              "dp-synthetic", eps, _metrics(child / "metrics.json"), ledger, source,
-                              _timing(child)))
+            method = "dp-synthetic-filtered" if m["filtered"] else "dp-synthetic"
+            stages.append(Row(child.name, f"{method_label(method)} (ε={eps_label(parse_eps(m['eps']))})",
+                              method, eps, _metrics(child / "metrics.json"), ledger, source, _timing(child)))
         elif m := _DIRECT_DIR.match(child.name):
             ledger, source = _ledger(child / "retriever", child)
             eps = ledger["epsilon"] if ledger else parse_eps(m["eps"])
             stages.append(Row(child.name, f"direct {m['method']} (ε={eps_label(parse_eps(m['eps']))})",
                               f"direct-{m['method']}", eps, _metrics(child / "metrics.json"), ledger, source,
                               _timing(child)))
-    stages.sort(key=lambda r: (r.method != "dp-synthetic", r.method, -r.epsilon if r.epsilon is not None else 0))
+    stages.sort(key=lambda r: (not r.method.startswith("dp-synthetic"), r.method, -r.epsilon if r.epsilon is not None else 0))
     rows += stages
     for r in rows:
         if r.method not in ("zero-shot",) and r.ledger is None:

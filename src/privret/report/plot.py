@@ -10,18 +10,10 @@ from __future__ import annotations
 import io
 import math
 
-from privret.report.collect import RunData
+from privret.report.collect import RunData, method_label
 
 METRIC = "ndcg@10"
 _COLOURS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf"]
-
-
-def method_label(method: str) -> str:
-    if method == "dp-synthetic":
-        return "DP synthetic queries"
-    if method.startswith("direct-"):
-        return f"direct DP ({method.removeprefix('direct-')})"
-    return method
 
 
 def privacy_utility_png(run: RunData, *, metric: str = METRIC, width: float = 8.0, height: float = 4.8,

@@ -1,0 +1,69 @@
+"""Round-trip consistency filter for synthetic queries, with a public encoder.
+
+A synthetic pair (q, d) is kept when a *public* encoder, searching the public corpus with q,
+ranks d among its top ``top_k`` documents: round-trip consistency (Alberti et al. 2019, "Synthetic
+QA corpora generation with roundtrip consistency"; Dai et al. 2022, "Promptagator", filter
+generated queries in the same way). It removes the generator's degenerate outputs
+("What a great summary.") that teach a retriever nothing or something wrong.
+
+Privacy: the filter reads only the synthetic set (the DP generator's output), the public
+corpus and a public encoder. When none of these depends on the private queries beyond the
+generator's DP release, the filtered set is post-processing of that release and carries its
+ledger unchanged (Dwork and Roth 2014, Prop. 2.1). An encoder trained by privret on the
+private data (it has a privacy ledger) would break that argument and is refused.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from privret.data.beir import BeirDataset, Document, load_beir, write_beir
+from privret.errors import InputError
+from privret.evaluate.retrieval import search
+from privret.io import atomic_path
+from privret.models.encoder import load_encoder
+from privret.models.registry import DEFAULT_ENCODER
+from privret.privacy.ledger import LEDGER_FILE, PrivacyLedger
+
+
+class RoundTripFilterConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    encoder: str = Field(DEFAULT_ENCODER, description="a public encoder (never one trained on the private data)")
+    top_k: int = Field(20, gt=0, description="keep (q, d) when d is among q's top_k documents")
+    batch_size: int = Field(64, gt=0)
+
+
+def filter_round_trip(synthetic_dir: str | Path, corpus: dict[str, Document], out_dir: str | Path,
+                      cfg: RoundTripFilterConfig) -> dict:
+    """Write the kept pairs of ``synthetic_dir`` (a BEIR ``train`` split) to ``out_dir``; its manifest.
+
+    ``corpus`` is the public corpus searched; every synthetic document must be in it.
+    """
+    synthetic_dir, out_dir = Path(synthetic_dir), Path(out_dir)
+    if (Path(cfg.encoder) / LEDGER_FILE).is_file():
+        raise InputError("the round-trip filter needs a public encoder; this one was trained on private data "
+                         "(it has a privacy ledger), so its output would not be post-processing",
+                         path=cfg.encoder, field="encoder")
+    ledger = PrivacyLedger.load(synthetic_dir)
+    synthetic = load_beir(synthetic_dir, splits=["train"])
+    missing = sorted(set(synthetic.corpus) - set(corpus))
+    if missing:
+        raise InputError(f"{len(missing)} synthetic documents are not in the corpus searched (first: {missing[0]})",
+                         path=synthetic_dir / "corpus.jsonl", field="_id")
+    model = load_encoder(cfg.encoder)
+    run = search(model, corpus, synthetic.queries, k=cfg.top_k, batch_size=cfg.batch_size)
+    qrels = synthetic.split("train")
+    kept = {q: docs for q, docs in qrels.items() if any(d in run.get(q, {}) for d in docs)}
+    used = {d for docs in kept.values() for d in docs}
+    manifest = {"source": str(synthetic_dir), "ledger": ledger.model_dump(mode="json"),
+                "filter": {"kind": "round-trip", **cfg.model_dump(mode="json")},
+                "queries_in": len(qrels), "kept": len(kept), "removed": len(qrels) - len(kept)}
+    filtered = BeirDataset(corpus={d: doc for d, doc in synthetic.corpus.items() if d in used},
+                           queries={q: synthetic.queries[q] for q in kept}, qrels={"train": kept})
+    with atomic_path(out_dir) as staged:  # dataset and ledger appear together
+        write_beir(staged, filtered, manifest=manifest)
+        ledger.save(staged)
+    return manifest

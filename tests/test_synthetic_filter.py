@@ -1,0 +1,78 @@
+"""Round-trip filter: keeps exactly the pairs whose document the public encoder ranks in the top k."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from helpers import TOY_DOCS, write_beir_dir
+from privret.data.beir import load_beir, load_corpus
+from privret.errors import InputError
+from privret.privacy.ledger import LEDGER_FILE, PrivacyLedger
+from privret.synth.filter import RoundTripFilterConfig, filter_round_trip
+
+torch.set_num_threads(1)
+
+LEDGER = PrivacyLedger(mechanism="dp-sgd", epsilon=4.0, delta=1e-3, noise_multiplier=1.1, sample_rate=0.1, steps=10,
+                       planned_steps=10, accountant="prv", unit="query", n_units=50, n_pairs=60, clip_norm=1.0,
+                       model="tiny", trainable="lora", data_hash="abc")
+
+
+@pytest.fixture()
+def synthetic_dir(tmp_path):
+    corpus = [{"_id": i, "title": t, "text": x} for i, t, x in TOY_DOCS]
+    texts = ["aspirin heart risk", "gene memory mice", "What a great summary.", "immune cells virus", "yes",
+             "mice memory", "heart attack aspirin"]
+    queries = [{"_id": f"syn-{k}", "text": t} for k, t in enumerate(texts)]
+    docs = [d["_id"] for d in corpus]
+    qrels = {"train": [(f"syn-{k}", docs[k % len(docs)], 1) for k in range(len(texts))]}
+    root = write_beir_dir(tmp_path / "synthetic", corpus, queries, qrels)
+    LEDGER.save(root)
+    return root
+
+
+def _brute_force_kept(encoder_dir, synthetic_dir, k: int) -> set[str]:
+    from privret.evaluate.retrieval import encode
+    from privret.models.encoder import load_encoder
+
+    model = load_encoder(str(encoder_dir))
+    data = load_beir(synthetic_dir, splits=["train"])
+    doc_ids = list(data.corpus)
+    d = encode(model, [data.corpus[i].full_text for i in doc_ids])
+    kept = set()
+    for qid, docs in data.split("train").items():
+        q = encode(model, [data.queries[qid]])[0]
+        top = {doc_ids[i] for i in np.argsort(-(d @ q), kind="stable")[:k]}
+        if set(docs) & top:
+            kept.add(qid)
+    return kept
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_filter_keeps_the_round_trip_consistent_pairs(synthetic_dir, tmp_path, tiny_bert_dir, k):
+    out = tmp_path / f"filtered-{k}"
+    corpus = load_corpus(synthetic_dir / "corpus.jsonl")
+    manifest = filter_round_trip(synthetic_dir, corpus, out, RoundTripFilterConfig(encoder=str(tiny_bert_dir), top_k=k))
+    filtered = load_beir(out, splits=["train"])
+    expected = _brute_force_kept(tiny_bert_dir, synthetic_dir, k)
+    assert set(filtered.queries) == expected
+    assert manifest["kept"] == len(expected) and manifest["removed"] == 7 - len(expected)
+    assert PrivacyLedger.load(out) == PrivacyLedger.load(synthetic_dir)  # post-processing: same guarantee
+    assert json.loads((out / "manifest.json").read_text())["ledger"]["epsilon"] == 4.0
+    if k == 1:
+        assert 0 < len(expected) < 7  # the toy data exercises both outcomes
+
+
+def test_filter_refuses_a_privately_trained_encoder(synthetic_dir, tmp_path, tiny_bert_dir):
+    import shutil
+
+    encoder = shutil.copytree(tiny_bert_dir, tmp_path / "trained")
+    LEDGER.save(encoder)
+    assert (encoder / LEDGER_FILE).is_file()
+    with pytest.raises(InputError, match="public encoder"):
+        filter_round_trip(synthetic_dir, load_corpus(synthetic_dir / "corpus.jsonl"), tmp_path / "out",
+                          RoundTripFilterConfig(encoder=str(encoder)))
+    assert not (tmp_path / "out").exists()
