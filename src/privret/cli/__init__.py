@@ -1,0 +1,56 @@
+"""The ``privret`` command line: one command per stage, ``pipeline`` for a grid, ``demo``.
+
+A module per command group (``data``, ``generator``, ``retriever``, ``evaluate``, ``audit``,
+``federated``) or top-level command (``generate``, ``report``, ``pipeline`` and ``demo``); options
+that several commands take are defined once in :mod:`privret.cli.options`, the helpers they share
+live in :mod:`privret.cli.common`. Commands import their heavy dependencies when they run, so
+``--help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from privret.cli import audit, data, evaluate, federated, generate, generator, pipeline, report, retriever
+from privret.errors import EXIT_BAD_INPUT, InputError
+
+app = typer.Typer(help="Dense retrieval on private query logs with differential privacy.",
+                  no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False)
+
+# --help lists the top-level commands, then the groups, each in this order
+app.command("generate")(generate.generate)
+app.command("report")(report.report)
+app.command("pipeline")(pipeline.pipeline)
+app.command("demo")(pipeline.demo)
+app.add_typer(data.app, name="data")
+app.add_typer(generator.app, name="generator")
+app.add_typer(retriever.app, name="retriever")
+app.add_typer(evaluate.app, name="evaluate")
+app.add_typer(audit.app, name="audit")
+app.add_typer(federated.app, name="federated")
+
+
+@app.callback()
+def _global_options(
+    trust_remote_pickle: Annotated[bool, typer.Option(
+        "--trust-remote-pickle", help="allow loading models whose weights exist only as pickle files "
+                                      "(pickles can run code; use only for sources you trust)")] = False,
+) -> None:
+    """Dense retrieval on private query logs with differential privacy."""
+    if trust_remote_pickle:
+        from privret.models.safety import set_trust_pickle
+
+        set_trust_pickle(True)
+
+
+def main() -> None:
+    """The ``privret`` entry point: bad input ends in a one-line message and exit code 2."""
+    try:
+        app()
+    except InputError as err:
+        Console(stderr=True).print(f"[bold red]error:[/] {err.one_line()}", highlight=False, soft_wrap=True)
+        sys.exit(EXIT_BAD_INPUT)

@@ -1,0 +1,5 @@
+"""``python -m privret.cli``."""
+
+from privret.cli import main
+
+main()

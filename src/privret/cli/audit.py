@@ -1,0 +1,120 @@
+"""``privret audit``: privacy audits of the data (overlap) and of the DP generator (canaries)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from privret.cli.common import build_config, out, training_pairs
+from privret.cli.options import (
+    MODEL_HELP,
+    DataOpt,
+    JsonResultOpt,
+    PairsOpt,
+    PrivateDataOpt,
+    SeedOpt,
+    SplitOpt,
+    generator_training_options,
+)
+from privret.errors import InputError
+
+app = typer.Typer(help="Privacy audits of the data and the models.", no_args_is_help=True)
+
+
+@app.command("overlap")
+def audit_overlap(
+    data: PrivateDataOpt,
+    corpus: Annotated[Optional[list[Path]], typer.Option(
+        help="text corpus standing for the pretraining data: .txt (a record per line) or .jsonl; .gz ok; repeatable")]
+    = None,
+    split: Annotated[str, typer.Option(help="split holding the private queries")] = "train",
+    field: Annotated[Optional[str], typer.Option(help="JSONL field with the text (default 'text' for *.jsonl)")]
+    = None,
+    min_tokens: Annotated[int, typer.Option(help="leave out queries shorter than this (normalised tokens)")] = 1,
+    sample: Annotated[Optional[int], typer.Option(help="check a random sample of this many private queries")] = None,
+    likelihood: Annotated[bool, typer.Option(help="also run the likelihood test (no corpus needed)")] = True,
+    model: Annotated[str, typer.Option(help="public causal LM for the likelihood test")] = "smollm2-135m",
+    heldout_split: Annotated[str, typer.Option(help="never-private queries of the same distribution")] = "test",
+    max_queries: Annotated[int, typer.Option(help="likelihood test: queries per set (random subsample)")] = 1000,
+    seed: SeedOpt = 0,
+    json_out: JsonResultOpt = None,
+) -> None:
+    """Private queries/documents found verbatim in a public corpus, and the public LM's loss gap (seed 5.2.3)."""
+    from rich.table import Table
+
+    from privret.io import write_json_atomic
+
+    if not corpus and not likelihood:
+        raise InputError("nothing to do: give --corpus FILE and/or keep --likelihood", field="--corpus")
+    result: dict = {}
+    if corpus:
+        from privret.evaluate.overlap import corpus_overlap
+
+        result["overlap"] = corpus_overlap(data, split, list(corpus), field=field, min_tokens=min_tokens,
+                                           sample=sample, seed=seed)
+        table = Table(title=f"verbatim overlap of {data.name}/{split} with {len(corpus)} corpus file(s)")
+        for column in ("", "checked", "found", "fraction"):
+            table.add_column(column, justify="right")
+        for kind in ("queries", "documents"):
+            row = result["overlap"][kind]
+            table.add_row(kind, str(row["eligible"]), str(row["found"]),
+                          "-" if row["fraction"] is None else f"{row['fraction']:.2%}")
+        out.print(table)
+    if likelihood:
+        from privret.data.beir import load_beir
+        from privret.evaluate.overlap import likelihood_test, queries_of_split
+
+        dataset = load_beir(data, splits=[split, heldout_split])
+        lik = likelihood_test(queries_of_split(dataset, split), queries_of_split(dataset, heldout_split),
+                              model=model, max_queries=max_queries, seed=seed)
+        result["likelihood"] = {**lik, "private_split": split, "heldout_split": heldout_split}
+        table = Table(title=f"likelihood test: {model} on {split} (private) vs {heldout_split} (held out)")
+        for column in ("loss private", "loss held-out", "gap", "AUC", "z", "p", "flagged"):
+            table.add_column(column, justify="right")
+        table.add_row(f"{lik['private']['mean']:.3f}", f"{lik['heldout']['mean']:.3f}", f"{lik['mean_gap']:+.3f}",
+                      f"{lik['auc']:.3f}", f"{lik['z']:.2f}", f"{lik['p_value']:.2g}",
+                      "[bold red]yes[/]" if lik["flagged"] else "no")
+        out.print(table)
+    if json_out is not None:
+        write_json_atomic(json_out, result)
+
+
+@app.command("canaries")
+@generator_training_options(clip_norm=1.0, batch_size=32, epochs=2.0, learning_rate=1e-3, trainable="lora",
+                            lora_rank=16, trained_layers=4, max_doc_tokens=64)
+def audit_canaries(
+    out_dir: Annotated[Path, typer.Option("--out", help="audit directory (trial generators + canaries.json); "
+                                          "RUN_DIR/canaries puts it in a run's report")],
+    data: DataOpt = None, split: SplitOpt = "train", pairs: PairsOpt = None,
+    epsilons: Annotated[str, typer.Option(help="comma-separated target epsilons; 'inf' = non-private")] = "inf,16",
+    trials: Annotated[int, typer.Option(help="independent trials (fresh canaries, fresh training)")] = 3,
+    repetitions: Annotated[str, typer.Option(help="comma-separated insertion counts")] = "1,10,100",
+    candidates: Annotated[int, typer.Option(help="the secret is ranked among this many candidates")] = 100,
+    samples: Annotated[int, typer.Option(help="queries sampled per canary document to test 'leaked'")] = 10,
+    top_p: Annotated[float, typer.Option(help="nucleus sampling p for the leak test")] = 0.8,
+    subsample: Annotated[Optional[int], typer.Option(help="keep this many private pairs (uniform, seeded)")] = None,
+    unit: Annotated[str, typer.Option(help="privacy unit: query (a canary = 1 unit) or pair (k units)")] = "query",
+    model: Annotated[str, typer.Option(help=f"generator: {MODEL_HELP}")] = "smollm2-135m",
+    fine_tuning: dict = None,  # --clip-norm ... --max-doc-tokens, see @generator_training_options
+    alpha: Annotated[float, typer.Option(help="the epsilon lower bound holds with confidence 1 - alpha")] = 0.05,
+    seed: SeedOpt = 0,
+) -> None:
+    """Canary exposure audit of the DP generator (seed 6.3): rank, exposure, leaks, epsilon lower bound."""
+    from privret.evaluate.canaries import CanaryAuditConfig, canary_table_markdown, run_canary_audit
+
+    def numbers(text: str, field: str, cast):
+        try:
+            return [cast(v) for v in text.split(",") if v.strip()]
+        except ValueError:
+            raise InputError(f"'{text}' is not a comma-separated list of numbers", field=field) from None
+
+    training, data_hash = training_pairs(data, split, pairs)
+    generator = {"model": model, "unit": unit, **fine_tuning, "seed": seed}
+    cfg = build_config(CanaryAuditConfig, epsilons=numbers(epsilons, "--epsilons", float), trials=trials,
+                  repetitions=numbers(repetitions, "--repetitions", int), candidates=candidates, samples=samples,
+                  top_p=top_p, subsample=subsample, alpha=alpha, seed=seed, generator=generator)
+    report = run_canary_audit(training, out_dir, cfg, data_hash=data_hash)
+    typer.echo(canary_table_markdown(report))
+    out.print(f"written: {out_dir / 'canaries.json'}")

@@ -1,0 +1,50 @@
+"""What the commands share besides their options: the console, config validation, the budget
+policy and the private training pairs."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from rich.console import Console
+
+from privret.errors import InputError
+
+out = Console()
+
+
+def build_config(cls, **values):
+    """``cls(**values)``; a pydantic validation error becomes an :class:`InputError` naming the flag."""
+    from pydantic import ValidationError
+
+    try:
+        return cls(**values)
+    except ValidationError as err:
+        first = err.errors()[0]
+        raise InputError(first["msg"], field="--" + "-".join(str(p) for p in first["loc"]).replace("_", "-")) from None
+
+
+def budget_policy(cap: float | None, allow_over: bool):
+    """The budget registry's policy from ``--budget-cap`` and ``--allow-over-budget``."""
+    from privret.privacy.budget import BudgetPolicy
+
+    if cap is not None and not (math.isfinite(cap) and cap > 0):
+        raise InputError(f"must be a finite epsilon > 0, got {cap}", field="--budget-cap")
+    return BudgetPolicy(cap=cap, allow_over=allow_over)
+
+
+def training_pairs(data: Path | None, split: str, pairs: Path | None):
+    """Pairs from a BEIR split, or from a pairs file (its doc_ids resolved against --data's corpus)."""
+    from privret.data.beir import load_beir, load_corpus
+    from privret.data.pairs import load_pairs_jsonl, pairs_from_beir
+    from privret.io import file_sha256
+
+    if pairs is not None:
+        corpus = load_corpus(data / "corpus.jsonl") if data is not None else None
+        return load_pairs_jsonl(pairs, corpus), file_sha256(pairs)
+    if data is None:
+        raise InputError("give --data DIR (BEIR) or --pairs FILE", field="--data")
+    dataset = load_beir(data, splits=[split])
+    from privret.pipeline import dataset_hash
+
+    return pairs_from_beir(dataset, split), dataset_hash(dataset, split)

@@ -1,0 +1,66 @@
+"""``privret data``: validate, download and build datasets."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from privret.cli.common import out
+from privret.cli.options import SeedOpt
+
+app = typer.Typer(help="Validate and prepare datasets.", no_args_is_help=True)
+
+
+@app.command("validate")
+def data_validate(path: Annotated[Path, typer.Argument(help="BEIR directory or pairs JSONL file")]) -> None:
+    """Check a dataset strictly; exit 2 with file, line and field on the first problem."""
+    from privret.data.beir import load_beir
+    from privret.data.pairs import load_pairs_jsonl
+
+    if path.is_dir():
+        ds = load_beir(path)
+        out.print(f"ok: {len(ds.corpus)} documents, {len(ds.queries)} queries, splits "
+                  + ", ".join(f"{s} ({len(q)} queries)" for s, q in ds.qrels.items()))
+    else:
+        tp = load_pairs_jsonl(path)
+        out.print(f"ok: {len(tp.pairs)} pairs, {len(tp.units('query'))} query units")
+
+
+@app.command("download")
+def data_download(
+    name: Annotated[str, typer.Argument(help="BEIR dataset name, e.g. scifact, nfcorpus, fiqa")],
+    out_dir: Annotated[Path, typer.Option("--out", help="datasets folder; the dataset lands in OUT/NAME")]
+    = Path("datasets"),
+    url: Annotated[Optional[str], typer.Option(help="another URL for the archive (mirror)")] = None,
+    md5: Annotated[Optional[str], typer.Option(help="expected MD5 (default: BEIR's published one)")] = None,
+    archive: Annotated[Optional[Path], typer.Option(help="an archive fetched by hand: verify and unpack it")] = None,
+    force: Annotated[bool, typer.Option(help="replace OUT/NAME if present")] = False,
+) -> None:
+    """Download a public BEIR dataset by its official archive URL, verify its MD5, unpack atomically."""
+    from privret.data.download import download_dataset
+
+    info = download_dataset(name, out_dir, url=url, md5=md5, archive=archive, force=force)
+    if info["status"] == "present":
+        out.print(f"{info['path']} already present (--force to replace)")
+    else:
+        out.print(f"{name}: {info['status']} to {info['path']} (md5 {info['md5']} verified)")
+
+
+@app.command("fed-squad")
+def data_fed_squad(
+    squad: Annotated[Path, typer.Option(help="SQuAD-format JSON (e.g. ../shared/data/squad/squad-v1.1-dev-40.json)")],
+    out_dir: Annotated[Path, typer.Option("--out", help="Fed-SQuAD directory to write")],
+    clients: Annotated[int, typer.Option(help="number of clients (unequal sizes)")] = 10,
+    test_fraction: Annotated[float, typer.Option(help="share of each client's questions held out")] = 0.3,
+    seed: SeedOpt = 0,
+) -> None:
+    """Build the multi-client OD-AS2 benchmark (grouping, sentences, answer sentences, passages, splits)."""
+    from privret.data.fed_squad import build_fed_squad
+
+    manifest = build_fed_squad(squad, out_dir, n_clients=clients, test_fraction=test_fraction, seed=seed)
+    for c in manifest["clients"]:
+        out.print(f"{c['client']}: {len(c['articles'])} articles, {c['sentences']} sentences, "
+                  f"{c['train_questions']} train / {c['test_questions']} test questions")
+    out.print(f"written to {out_dir} ({manifest['dropped_questions']} questions without an answer sentence dropped)")

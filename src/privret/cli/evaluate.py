@@ -1,0 +1,112 @@
+"""``privret evaluate``: IR metrics of a retriever on one or several datasets, and ``evaluate similarity``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from privret.cli.common import out
+from privret.cli.options import JsonResultOpt, PrivateDataOpt
+from privret.errors import InputError
+
+app = typer.Typer()
+
+
+@app.callback(invoke_without_command=True)
+def evaluate(
+    ctx: typer.Context,
+    model: Annotated[Optional[list[str]], typer.Option(
+        help="retriever directory, registry name or HF id (repeat with --datasets for several rows)")] = None,
+    data: Annotated[Optional[Path], typer.Option("--data", help="one BEIR dataset")] = None,
+    datasets: Annotated[Optional[str], typer.Option(
+        help="several BEIR datasets, comma-separated: paths or names under --data-root (zero-shot table)")] = None,
+    data_root: Annotated[Optional[Path], typer.Option(help="where --datasets names live (privret data download --out)")]
+    = None,
+    label: Annotated[Optional[list[str]], typer.Option(help="row name per --model in the --datasets table")] = None,
+    split: Annotated[str, typer.Option(help="qrels split to evaluate on")] = "test",
+    json_out: Annotated[Optional[Path], typer.Option("--json", help="also write the metrics here")] = None,
+) -> None:
+    """Exact FAISS search over the corpus; NDCG@10, Recall@10/100, MRR@10 (pytrec_eval).
+
+    `--data D` scores one dataset. `--datasets a,b,c` scores each --model on every dataset and prints
+    the seed's Table 5 layout (NDCG@10 and Recall@10; a row per retriever, a column per dataset).
+    """
+    if ctx.invoked_subcommand is not None:
+        return
+    if not model:
+        if data is None and datasets is None:
+            out.print(ctx.get_help())
+            raise typer.Exit(0)
+        raise InputError("give the retriever to evaluate with --model", field="--model")
+    if (data is None) == (datasets is None):
+        raise InputError("give exactly one of --data DIR or --datasets a,b,c", field="--data")
+    from privret.io import write_json_atomic
+
+    if datasets is not None:
+        from privret.evaluate.multi import evaluate_many, resolve_datasets, rich_tables
+
+        paths = resolve_datasets(datasets.split(","), data_root)
+        result = evaluate_many(list(model), paths, split, labels=list(label) if label else None)
+        for table in rich_tables(result):
+            out.print(table)
+        if json_out is not None:
+            write_json_atomic(json_out, result)
+        return
+    if len(model) != 1:
+        raise InputError("--data takes one --model (use --datasets for several)", field="--model")
+    from rich.table import Table
+
+    from privret.data.beir import load_beir
+    from privret.evaluate.retrieval import METRICS, evaluate_retriever
+    from privret.models.encoder import load_encoder
+
+    dataset = load_beir(data, splits=[split])
+    metrics = evaluate_retriever(load_encoder(model[0]), dataset.corpus, dataset.queries, dataset.split(split))
+    table = Table(title=f"{model[0]} on {data.name}/{split} ({metrics['queries']} queries)")
+    for m in METRICS:
+        table.add_column(m, justify="right")
+    table.add_row(*(f"{metrics[m]:.4f}" for m in METRICS))
+    out.print(table)
+    if json_out is not None:
+        write_json_atomic(json_out, metrics)
+
+
+@app.command("similarity")
+def evaluate_similarity(
+    synthetic: Annotated[Path, typer.Option(help="synthetic BEIR dataset written by `privret generate`")],
+    data: PrivateDataOpt,
+    split: Annotated[str, typer.Option(help="private split the generator was trained on")] = "train",
+    featurizer: Annotated[str, typer.Option(help="sentence encoder for MAUVE features (registry name or path)")]
+    = "minilm-l6",
+    max_texts: Annotated[Optional[int], typer.Option(help="cap |P| and |Q| for MAUVE (random subsample)")] = None,
+    num_buckets: Annotated[str, typer.Option(help="MAUVE k-means buckets: 'auto' (n/10) or an integer")] = "auto",
+    seed: Annotated[int, typer.Option(help="subsampling seed (MAUVE's k-means seed stays 25)")] = 0,
+    json_out: JsonResultOpt = None,
+) -> None:
+    """Corpus BLEU (sacrebleu) and MAUVE between synthetic and original queries (seed section 6.2)."""
+    from rich.table import Table
+
+    from privret.evaluate.similarity import MauveSettings, evaluate_similarity as run, format_epsilon
+    from privret.io import write_json_atomic
+
+    if num_buckets != "auto":
+        try:
+            buckets: int | str = int(num_buckets)
+        except ValueError:
+            raise InputError(f"'{num_buckets}' is neither 'auto' nor an integer", field="--num-buckets") from None
+        if buckets < 2:
+            raise InputError("must be at least 2", field="--num-buckets")
+    else:
+        buckets = "auto"
+    result = run(data, split, synthetic, featurizer=featurizer, mauve=MauveSettings(num_buckets=buckets),
+                 max_texts=max_texts, seed=seed)
+    table = Table(title=f"similarity of {synthetic.name} to {data.name}/{split}")
+    for column in ("ε", "BLEU", "MAUVE", "pairs", "featuriser"):
+        table.add_column(column, justify="right")
+    table.add_row(format_epsilon(result["synthetic"]["epsilon"]), f"{result['bleu']:.4f}", f"{result['mauve']:.4f}",
+                  str(result["pairs"]), featurizer)
+    out.print(table)
+    if json_out is not None:
+        write_json_atomic(json_out, result)

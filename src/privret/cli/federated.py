@@ -1,0 +1,100 @@
+"""``privret federated``: federated answer sentence selection (PDD-AS2, Fed-Negative) on Flower.
+
+``privret data fed-squad`` builds its benchmark.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from privret.cli.common import build_config, out
+from privret.cli.options import ENCODER_HELP
+from privret.errors import InputError
+
+app = typer.Typer(help="Federated dense retrieval for answer sentence selection (PDD-AS2, Flower).",
+                  no_args_is_help=True)
+
+
+def _fed_config(config: Path | None, **overrides):
+    import yaml
+
+    from privret.federated.config import FedConfig
+
+    values = {}
+    if config is not None:
+        if not config.is_file():
+            raise InputError("config file not found", path=config)
+        try:
+            values = yaml.safe_load(config.read_text(encoding="utf-8")) or {}
+        except yaml.YAMLError as err:
+            line = getattr(getattr(err, "problem_mark", None), "line", None)
+            raise InputError("malformed YAML", path=config, line=None if line is None else line + 1) from None
+        if not isinstance(values, dict):
+            raise InputError("expected a mapping of FedConfig fields", path=config)
+        unknown = sorted(set(values) - set(FedConfig.model_fields))
+        if unknown:
+            raise InputError("unknown field", path=config, field=unknown[0])
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    return build_config(FedConfig, **values)
+
+
+@app.command("train")
+def federated_train(
+    data: Annotated[Path, typer.Option("--data", help="Fed-SQuAD directory (privret data fed-squad)")],
+    out_dir: Annotated[Path, typer.Option("--out", help="run directory (checkpoints, results.json, ledger)")],
+    config: Annotated[Optional[Path], typer.Option(help="YAML with FedConfig fields (configs/fed-squad.yaml)")] = None,
+    baseline: Annotated[str, typer.Option(help="pdd-as2 (Flower), local-only, central, bm25 or zero-shot")] = "pdd-as2",
+    model: Annotated[Optional[str], typer.Option(help=ENCODER_HELP)] = None,
+    rounds: Annotated[Optional[int], typer.Option(help="FedAvg rounds")] = None,
+    warmup_rounds: Annotated[Optional[int], typer.Option(help="rounds with BM25 negatives")] = None,
+    local_epochs: Annotated[Optional[int], typer.Option()] = None,
+    train_fraction: Annotated[Optional[float], typer.Option(help="share of each client's training questions")] = None,
+    dp: Annotated[Optional[str], typer.Option(help="none, server or client (Flower DP-FedAvg wrappers)")] = None,
+    dp_noise_multiplier: Annotated[Optional[float], typer.Option()] = None,
+    dp_clip_norm: Annotated[Optional[float], typer.Option()] = None,
+    threads: Annotated[int, typer.Option(help="torch CPU threads")] = 1,
+    resume: Annotated[bool, typer.Option(help="continue from the last finished round in --out")] = True,
+) -> None:
+    """PDD-AS2 + client-customized query encoders + Fed-Negative with the Flower apps on this machine."""
+    import torch
+
+    from privret.federated import runner
+
+    torch.set_num_threads(threads)
+    cfg = _fed_config(config, model=model, rounds=rounds, warmup_rounds=warmup_rounds, local_epochs=local_epochs,
+                      train_fraction=train_fraction, dp=dp, dp_noise_multiplier=dp_noise_multiplier,
+                      dp_clip_norm=dp_clip_norm)
+    clients = runner.require_data(data)
+    if baseline == "pdd-as2":
+        results = runner.run_federated_local(cfg, data, out_dir, resume=resume)
+        evaluations = results["evaluations"]
+    else:
+        fns = {"local-only": runner.train_local_only, "central": runner.train_central,
+               "zero-shot": runner.evaluate_zero_shot, "bm25": lambda _cfg, cl: runner.evaluate_bm25_all(cl)}
+        if baseline not in fns:
+            raise InputError(f"unknown baseline '{baseline}'", field="--baseline")
+        evaluations = {baseline: fns[baseline](cfg, clients)}
+        out_dir.mkdir(parents=True, exist_ok=True)
+        runner.save_result(out_dir / f"{baseline}.json", evaluations[baseline], config=cfg.model_dump(mode="json"))
+    for name, ev in evaluations.items():
+        s, p = ev["pooled"]["sentence"], ev["pooled"]["passage"]
+        out.print(f"{name}: sentence MRR@10 {s['mrr@10']:.3f} R@1 {s['recall@1']:.3f} R@20 {s['recall@20']:.3f} "
+                  f"R@100 {s['recall@100']:.3f} | passage MRR@10 {p['mrr@10']:.3f} R@1 {p['recall@1']:.3f}")
+    out.print(f"results in {out_dir}")
+
+
+@app.command("flower-app")
+def federated_flower_app(
+    app_dir: Annotated[Path, typer.Option("--app", help="directory to write the Flower App into")],
+    out_dir: Annotated[str, typer.Option("--out", help="where the ServerApp writes results (on the SuperLink host)")],
+    num_clients: Annotated[int, typer.Option(help="SuperNodes to wait for")] = 10,
+    config: Annotated[Optional[Path], typer.Option(help="YAML with FedConfig fields")] = None,
+) -> None:
+    """Write a Flower App (pyproject.toml) for `flwr run APP SUPERLINK` across machines."""
+    from privret.federated.runner import write_flower_app
+
+    write_flower_app(app_dir, _fed_config(config), out_dir=out_dir, num_clients=num_clients)
+    out.print(f"Flower App written to {app_dir}; run it with: flwr run {app_dir} <superlink-connection>")

@@ -1,0 +1,54 @@
+"""``privret generator train``: DP fine-tuning of the query generator."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from privret.cli.common import budget_policy, build_config, out, training_pairs
+from privret.cli.options import (
+    ACCOUNTANT_HELP,
+    DELTA_HELP,
+    MODEL_HELP,
+    UNIT_HELP,
+    AllowOverOpt,
+    BudgetCapOpt,
+    DataOpt,
+    PairsOpt,
+    SeedOpt,
+    SplitOpt,
+    generator_training_options,
+)
+
+app = typer.Typer(help="DP fine-tuning of the query generator.", no_args_is_help=True)
+
+
+@app.command("train")
+@generator_training_options(clip_norm=1.0, batch_size=64, epochs=3.0, learning_rate=2e-3, trainable="lora",
+                            lora_rank=8, trained_layers=8, max_doc_tokens=128)
+def generator_train(
+    out_dir: Annotated[Path, typer.Option("--out", help="output directory (generator + privacy ledger)")],
+    data: DataOpt = None, split: SplitOpt = "train", pairs: PairsOpt = None,
+    model: Annotated[str, typer.Option(help=MODEL_HELP)] = "smollm2-135m",
+    epsilon: Annotated[float, typer.Option(help="target epsilon; 'inf' for non-private")] = 8.0,
+    delta: Annotated[Optional[float], typer.Option(help=DELTA_HELP)] = None,
+    unit: Annotated[str, typer.Option(help=UNIT_HELP)] = "query",
+    fine_tuning: dict = None,  # --clip-norm ... --max-doc-tokens, see @generator_training_options
+    accountant: Annotated[str, typer.Option(help=ACCOUNTANT_HELP)] = "prv",
+    seed: SeedOpt = 0,
+    resume: Annotated[bool, typer.Option(help="continue an interrupted run in --out")] = False,
+    secure_rng: Annotated[bool, typer.Option(help="DP noise and sampling from the OS CSPRNG (os.urandom)")] = False,
+    budget_cap: BudgetCapOpt = None,
+    allow_over_budget: AllowOverOpt = False,
+) -> None:
+    """DP fine-tune a generator on document -> query pairs (DP-Adam, per-unit clipping, Poisson)."""
+    from privret.train.generator import GeneratorTrainConfig, train_generator
+
+    policy = budget_policy(budget_cap, allow_over_budget)
+    training, data_hash = training_pairs(data, split, pairs)
+    cfg = build_config(GeneratorTrainConfig, model=model, epsilon=epsilon, delta=delta, unit=unit, **fine_tuning,
+                       accountant=accountant, seed=seed, secure_rng=secure_rng)
+    ledger = train_generator(training, out_dir, cfg, data_hash=data_hash, resume=resume, budget=policy)
+    out.print(f"generator written to {out_dir}: {ledger.summary()}")

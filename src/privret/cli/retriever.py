@@ -1,0 +1,110 @@
+"""``privret retriever train``: the dual encoder, non-private or (``--dp``) with direct DP."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from privret.cli.common import budget_policy, build_config, out, training_pairs
+from privret.cli.options import (
+    ACCOUNTANT_HELP,
+    DELTA_HELP,
+    ENCODER_HELP,
+    UNIT_HELP,
+    AllowOverOpt,
+    BudgetCapOpt,
+    DataOpt,
+    EpochsOpt,
+    LearningRateOpt,
+    PairsOpt,
+    SeedOpt,
+    SplitOpt,
+)
+from privret.errors import InputError
+
+app = typer.Typer(help="Training the dual-encoder retriever.", no_args_is_help=True)
+
+
+@app.command("train")
+def retriever_train(
+    out_dir: Annotated[Path, typer.Option("--out", help="output directory (SentenceTransformer)")],
+    data: DataOpt = None, split: SplitOpt = "train", pairs: PairsOpt = None,
+    model: Annotated[str, typer.Option(help=ENCODER_HELP)] = "minilm-l6",
+    epochs: EpochsOpt = 1.0,
+    batch_size: Annotated[int, typer.Option(help="batch size (with --dp: expected units per step)")] = 32,
+    learning_rate: LearningRateOpt = 2e-5,
+    temperature: Annotated[Optional[float], typer.Option(
+        help="softmax temperature (default 0.05; with --dp logit-dp 0.5)")] = None,
+    seed: SeedOpt = 0,
+    dp: Annotated[Optional[str], typer.Option(
+        "--dp", help="train directly with DP: naive, batch-clip, logit-dp or public-negatives")] = None,
+    epsilon: Annotated[float, typer.Option(help="--dp: target epsilon")] = 8.0,
+    delta: Annotated[Optional[float], typer.Option(help=f"--dp: {DELTA_HELP}")] = None,
+    unit: Annotated[str, typer.Option(help=f"--dp: {UNIT_HELP}")] = "query",
+    clip_norm: Annotated[float, typer.Option(help="--dp: clipping norm (C per unit/batch, B per pair)")] = 1.0,
+    max_batch_units: Annotated[Optional[int], typer.Option(help="--dp: cap K on units per step")] = None,
+    trainable: Annotated[str, typer.Option(help="--dp: all, top:K or lora")] = "all",
+    lora_rank: Annotated[int, typer.Option(help="--dp: LoRA rank")] = 8,
+    public_negatives: Annotated[int, typer.Option(help="--dp public-negatives: negatives per step")] = 32,
+    spreadout_weight: Annotated[float, typer.Option(help="--dp logit-dp: spreadout regulariser weight")] = 0.0,
+    accountant: Annotated[str, typer.Option(help=f"--dp: {ACCOUNTANT_HELP}")] = "prv",
+    budget_cap: BudgetCapOpt = None,
+    allow_over_budget: AllowOverOpt = False,
+) -> None:
+    """Train a dual encoder (in-batch softmax) on original or synthetic pairs; --dp trains it with DP directly."""
+    from privret.pipeline import non_private_ledger
+    from privret.privacy.ledger import LEDGER_FILE, PrivacyLedger
+    from privret.runlock import RunLock
+    from privret.train.retriever import RetrieverTrainConfig, train_retriever
+
+    policy = budget_policy(budget_cap, allow_over_budget)
+    training, data_hash = training_pairs(data, split, pairs)
+    if dp is not None:
+        from privret.train.dp_retriever import METHODS, DPRetrieverConfig, train_dp_retriever
+
+        if dp not in METHODS:
+            raise InputError(f"unknown method '{dp}' (choose from {', '.join(METHODS)})", field="--dp")
+        dp_cfg = build_config(DPRetrieverConfig, method=dp, model=model, epsilon=epsilon, delta=delta, unit=unit,
+                              clip_norm=clip_norm, batch_size=batch_size, max_batch_units=max_batch_units,
+                              epochs=epochs, learning_rate=learning_rate, temperature=temperature,
+                              spreadout_weight=spreadout_weight, trainable=trainable, lora_rank=lora_rank,
+                              public_negatives=public_negatives, accountant=accountant, seed=seed)
+        with RunLock(out_dir, what="retriever directory"):
+            if out_dir.exists():
+                raise InputError("already exists (remove it or choose another output)", path=out_dir)
+            release_id = _dp_retriever_precheck(training, dp_cfg, data_hash, out_dir, policy)
+            ledger = train_dp_retriever(training, out_dir, dp_cfg, data_hash=data_hash, public_corpus=training.corpus)
+        from privret.privacy import budget as registry
+
+        registry.record(registry.Release.from_ledger(ledger, release_id=release_id, status="final",
+                                                     artefact=out_dir.absolute()), policy)
+        out.print(f"retriever written to {out_dir} ({ledger.summary()}, {dp})")
+        return
+    cfg = build_config(RetrieverTrainConfig, model=model, epochs=epochs, batch_size=batch_size,
+                       learning_rate=learning_rate, temperature=0.05 if temperature is None else temperature, seed=seed)
+    synthetic = data is not None and pairs is None and (data / LEDGER_FILE).exists()
+    ledger = PrivacyLedger.load(data) if synthetic else non_private_ledger(training, model, data_hash, "query")
+    with RunLock(out_dir, what="retriever directory"):
+        train_retriever(training, out_dir, cfg, ledger=ledger)
+    out.print(f"retriever written to {out_dir} ({ledger.summary()})")
+
+
+def _dp_retriever_precheck(training, dp_cfg, data_hash: str, out_dir: Path, policy) -> str:
+    """Record the planned direct-DP release in the budget registry (cap check) before training."""
+    from privret.privacy import budget as registry
+    from privret.privacy.accounting import spent_epsilon
+    from privret.train.dp_retriever import plan
+
+    n_units = len(training.units(dp_cfg.unit))
+    sample_rate, steps, delta, mech = plan(dp_cfg, n_units)
+    release_id = registry.new_release_id()
+    planned = registry.Release(
+        release_id=release_id, status="planned", data_hash=data_hash, unit=dp_cfg.unit.value, n_units=n_units,
+        mechanism=f"direct-{dp_cfg.method}", accountant=dp_cfg.accountant, noise_multiplier=mech.sigma,
+        sample_rate=sample_rate, steps=steps, delta=delta,
+        epsilon=spent_epsilon(noise_multiplier=mech.sigma, sample_rate=sample_rate, steps=steps, delta=delta,
+                              accountant=dp_cfg.accountant), artefact=str(out_dir.absolute()))
+    registry.check_and_record(planned, policy)
+    return release_id
