@@ -76,3 +76,18 @@ def test_filter_refuses_a_privately_trained_encoder(synthetic_dir, tmp_path, tin
         filter_round_trip(synthetic_dir, load_corpus(synthetic_dir / "corpus.jsonl"), tmp_path / "out",
                           RoundTripFilterConfig(encoder=str(encoder)))
     assert not (tmp_path / "out").exists()
+
+
+def test_cli_filter(synthetic_dir, tmp_path, tiny_bert_dir):
+    import subprocess
+    import sys
+
+    out = tmp_path / "filtered"
+    args = [sys.executable, "-m", "privret.cli", "filter", "--synthetic", str(synthetic_dir), "--data",
+            str(synthetic_dir), "--out", str(out), "--encoder", str(tiny_bert_dir), "--top-k", "1"]
+    result = subprocess.run(args, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    kept = len(load_beir(out, splits=["train"]).queries)
+    assert f"kept {kept} of 7" in result.stdout
+    result = subprocess.run(args[:-2] + ["--top-k", "0"], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2 and "--top-k" in result.stderr

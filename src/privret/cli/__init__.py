@@ -1,7 +1,7 @@
 """The ``privret`` command line: one command per stage, ``pipeline`` for a grid, ``demo``.
 
 A module per command group (``data``, ``generator``, ``retriever``, ``evaluate``, ``audit``,
-``federated``) or top-level command (``generate``, ``report``, ``pipeline`` and ``demo``); options
+``federated``) or top-level command (``generate``, ``filter``, ``report``, ``pipeline`` and ``demo``); options
 that several commands take are defined once in :mod:`privret.cli.options`, the helpers they share
 live in :mod:`privret.cli.common`. Commands import their heavy dependencies when they run, so
 ``--help`` stays fast.
@@ -15,7 +15,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from privret.cli import audit, data, evaluate, federated, generate, generator, pipeline, report, retriever
+from privret.cli import audit, data, evaluate, federated, filtering, generate, generator, pipeline, report, retriever
 from privret.errors import EXIT_BAD_INPUT, InputError
 
 app = typer.Typer(help="Dense retrieval on private query logs with differential privacy.",
@@ -23,6 +23,7 @@ app = typer.Typer(help="Dense retrieval on private query logs with differential 
 
 # --help lists the top-level commands, then the groups, each in this order
 app.command("generate")(generate.generate)
+app.command("filter")(filtering.filter_synthetic)
 app.command("report")(report.report)
 app.command("pipeline")(pipeline.pipeline)
 app.command("demo")(pipeline.demo)
