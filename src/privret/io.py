@@ -1,8 +1,9 @@
-"""Atomic file output and strict JSONL reading.
+"""Atomic file output, strict JSONL reading and append-only JSON-lines logs.
 
 Nothing privret writes is ever half-written: files go to a temporary name in the same
 directory and are renamed into place (``os.replace`` is atomic on POSIX); whole output
-directories are staged the same way.
+directories are staged the same way. Logs that grow record by record (the privacy-budget
+registry, a generator's step log) are appended to and fsync'd instead: see :func:`append_log_record`.
 """
 
 from __future__ import annotations
@@ -13,11 +14,13 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from privret.errors import InputError
+
+T = TypeVar("T")
 
 
 @contextlib.contextmanager
@@ -113,3 +116,44 @@ def file_sha256(*paths: str | Path) -> str:
             for block in iter(lambda: f.read(1 << 20), b""):
                 digest.update(block)
     return digest.hexdigest()
+
+
+def read_log_records(path: Path, parse: Callable[[Any], T], *, unreadable: str) -> list[T]:
+    """``parse(record)`` for every record of an append-only JSON-lines log; no file, no records.
+
+    A torn *last* line (no newline after it: a crash cut the append, so the record never
+    counted) is dropped. Any other line that is not UTF-8 JSON accepted by ``parse`` (which
+    raises ``ValueError``, pydantic's ``ValidationError`` included, to reject it) is an
+    :class:`InputError` saying ``unreadable`` and naming the line.
+    """
+    if not path.exists():
+        return []
+    lines = path.read_bytes().split(b"\n")
+    records = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            records.append(parse(json.loads(line.decode("utf-8"))))
+        except (UnicodeDecodeError, ValueError):
+            if number == len(lines):  # no newline after it: the append was cut
+                continue
+            raise InputError(unreadable, path=path, line=number) from None
+    return records
+
+
+def append_log_record(path: Path, line: str) -> None:
+    """Append ``line`` (one JSON record, without its newline) to a log and fsync it.
+
+    A torn last line left by a crash mid-append (see :func:`read_log_records`) is replaced.
+    """
+    with open(path, "ab") as f:
+        end = f.tell()
+        if end > 0:
+            with open(path, "rb") as r:
+                keep = r.read().rfind(b"\n") + 1
+            if keep != end:
+                f.truncate(keep)
+        f.write((line + "\n").encode("utf-8"))
+        f.flush()
+        os.fsync(f.fileno())

@@ -40,7 +40,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
-import json
 import math
 import os
 import re
@@ -50,9 +49,10 @@ from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict
 
 from privret.errors import InputError
+from privret.io import append_log_record, read_log_records
 
 BUDGET_ENV = "PRIVRET_BUDGET_DIR"
 GAUSSIAN_ACCOUNTANTS = ("prv", "rdp")
@@ -150,40 +150,14 @@ def _locked(path: Path) -> Iterator[None]:
 def _read(path: Path) -> list[Release]:
     """Every record; a torn *last* line (a crash mid-append, before the run began) is ignored,
     anything else unreadable is an error: the spend could not be proven."""
-    if not path.exists():
-        return []
-    raw = path.read_bytes()
-    lines = raw.split(b"\n")
-    records = []
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        last = number == len(lines)  # no newline after it: the append was cut
-        try:
-            records.append(Release.model_validate(json.loads(line.decode("utf-8"))))
-        except (UnicodeDecodeError, json.JSONDecodeError, ValidationError):
-            if last:
-                continue
-            raise InputError("unreadable budget record; the privacy spent on this dataset cannot be proven "
-                             "(repair or move the file, knowing that its releases still count)",
-                             path=path, line=number) from None
-    return records
+    return read_log_records(path, Release.model_validate,
+                            unreadable="unreadable budget record; the privacy spent on this dataset cannot be "
+                                       "proven (repair or move the file, knowing that its releases still count)")
 
 
 def _append(path: Path, release: Release) -> None:
     stamped = release.model_copy(update={"recorded_at": datetime.now(timezone.utc).isoformat()})
-    data = (stamped.model_dump_json() + "\n").encode("utf-8")
-    with open(path, "ab") as f:
-        end = f.tell()
-        if end > 0:  # drop a torn tail left by a crash mid-append (it never counted: see _read)
-            with open(path, "rb") as r:
-                tail = r.read()
-            keep = tail.rfind(b"\n") + 1
-            if keep != end:
-                f.truncate(keep)
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
+    append_log_record(path, stamped.model_dump_json())  # replaces a torn tail: it never counted (see _read)
 
 
 def releases(data_hash: str, *, directory: str | Path | None = None) -> list[Release]:

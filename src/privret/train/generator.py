@@ -45,7 +45,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from privret.data.pairs import PrivacyUnit, TrainingPairs
 from privret.errors import InputError
-from privret.io import atomic_path, write_json_atomic, write_text_atomic
+from privret.io import append_log_record, atomic_path, read_log_records, write_json_atomic, write_text_atomic
 from privret.models.generator import QueryGenerator, load_generator
 from privret.models.registry import DEFAULT_GENERATOR
 from privret.privacy import budget as budget_registry
@@ -323,40 +323,22 @@ def _read_step_log(path: Path, *, private: bool, checkpoint: Path) -> list[dict]
             raise InputError("a checkpoint without a step log (written by an older privret?): cannot prove what "
                              "this run spent, refusing to resume (start again in a new directory)", path=checkpoint)
         return []
-    raw = path.read_bytes()
-    lines = raw.split(b"\n")
-    records = []
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line.decode("utf-8"))
-            if not (isinstance(record, dict) and {"release", "branch", "start", "to"} <= set(record)
-                    and isinstance(record["start"], int) and isinstance(record["to"], int)
-                    and 0 <= record["start"] <= record["to"]):
-                raise ValueError
-        except (UnicodeDecodeError, ValueError):
-            if number == len(lines):  # no newline after it: the append was cut
-                continue
-            raise InputError("unreadable step log record: cannot prove what this run spent, refusing to resume",
-                             path=path, line=number) from None
-        records.append(record)
-    return records
+    return read_log_records(path, _step_record,
+                            unreadable="unreadable step log record: cannot prove what this run spent, "
+                                       "refusing to resume")
+
+
+def _step_record(record) -> dict:
+    if not (isinstance(record, dict) and {"release", "branch", "start", "to"} <= set(record)
+            and isinstance(record["start"], int) and isinstance(record["to"], int)
+            and 0 <= record["start"] <= record["to"]):
+        raise ValueError("not a step log record")
+    return record
 
 
 def _append_step_log(path: Path, record: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "ab") as f:
-        f.seek(0, os.SEEK_END)
-        end = f.tell()
-        if end:
-            with open(path, "rb") as r:
-                keep = r.read().rfind(b"\n") + 1
-            if keep != end:
-                f.truncate(keep)  # a torn record (see _read_step_log) is replaced
-        f.write((json.dumps(record) + "\n").encode())
-        f.flush()
-        os.fsync(f.fileno())
+    append_log_record(path, json.dumps(record))  # replaces a torn record (see _read_step_log)
     directory = os.open(path.parent, os.O_RDONLY)
     try:
         os.fsync(directory)
