@@ -119,6 +119,13 @@ def _query_encoder(context, cfg: FedConfig, msg, variant: str):
     return model
 
 
+def _seeded_rng(*parts) -> random.Random:
+    """The handler's random stream, named by ``parts`` (seed, client, round...); torch is seeded from it."""
+    rng = random.Random(":".join(str(p) for p in parts))
+    torch.manual_seed(rng.randrange(2 ** 31))
+    return rng
+
+
 def _metric_record(values: dict) -> MetricRecord:
     return MetricRecord({k: float(v) for k, v in values.items()})
 
@@ -127,9 +134,7 @@ def _train(msg, context):
     cfg = FedConfig.from_run_config(context.run_config)
     config = msg.content["config"]
     client = _client_data(context)
-    round_ = int(config["server-round"])
-    rng = random.Random(f"{cfg.seed}:{client.name}:{round_}")
-    torch.manual_seed(rng.randrange(2 ** 31))
+    rng = _seeded_rng(cfg.seed, client.name, int(config["server-round"]))
     model = _model(cfg)
     _load(model, msg.content["arrays"])
     questions = local.train_questions(client, cfg.max_train_questions, cfg.seed, cfg.train_fraction)
@@ -192,8 +197,7 @@ def _personalize(msg, context):
     config = msg.content["config"]
     client = _client_data(context)
     variant = str(config["variant"])
-    rng = random.Random(f"{cfg.seed}:{client.name}:{variant}:{int(config['epoch'])}")
-    torch.manual_seed(rng.randrange(2 ** 31))
+    rng = _seeded_rng(cfg.seed, client.name, variant, int(config["epoch"]))
     s = _ensure_sentence_embeddings(context, cfg, msg, client)
     model = _query_encoder(context, cfg, msg, variant)
     questions = local.train_questions(client, cfg.max_train_questions, cfg.seed, cfg.train_fraction)
