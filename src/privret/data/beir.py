@@ -8,6 +8,7 @@ A BEIR dataset is a directory holding ``corpus.jsonl`` (``_id``, ``title``, ``te
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -47,12 +48,20 @@ class BeirDataset:
         return self.qrels[name]
 
 
+def _records_by_id(path: str | Path, what: str) -> Iterator[tuple[int, str, dict]]:
+    """(line, ``_id``, object) of every record of a BEIR JSONL file; a repeated ``_id`` is an input error."""
+    seen: set[str] = set()
+    for line, obj in read_jsonl(path):
+        record_id = require_text(obj, "_id", path=path, line=line)
+        if record_id in seen:
+            raise InputError(f"duplicate {what} id '{record_id}'", path=path, line=line, field="_id")
+        seen.add(record_id)
+        yield line, record_id, obj
+
+
 def load_corpus(path: str | Path) -> dict[str, Document]:
     corpus: dict[str, Document] = {}
-    for line, obj in read_jsonl(path):
-        doc_id = require_text(obj, "_id", path=path, line=line)
-        if doc_id in corpus:
-            raise InputError(f"duplicate document id '{doc_id}'", path=path, line=line, field="_id")
+    for line, doc_id, obj in _records_by_id(path, "document"):
         title = require_text(obj, "title", path=path, line=line, allow_empty=True) if "title" in obj else ""
         text = require_text(obj, "text", path=path, line=line)
         corpus[doc_id] = Document(doc_id, title, text)
@@ -63,10 +72,7 @@ def load_corpus(path: str | Path) -> dict[str, Document]:
 
 def load_queries(path: str | Path) -> dict[str, str]:
     queries: dict[str, str] = {}
-    for line, obj in read_jsonl(path):
-        query_id = require_text(obj, "_id", path=path, line=line)
-        if query_id in queries:
-            raise InputError(f"duplicate query id '{query_id}'", path=path, line=line, field="_id")
+    for line, query_id, obj in _records_by_id(path, "query"):
         queries[query_id] = require_text(obj, "text", path=path, line=line)
     return queries
 

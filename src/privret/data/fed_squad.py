@@ -137,27 +137,27 @@ def _load_squad(path: Path) -> list[dict]:
     if not isinstance(obj, dict) or not isinstance(obj.get("data"), list):
         raise InputError("expected a SQuAD object with a 'data' list", path=path, field="data")
     articles = obj["data"]
+
+    def need_text(node, key: str, where: str, message: str) -> None:
+        if not isinstance(node, dict) or not isinstance(node.get(key), str) or not node[key].strip():
+            raise InputError(message, path=path, field=f"{where}.{key}")
+
+    def need_list(node: dict, key: str, where: str) -> list:
+        if not isinstance(node.get(key), list):
+            raise InputError(f"missing {key} list", path=path, field=f"{where}.{key}")
+        return node[key]
+
     for a_i, art in enumerate(articles):
         where = f"data[{a_i}]"
-        if not isinstance(art, dict) or not isinstance(art.get("title"), str) or not art["title"].strip():
-            raise InputError("missing or empty title", path=path, field=f"{where}.title")
-        if not isinstance(art.get("paragraphs"), list):
-            raise InputError("missing paragraphs list", path=path, field=f"{where}.paragraphs")
-        for p_i, par in enumerate(art["paragraphs"]):
+        need_text(art, "title", where, "missing or empty title")
+        for p_i, par in enumerate(need_list(art, "paragraphs", where)):
             pw = f"{where}.paragraphs[{p_i}]"
-            if not isinstance(par, dict) or not isinstance(par.get("context"), str) or not par["context"].strip():
-                raise InputError("missing or empty context", path=path, field=f"{pw}.context")
-            if not isinstance(par.get("qas"), list):
-                raise InputError("missing qas list", path=path, field=f"{pw}.qas")
-            for q_i, qa in enumerate(par["qas"]):
+            need_text(par, "context", pw, "missing or empty context")
+            for q_i, qa in enumerate(need_list(par, "qas", pw)):
                 qw = f"{pw}.qas[{q_i}]"
                 for key in ("id", "question"):
-                    if not isinstance(qa, dict) or not isinstance(qa.get(key), str) or not qa[key].strip():
-                        raise InputError("missing or empty", path=path, field=f"{qw}.{key}")
-                answers = qa.get("answers")
-                if not isinstance(answers, list):
-                    raise InputError("missing answers list", path=path, field=f"{qw}.answers")
-                for an_i, an in enumerate(answers):
+                    need_text(qa, key, qw, "missing or empty")
+                for an_i, an in enumerate(need_list(qa, "answers", qw)):
                     text = an.get("text") if isinstance(an, dict) else an
                     if not isinstance(text, str):
                         raise InputError("an answer must be a string or {'text': ...}", path=path,
