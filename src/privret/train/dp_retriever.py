@@ -162,6 +162,18 @@ def _encode(model, texts: list[str], max_length: int) -> torch.Tensor:
     return F.normalize(model(features(model, texts, max_length=max_length))["sentence_embedding"].float(), dim=-1)
 
 
+def _encode_tracked(tracker: GhostNorms, model, batch: StepBatch, cfg: DPRetrieverConfig,
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The batch's query and document embeddings, ``tracker`` recording the layer calls of each
+    under its slot ("q", "d") for the ghost per-unit norms."""
+    tracker.slot = "q"
+    e_q = _encode(model, batch.queries, cfg.max_query_tokens)
+    tracker.slot = "d"
+    e_d = _encode(model, batch.docs, cfg.max_doc_tokens)
+    tracker.slot = None
+    return e_q, e_d
+
+
 def _masked_logits(e_q, e_d, batch: StepBatch, temperature: float) -> torch.Tensor:
     """In-batch logits with off-diagonal false negatives (same unit or same document) masked out."""
     logits = e_q @ e_d.T / temperature
@@ -225,11 +237,7 @@ def _logit_dp(model, params, batch, cfg):
         raise ValueError("logit-dp takes exactly one row per unit")
     tracker = GhostNorms(model)
     try:
-        tracker.slot = "q"
-        e_q = _encode(model, batch.queries, cfg.max_query_tokens)
-        tracker.slot = "d"
-        e_d = _encode(model, batch.docs, cfg.max_doc_tokens)
-        tracker.slot = None
+        e_q, e_d = _encode_tracked(tracker, model, batch, cfg)
         logits = e_q @ e_d.T / cfg.tau
         tau = loss_logit_grads(logits.detach(), cfg.spreadout_weight)
         q_side, d_side = pair_norm_bounds(tracker, e_q, e_d, cfg.tau)
@@ -247,11 +255,7 @@ def _public_negatives(model, params, batch, cfg):
         e_n = _encode(model, batch.negatives, cfg.max_doc_tokens) if batch.negatives else None
     tracker = GhostNorms(model)
     try:
-        tracker.slot = "q"
-        e_q = _encode(model, batch.queries, cfg.max_query_tokens)
-        tracker.slot = "d"
-        e_d = _encode(model, batch.docs, cfg.max_doc_tokens)
-        tracker.slot = None
+        e_q, e_d = _encode_tracked(tracker, model, batch, cfg)
         losses = public_negative_losses(e_q, e_d, e_n, cfg.tau)
         total = losses.sum()
         cot = torch.autograd.grad(total, [e_q, e_d], retain_graph=True)
