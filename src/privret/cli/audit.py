@@ -113,8 +113,8 @@ def audit_canaries(
     training, data_hash = training_pairs(data, split, pairs)
     generator = {"model": model, "unit": unit, **fine_tuning, "seed": seed}
     cfg = build_config(CanaryAuditConfig, epsilons=numbers(epsilons, "--epsilons", float), trials=trials,
-                  repetitions=numbers(repetitions, "--repetitions", int), candidates=candidates, samples=samples,
-                  top_p=top_p, subsample=subsample, alpha=alpha, seed=seed, generator=generator)
+                       repetitions=numbers(repetitions, "--repetitions", int), candidates=candidates,
+                       samples=samples, top_p=top_p, subsample=subsample, alpha=alpha, seed=seed, generator=generator)
     report = run_canary_audit(training, out_dir, cfg, data_hash=data_hash)
     typer.echo(canary_table_markdown(report))
     out.print(f"written: {out_dir / 'canaries.json'}")
