@@ -227,6 +227,67 @@ def test_ghost_group_norms_sum_sequences_of_a_unit(tiny_encoder):
     tracker.remove()
 
 
+@pytest.mark.parametrize("spec", ["all", "top:1", "lora"])
+def test_weighted_grads_equal_the_backward_of_the_reweighted_loss(tiny_encoder, spec):
+    """Book-keeping: sum_b w_b grad_b from the kept output gradients == autograd of sum_b w_b loss_b."""
+    from privret.train.dp_retriever import _encode, _grads, make_trainable
+
+    model = tiny_encoder()
+    params = list(make_trainable(model, spec, lora_rank=2).values())
+    if spec == "lora":
+        with torch.no_grad():
+            for p in params:
+                p.normal_(0, 0.1)
+    gen = torch.Generator().manual_seed(8)
+    qs, ds = _texts(gen, 5, 2), _texts(gen, 5, 4)
+    unit = torch.tensor([0, 0, 1, 2, 2])
+    tracker = GhostNorms(model)
+    tracker.slot = "q"
+    eq = _encode(model, qs, 32)
+    tracker.slot = "d"
+    ed = _encode(model, ds, 32)
+    tracker.slot = None
+    loss = -(eq * ed).sum(1) ** 2 + (eq[:, :3] ** 3).sum(1)
+    cot = torch.autograd.grad(loss.sum(), [eq, ed], retain_graph=True)
+    tracker.group_sq_norms([eq, ed], list(cot), {"q": unit, "d": unit}, 3, keep_deltas=True)
+    w = torch.rand(5, generator=gen) + 0.1
+    got = tracker.weighted_grads(params, {"q": w, "d": w})
+    ref = _grads((w * loss).sum(), params, retain=True)
+    assert len(got) == len(params)
+    for g, r, p in zip(got, ref, params):
+        assert g.shape == p.shape and g.dtype == p.dtype
+        assert torch.allclose(g, r, atol=1e-6, rtol=1e-4)
+    assert sum(r.abs().sum() for r in ref) > 0
+    # a different weight on one slot's rows is seen
+    other = tracker.weighted_grads(params, {"q": w, "d": torch.ones(5)})
+    assert not all(torch.allclose(g, o, atol=1e-6, rtol=1e-4) for g, o in zip(got, other))
+    tracker.remove()
+
+
+def test_weighted_grads_refuse_what_they_cannot_see(tiny_encoder):
+    from privret.train.dp_retriever import _encode, make_trainable
+
+    model = tiny_encoder()
+    params = list(make_trainable(model, "top:1").values())
+    tracker = GhostNorms(model)
+    with pytest.raises(RuntimeError, match="keep_deltas"):
+        tracker.weighted_grads(params, {})
+    tracker.slot = "q"
+    eq = _encode(model, ["alpha beta", "gamma"], 32)
+    tracker.slot = None
+    tracker.group_sq_norms([eq], [torch.ones_like(eq)], {"q": torch.arange(2)}, 2, keep_deltas=True)
+    frozen = next(p for p in model.parameters() if not p.requires_grad)
+    with pytest.raises(ValueError, match="not in a layer"):
+        tracker.weighted_grads(params + [frozen], {"q": torch.ones(2)})
+    with pytest.raises(ValueError, match="not in a layer"):
+        tracker.weighted_grads([torch.nn.Parameter(torch.zeros(3))], {"q": torch.ones(2)})
+    assert len(tracker.weighted_grads(params, {"q": torch.ones(2)})) == len(params)
+    _encode(model, ["delta"], 32)  # a forward with gradients outside any slot: its share would be missed
+    with pytest.raises(ValueError, match="outside a recorded slot"):
+        tracker.weighted_grads(params, {"q": torch.ones(2)})
+    tracker.remove()
+
+
 def test_ghost_norms_refuse_unsupported_trainable_modules():
     model = torch.nn.Sequential(torch.nn.Conv1d(2, 2, 1))
     with pytest.raises(ValueError, match="Conv1d"):

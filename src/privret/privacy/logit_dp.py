@@ -159,12 +159,21 @@ class GhostNorms:
 
     Usage: set ``tracker.slot = "q"`` (any name) around a forward pass whose layer calls should be
     recorded, then call :meth:`group_sq_norms` with a cotangent for the outputs.
+
+    Book-keeping (Bu, Wang, Zha, Karypis 2023, "BK"): the output gradients of that pass are all a
+    reweighted gradient needs. With ``keep_deltas=True``, :meth:`weighted_grads` returns
+    ``sum_b w_b grad_b`` (grad_b: row b's share of the pass's parameter gradient, w_b a weight per
+    row, e.g. the clipping factor of its unit), one contraction per layer, instead of a second
+    backward pass of the reweighted loss.
     """
 
     def __init__(self, model: nn.Module):
         self.records: list[_Record] = []
         self.slot: str | None = None
         self._handles = []
+        self._kept: list[tuple[_Record, torch.Tensor | None]] | None = None
+        self._unrecorded = False  # a tracked layer ran with gradients outside a slot
+        self._owners: dict[int, list[tuple[nn.Module, str]]] = {}  # id(param) -> [(module, "weight"|"bias")]
         for module in model.modules():
             direct = [p for p in module.parameters(recurse=False) if p.requires_grad]
             if not direct:
@@ -177,36 +186,52 @@ class GhostNorms:
                 kind = "embedding"
             else:
                 raise ValueError(f"per-sample norms are not implemented for trainable {type(module).__name__}")
+            for attr in ("weight", "bias"):
+                p = getattr(module, attr, None)
+                if isinstance(p, nn.Parameter) and p.requires_grad:
+                    self._owners.setdefault(id(p), []).append((module, attr))
             self._handles.append(module.register_forward_hook(self._hook(kind)))
 
     def _hook(self, kind):
         def hook(module, inputs, output):
-            if self.slot is None or not torch.is_grad_enabled():
+            if not torch.is_grad_enabled():
+                return
+            if self.slot is None:
+                self._unrecorded = True
                 return
             self.records.append(_Record(module, kind, self.slot, inputs[0].detach(), output))
         return hook
 
     def clear(self) -> None:
         self.records = []
+        self._kept = None
+        self._unrecorded = False
 
     def remove(self) -> None:
         for h in self._handles:
             h.remove()
         self._handles = []
         self.records = []
+        self._kept = None
 
     def group_sq_norms(self, outputs, grad_outputs, groups: dict[str, torch.Tensor], n_groups: int,
-                       *, is_grads_batched: bool = False) -> torch.Tensor:
+                       *, is_grads_batched: bool = False, keep_deltas: bool = False) -> torch.Tensor:
         """``||grad of <grad_outputs, outputs> restricted to group g||^2`` for every group g.
 
         ``groups[slot][b]`` is the group of row b of that slot's forward pass (-1: ignore the row).
+        ``keep_deltas``: keep this pass's output gradients for :meth:`weighted_grads`.
         """
         records = [r for r in self.records if r.out.requires_grad]
         device = outputs[0].device
+        self._kept = None
         if not records:
+            if keep_deltas:
+                self._kept = []
             return torch.zeros(n_groups, device=device)
         deltas = torch.autograd.grad(outputs, [r.out for r in records], grad_outputs, retain_graph=True,
                                      allow_unused=True)
+        if keep_deltas:
+            self._kept = list(zip(records, deltas))
         total = torch.zeros(n_groups, dtype=torch.float64, device=device)
         by_module: dict[int, list[tuple[_Record, torch.Tensor]]] = {}
         for rec, delta in zip(records, deltas):
@@ -215,6 +240,70 @@ class GhostNorms:
         for entries in by_module.values():
             total += self._module_sq_norms(entries, groups, n_groups)
         return total.float()
+
+    def weighted_grads(self, params, row_weights: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+        """``sum_b w_b grad_b`` for every parameter in ``params`` (same order), from the kept pass.
+
+        grad_b is row b's share of the parameter gradient of the pass kept by the last
+        ``group_sq_norms(..., keep_deltas=True)`` (the gradient of ``<grad_outputs, outputs>``), and
+        ``row_weights[slot][b]`` is w_b for row b of that slot's forward pass. With w_b the clipping
+        factor of row b's unit this is the clipped per-unit gradient sum, which otherwise needs the
+        backward pass of ``sum_b w_b loss_b``: per layer, linear ``W: sum_{b,t} w_b delta_{b,t}
+        x_{b,t}^T`` and ``bias: sum w_b delta``, LayerNorm ``weight: sum w_b delta * xhat`` (xhat the
+        normalised input) and ``bias: sum w_b delta``, embedding ``weight[id] += w_b delta`` (padding
+        index excluded). Raises ``ValueError`` for a parameter this tracker does not see (never a
+        silent zero) and when a tracked layer ran with gradients outside a recorded slot (its share
+        would be missing). A tracked parameter whose layer got no output gradient gets zeros, as autograd.
+        """
+        if self._kept is None:
+            raise RuntimeError("weighted_grads needs a preceding group_sq_norms(..., keep_deltas=True)")
+        if self._unrecorded:
+            raise ValueError("a tracked layer ran with gradients outside a recorded slot; its gradient share "
+                             "would be missing from weighted_grads")
+        acc: dict[int, torch.Tensor] = {}
+        for p in params:
+            if id(p) not in self._owners:
+                raise ValueError(f"parameter of shape {tuple(p.shape)} is not in a layer this GhostNorms tracks "
+                                 "(not trainable when the tracker was built, or not in the model)")
+            acc[id(p)] = torch.zeros(p.shape, dtype=torch.float32, device=p.device)
+
+        def add(param, value):
+            if param is not None and id(param) in acc:
+                acc[id(param)] += value
+
+        for rec, delta in self._kept:
+            if delta is None:
+                continue
+            module, kind = rec.module, rec.kind
+            w = row_weights[rec.slot].to(device=delta.device, dtype=torch.float32)
+            if w.shape != (delta.shape[0],):
+                raise ValueError(f"{len(w)} row weights for slot '{rec.slot}' but the pass has "
+                                 f"{delta.shape[0]} rows")
+            d = delta.float() * w.reshape(-1, *([1] * (delta.dim() - 1)))
+            width = delta.shape[-1]
+            d2 = d.reshape(-1, width)
+            bias = getattr(module, "bias", None)
+            if kind == "linear":
+                if id(module.weight) in acc:
+                    add(module.weight, d2.T @ rec.x.float().reshape(-1, rec.x.shape[-1]))
+                if bias is not None:
+                    add(bias, d2.sum(dim=0))
+            elif kind == "layernorm":
+                shape = tuple(module.normalized_shape)
+                if module.weight is not None and id(module.weight) in acc:
+                    xhat = F.layer_norm(rec.x.float(), shape, eps=module.eps)
+                    add(module.weight, (d * xhat).reshape(-1, *shape).sum(dim=0))
+                if bias is not None:
+                    add(bias, d.reshape(-1, *shape).sum(dim=0))
+            elif kind == "embedding":
+                if module.scale_grad_by_freq or module.sparse or module.max_norm is not None:
+                    raise ValueError("weighted_grads supports plain embeddings only (no scale_grad_by_freq, "
+                                     "sparse or max_norm)")
+                if id(module.weight) in acc:
+                    ids = rec.x.reshape(-1)
+                    keep = ids != module.padding_idx if module.padding_idx is not None else slice(None)
+                    acc[id(module.weight)].index_add_(0, ids[keep], d2[keep])
+        return [acc[id(p)].to(p.dtype) for p in params]
 
     # -- per module ---------------------------------------------------------------------------------------------
     def _module_sq_norms(self, entries, groups, n_groups) -> torch.Tensor:

@@ -28,8 +28,10 @@ steps. The noisy sum, divided by the expected batch q N, goes to Adam. Logits ar
   (constants for the step). The loss decomposes per unit, so ordinary per-unit clipping applies:
   **Delta = C**, independent of the batch. It protects the same unit as the others (a query with all
   its clicked documents, a pair, or a user); the public documents themselves are not protected (they
-  are public by assumption). Cost: one backward with per-unit ghost norms plus one reweighted backward,
-  plus a no-grad forward of the negatives.
+  are public by assumption). Cost: one backward pass to the layer outputs (per-unit ghost norms),
+  then the clipped sum by book-keeping (one weighted contraction per layer from the same output
+  gradients, :meth:`GhostNorms.weighted_grads`; no second backward), plus a no-grad forward of the
+  negatives.
 
 Trainable parameters (``trainable``): ``all`` (every encoder parameter except the position embeddings,
 which broadcast over the batch and cannot be clipped per sample, and the unused pooler), ``top:K``
@@ -257,15 +259,17 @@ def _public_negatives(model, params, batch, cfg):
     try:
         e_q, e_d = _encode_tracked(tracker, model, batch, cfg)
         losses = public_negative_losses(e_q, e_d, e_n, cfg.tau)
-        total = losses.sum()
-        cot = torch.autograd.grad(total, [e_q, e_d], retain_graph=True)
+        cot = torch.autograd.grad(losses.sum(), [e_q, e_d], retain_graph=True)
         u = batch.unit_of_row
-        sq = tracker.group_sq_norms([e_q, e_d], list(cot), {"q": u, "d": u}, batch.n_units)
+        sq = tracker.group_sq_norms([e_q, e_d], list(cot), {"q": u, "d": u}, batch.n_units, keep_deltas=True)
+        norms = sq.clamp_min(0).sqrt() * (1 + NORM_MARGIN)
+        factors = (cfg.clip_norm / norms.clamp_min(1e-12)).clamp(max=1.0)
+        # book-keeping: sum_u factor_u grad_u from the output gradients already computed for the norms
+        # (row b's gradient belongs to unit u[b] only), no second backward pass
+        row_factor = factors[u.to(factors.device)].detach()
+        out = tracker.weighted_grads(params, {"q": row_factor, "d": row_factor})
     finally:
         tracker.remove()
-    norms = sq.clamp_min(0).sqrt() * (1 + NORM_MARGIN)
-    factors = (cfg.clip_norm / norms.clamp_min(1e-12)).clamp(max=1.0)
-    out = _grads((factors[u.to(losses.device)].detach() * losses).sum(), params, retain=False)
     return out, {"loss": losses.mean().item(), "clipped": (norms > cfg.clip_norm).float().mean().item()}
 
 
