@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import pytest
 import torch
@@ -126,3 +127,160 @@ def test_generation_resumes_after_a_torn_write(tiny_config, tmp_path, monkeypatc
     assert len(seen) == 5  # d1 was done; the torn d2 line is regenerated
     queries = load_beir(tmp_path / "syn").queries
     assert queries["syn-d1-0"] == "kept from before" and not partial.exists()
+
+
+# --- stage fingerprints: a re-run after the config changed never reuses a stale stage ---------------------------
+
+@pytest.fixture()
+def small_config(tiny_config) -> PipelineConfig:
+    """The non-private part of the grid only (fast): zero-shot, original, epsilon = inf."""
+    return tiny_config.model_copy(update={"epsilons": [math.inf], "direct_dp": DirectDPGrid(),
+                                          "synthetic_filter": None})
+
+
+def _changed(cfg: PipelineConfig, section: str, **settings) -> PipelineConfig:
+    return cfg.model_copy(update={section: getattr(cfg, section).model_copy(update=settings)})
+
+
+def _forbid_work(monkeypatch, *names):
+    from privret import pipeline
+
+    def must_not_run(*_a, **_k):
+        raise AssertionError("a stage that should have been kept ran again")
+
+    for name in names:
+        monkeypatch.setattr(pipeline, name, must_not_run)
+
+
+def test_stage_records_and_a_changed_generator_setting_is_refused(small_config, tmp_path):
+    from privret.errors import InputError
+    from privret.pipeline import run_pipeline
+
+    run_dir = tmp_path / "run"
+    run_pipeline(small_config, run_dir)
+    for name in ("zero_shot/metrics.stage.json", "original/retriever/stage.json", "original/metrics.stage.json",
+                 "eps-inf/generator/stage.json", "eps-inf/synthetic/stage.json", "eps-inf/retriever/stage.json",
+                 "eps-inf/metrics.stage.json"):
+        record = json.loads((run_dir / name).read_text())
+        assert record["format"] == 1 and record["fingerprint"]
+    synthetic = json.loads((run_dir / "eps-inf" / "synthetic" / "stage.json").read_text())["fingerprint"]
+    assert synthetic["after"]["eps-inf/generator"]["generator"]["learning_rate"] == small_config.generator.learning_rate
+    config_before = (run_dir / "config.json").read_text()
+    changed = _changed(small_config, "generator", learning_rate=small_config.generator.learning_rate * 2)
+    with pytest.raises(InputError) as err:
+        run_pipeline(changed, run_dir)
+    message = str(err.value)
+    assert len(message.splitlines()) == 1
+    assert str(run_dir / "eps-inf" / "generator") in message and "generator.learning_rate" in message
+    assert f"was {small_config.generator.learning_rate}" in message and "--run-dir" in message
+    assert "eps-inf/synthetic" in message  # what was made from it must go too
+    assert (run_dir / "config.json").read_text() == config_before  # nothing written
+
+
+def test_cli_exit_code_2_on_a_changed_config(small_config, tmp_path):
+    import subprocess
+    import sys
+
+    import yaml
+
+    run_dir = tmp_path / "run"
+    from privret.pipeline import run_pipeline
+
+    run_pipeline(small_config, run_dir)
+    raw = small_config.model_dump(mode="json")
+    raw["generator"]["epochs"] = 2
+    config = tmp_path / "changed.yaml"
+    config.write_text(yaml.safe_dump(raw))
+    result = subprocess.run([sys.executable, "-m", "privret.cli", "pipeline", str(config), "--run-dir", str(run_dir)],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2, result.stderr
+    assert "eps-inf/generator" in result.stderr and "generator.epochs" in result.stderr
+    assert re.search(r"was 1(\.0)?, now 2(\.0)?", result.stderr), result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def test_a_changed_retriever_setting_invalidates_only_retriever_stages(small_config, tmp_path, monkeypatch):
+    import shutil
+
+    from privret.errors import InputError
+    from privret.pipeline import run_pipeline
+
+    run_dir = tmp_path / "run"
+    run_pipeline(small_config, run_dir)
+    changed = _changed(small_config, "retriever", batch_size=2)
+    with pytest.raises(InputError, match="retriever.batch_size") as err:
+        run_pipeline(changed, run_dir)
+    assert str(run_dir / "original" / "retriever") in str(err.value)  # the first stage reached; zero-shot is fine
+    assert "original/metrics.json" in str(err.value)
+    shutil.rmtree(run_dir / "original" / "retriever")
+    with pytest.raises(InputError, match="original/metrics.json.*made from an earlier original/retriever"):
+        run_pipeline(changed, run_dir)  # its metrics were made from the retriever that is gone
+    (run_dir / "original" / "metrics.json").unlink()
+    with pytest.raises(InputError, match="eps-inf/retriever.*retriever.batch_size"):
+        run_pipeline(changed, run_dir)
+    shutil.rmtree(run_dir / "eps-inf" / "retriever")
+    (run_dir / "eps-inf" / "metrics.json").unlink()
+    _forbid_work(monkeypatch, "train_generator", "generate_synthetic")  # generator and synthetic set are kept
+    rows = run_pipeline(changed, run_dir)
+    assert len(rows) == 3
+    assert json.loads((run_dir / "eps-inf" / "retriever" / "train_config.json").read_text())["batch_size"] == 2
+    _forbid_work(monkeypatch, "train_retriever", "evaluate_retriever")
+    run_pipeline(changed, run_dir)  # and now everything is current
+
+
+def test_legacy_stages_without_records_are_adopted(small_config, tmp_path, monkeypatch):
+    from privret.errors import InputError
+    from privret.pipeline import run_pipeline
+
+    run_dir = tmp_path / "run"
+    rows = run_pipeline(small_config, run_dir)
+    records = sorted(run_dir.rglob("*stage.json"))
+    assert len(records) == 7
+    for record in records:  # as an older privret left it
+        record.unlink()
+    _forbid_work(monkeypatch, "train_generator", "generate_synthetic", "filter_round_trip", "train_retriever",
+                 "train_dp_retriever", "evaluate_retriever")
+    again = run_pipeline(small_config, run_dir)
+    assert [r["ndcg@10"] for r in again] == [r["ndcg@10"] for r in rows]
+    assert sorted(run_dir.rglob("*stage.json")) == records  # adopted: fingerprints recorded now
+    with pytest.raises(InputError, match="eps-inf/generator.*generator.epochs"):  # ...and checked from now on
+        run_pipeline(_changed(small_config, "generator", epochs=3), run_dir)
+    for record in records:
+        record.unlink()
+    # a legacy stage is still checked against the settings it saved (train_config.json, manifest)
+    with pytest.raises(InputError, match="eps-inf/generator.*generator.epochs"):
+        run_pipeline(_changed(small_config, "generator", epochs=3), run_dir)
+    with pytest.raises(InputError, match="eps-inf/synthetic.*generate.num_queries"):
+        run_pipeline(_changed(small_config, "generate", num_queries=3), run_dir)
+    assert not list(run_dir.rglob("*stage.json"))  # a refused run records nothing
+
+
+def test_interrupted_generator_resumes_only_with_its_settings(small_config, tmp_path, monkeypatch):
+    from privret import pipeline
+    from privret.errors import InputError
+
+    run_dir = tmp_path / "run"
+    real = pipeline.train_generator
+
+    def killed(pairs, out_dir, cfg, **kw):  # leaves a checkpoint and its step log, as a kill would
+        (out_dir / "checkpoint").mkdir(parents=True)
+        (out_dir / "steps.jsonl").write_text("")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pipeline, "train_generator", killed)
+    with pytest.raises(KeyboardInterrupt):
+        pipeline.run_pipeline(small_config, run_dir)
+    assert (run_dir / "eps-inf" / "generator" / "stage.json").is_file()
+    with pytest.raises(InputError, match="eps-inf/generator.*generator.epochs.*interrupted run"):
+        pipeline.run_pipeline(_changed(small_config, "generator", epochs=2), run_dir)
+    seen = []
+
+    def resumed(pairs, out_dir, cfg, **kw):
+        seen.append(kw["resume"])
+        (out_dir / "checkpoint").rmdir()
+        (out_dir / "steps.jsonl").unlink()
+        return real(pairs, out_dir, cfg, **kw)
+
+    monkeypatch.setattr(pipeline, "train_generator", resumed)
+    pipeline.run_pipeline(small_config, run_dir)  # the same settings: resumes
+    assert seen == [True] and (run_dir / "eps-inf" / "generator" / "stage.json").is_file()

@@ -17,13 +17,38 @@ Layout of ``RUN_DIR``::
 
 Each stage writes its output atomically, so a finished stage is skipped on re-run and an
 interrupted one resumes (generator checkpoints, partial generation).
+
+**Stage fingerprints.** Every stage records the exact settings that produced it: a directory
+output gets ``<output>/stage.json``, a ``metrics.json`` gets ``metrics.stage.json`` beside it. The
+fingerprint is the stage's pydantic config dumped to JSON, the hashes of the data it read (the
+private training data; the corpus, queries and qrels of the evaluation split) and, nested, the
+fingerprints of the stages it was made from (a synthetic set holds its generator's, a retriever
+its synthetic set's, metrics their retriever's), so a change upstream makes everything downstream
+stale. Before any work, :func:`check_stages` compares every finished stage with what the current
+config would make: identical, it is skipped as before; different, the run stops with one
+:class:`~privret.errors.InputError` line naming the stage and the first differing field, old and
+new value. A finished stage whose upstream stage is missing (deleted, to be made anew) is refused
+too. A finished stage without ``stage.json`` (written by an older privret) is *legacy*: it is
+checked as far as it can be (its ``train_config.json`` or manifest settings, and its ledger's data
+hash) and then adopted: its fingerprint is recorded from the current config, so later edits are
+detected. The generator's record is also written when its training starts, so an interrupted
+generator resumes only with the settings it started with.
+
+**Memory.** Models of finished stages are released between stages (:func:`release_memory`):
+transformers and Opacus modules sit in reference cycles that only the cyclic garbage collector
+frees, and glibc keeps freed heap unless trimmed.
 """
 
 from __future__ import annotations
 
+import ctypes
 import functools
+import gc
+import json
 import math
+import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from rich.console import Console
@@ -32,6 +57,7 @@ from rich.table import Table
 from privret.config import PipelineConfig
 from privret.data.beir import BeirDataset, load_beir
 from privret.data.pairs import TrainingPairs, pairs_from_beir
+from privret.errors import InputError
 from privret.evaluate.retrieval import evaluate_retriever
 from privret.io import file_sha256, write_json_atomic, write_text_atomic
 from privret.models.encoder import load_encoder
@@ -46,6 +72,9 @@ from privret.train.retriever import train_retriever
 
 console = Console(stderr=True)
 
+STAGE_FILE = "stage.json"
+STAGE_FORMAT = 1
+
 
 def eps_label(epsilon: float) -> str:
     return "inf" if math.isinf(epsilon) else f"{epsilon:g}"
@@ -57,6 +86,12 @@ def dataset_hash(dataset: BeirDataset, split: str) -> str:
     return file_sha256(root / "queries.jsonl", root / "qrels" / f"{split}.tsv")
 
 
+def eval_hash(dataset: BeirDataset, split: str) -> str:
+    """Identity of what an evaluation reads: corpus, queries and the split's qrels."""
+    root = dataset.root
+    return file_sha256(root / "corpus.jsonl", root / "queries.jsonl", root / "qrels" / f"{split}.tsv")
+
+
 def non_private_ledger(pairs: TrainingPairs, model: str, data_hash: str, unit: str) -> PrivacyLedger:
     return PrivacyLedger(mechanism="none", epsilon=math.inf, delta=0.0, noise_multiplier=0.0, sample_rate=1.0, steps=0,
                          planned_steps=0, accountant="none", unit=unit, n_units=len(pairs.units(unit)),
@@ -64,17 +99,248 @@ def non_private_ledger(pairs: TrainingPairs, model: str, data_hash: str, unit: s
                          data_hash=data_hash)
 
 
-def _evaluate_stage(out: Path, model_name: str, dataset: BeirDataset, split: str, extra: dict) -> dict:
-    path = out / "metrics.json"
-    if path.exists():
-        import json
+# ---------------------------------------------------------------------------------------------
+# Stage fingerprints
 
+
+@dataclass
+class Stage:
+    """One stage's output in the run directory and the fingerprint of the settings that make it."""
+
+    name: str  # relative to the run directory, e.g. "eps-8/generator" or "eps-8/metrics.json"
+    output: Path  # the output: a directory, or the metrics file
+    done: Path  # exists once the stage has finished
+    fingerprint: dict
+    after: list[Stage] = field(default_factory=list)  # the stages it is made from
+    resumable: bool = False  # its record is written when it starts, and pins an interrupted run
+    legacy_settings: tuple[str, str | None, str] | None = None  # (file in output, key in it or None, fingerprint key)
+
+    @property
+    def record(self) -> Path:
+        if self.output.suffix == ".json":
+            return self.output.with_name(f"{self.output.stem}.{STAGE_FILE}")
+        return self.output / STAGE_FILE
+
+
+def _normal(obj):
+    """JSON-normalised (what a record read back from disk compares equal to); keeps key order."""
+    return json.loads(json.dumps(obj, default=str))
+
+
+def _stage(run_dir: Path, name: str, fingerprint: dict, *, after: tuple[Stage, ...] = (), done: str | None = None,
+           **kw) -> Stage:
+    output = run_dir / name
+    full = {**fingerprint, "after": {s.name: s.fingerprint for s in after}}
+    return Stage(name=name, output=output, done=output / done if done else output, fingerprint=_normal(full),
+                 after=list(after), **kw)
+
+
+@dataclass
+class StagePlan:
+    run_dir: Path
+    stages: dict[str, Stage] = field(default_factory=dict)
+
+    def add(self, name: str, fingerprint: dict, **kw) -> Stage:
+        stage = _stage(self.run_dir, name, fingerprint, **kw)
+        self.stages[name] = stage
+        return stage
+
+
+def plan_stages(cfg: PipelineConfig, run_dir: Path, *, data_hash: str, evaluation: str, corpus: str) -> StagePlan:
+    """Every stage of ``cfg``'s grid, in the order the pipeline runs them, with its fingerprint."""
+    plan = StagePlan(run_dir)
+    train = {"train_split": cfg.train_split, "unit": cfg.unit.value, "data_hash": data_hash}
+    metrics = {"eval_split": cfg.eval_split, "eval_data": evaluation}
+    retriever = cfg.retriever.model_dump(mode="json")
+    plan.add("zero_shot/metrics.json", {"model": cfg.retriever.model, **metrics})
+    original = plan.add("original/retriever", {"retriever": retriever, **train},
+                        legacy_settings=("train_config.json", None, "retriever"))
+    plan.add("original/metrics.json", metrics, after=(original,))
+    documents = {"synthetic_documents": cfg.synthetic_documents, "corpus": corpus}
+    for epsilon in cfg.epsilons:
+        label = eps_label(epsilon)
+        generator = plan.add(f"eps-{label}/generator", {"generator": cfg.generator_config(epsilon).model_dump(
+            mode="json"), **train}, done="generator.json", resumable=True,
+            legacy_settings=("train_config.json", None, "generator"))
+        synthetic = plan.add(f"eps-{label}/synthetic", {"generate": cfg.generate.model_dump(mode="json"), **documents,
+                                                        **train}, after=(generator,),
+                             legacy_settings=("manifest.json", "config", "generate"))
+        trained = plan.add(f"eps-{label}/retriever", {"retriever": retriever}, after=(synthetic,),
+                           legacy_settings=("train_config.json", None, "retriever"))
+        plan.add(f"eps-{label}/metrics.json", metrics, after=(trained,))
+        if cfg.synthetic_filter is not None:
+            filtered = plan.add(f"eps-{label}-filtered/synthetic", {
+                "synthetic_filter": cfg.synthetic_filter.model_dump(mode="json"), "corpus": corpus},
+                after=(synthetic,), legacy_settings=("manifest.json", "filter", "synthetic_filter"))
+            trained = plan.add(f"eps-{label}-filtered/retriever", {"retriever": retriever}, after=(filtered,),
+                               legacy_settings=("train_config.json", None, "retriever"))
+            plan.add(f"eps-{label}-filtered/metrics.json", metrics, after=(trained,))
+    for epsilon in cfg.direct_dp.epsilons:
+        for method in cfg.direct_dp.methods:
+            name = f"direct-{method}-eps-{eps_label(epsilon)}"
+            trained = plan.add(f"{name}/retriever", {
+                "direct_dp": cfg.direct_dp.config(method, epsilon, cfg.unit).model_dump(mode="json"), "corpus": corpus,
+                **train}, legacy_settings=("train_config.json", None, "direct_dp"))
+            plan.add(f"{name}/metrics.json", metrics, after=(trained,))
+    return plan
+
+
+def first_difference(old, new, path: str = "") -> tuple[str, object, object] | None:
+    """The first field (dotted path, in ``new``'s order) where two JSON values differ, with both values."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        for key in list(new) + [k for k in old if k not in new]:
+            sub = f"{path}.{key}" if path else str(key)
+            if key not in old:
+                return sub, "<absent>", new[key]
+            if key not in new:
+                return sub, old[key], "<absent>"
+            found = first_difference(old[key], new[key], sub)
+            if found:
+                return found
+        return None
+    if old != new:
+        return path or "(whole record)", old, new
+    return None
+
+
+def _short(value) -> str:
+    text = json.dumps(value, default=str) if not isinstance(value, str) else repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _read_record(stage: Stage) -> dict | None:
+    if not stage.record.is_file():
+        return None
+    try:
+        record = json.loads(stage.record.read_text(encoding="utf-8"))
+        return record["fingerprint"]
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+        raise InputError(f"unreadable stage record; delete {stage.output.name} to redo the stage (or use another "
+                         "--run-dir)", path=stage.record) from None
+
+
+def write_record(stage: Stage) -> None:
+    """Record ``stage``'s fingerprint (atomically) in its output; the same bytes for the same settings."""
+    write_json_atomic(stage.record, {"format": STAGE_FORMAT, "stage": stage.name, "fingerprint": stage.fingerprint})
+
+
+def _dependents(plan: StagePlan, stage: Stage) -> list[str]:
+    """Finished stages made (directly or not) from ``stage``."""
+    names, found = {stage.name}, []
+    for other in plan.stages.values():
+        if any(up.name in names for up in other.after):
+            names.add(other.name)
+            if other.done.exists():
+                found.append(other.name)
+    return found
+
+
+def _stale(plan: StagePlan, stage: Stage, message: str, *, fieldname: str | None = None) -> InputError:
+    also = _dependents(plan, stage)
+    redo = f"delete {stage.name}" + (f" and what was made from it ({', '.join(also)})" if also else "")
+    return InputError(f"stage {message}; use another --run-dir, or {redo} to redo it", path=stage.output,
+                      field=fieldname)
+
+
+def _legacy_mismatch(stage: Stage, data_hash: str) -> tuple[str, object, object] | None:
+    """What a stage written by an older privret can be checked against: its saved settings and ledger."""
+    if stage.legacy_settings is not None:
+        file, key, section = stage.legacy_settings
+        path = stage.output / file
+        try:
+            saved = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+        except (ValueError, UnicodeDecodeError):
+            saved = None
+        saved = saved.get(key) if isinstance(saved, dict) and key is not None else saved
+        expected = stage.fingerprint.get(section)
+        if isinstance(saved, dict) and isinstance(expected, dict):
+            common = [k for k in expected if k in saved]  # fields an older privret did not have are not checked
+            found = first_difference({k: saved[k] for k in common}, {k: expected[k] for k in common}, section)
+            if found:
+                return found
+    ledger = stage.output / "privacy_ledger.json"
+    if "data_hash" in stage.fingerprint and ledger.is_file():
+        try:
+            saved_hash = json.loads(ledger.read_text(encoding="utf-8")).get("data_hash")
+        except (ValueError, UnicodeDecodeError, AttributeError):
+            saved_hash = None
+        if saved_hash not in (None, data_hash):
+            return "data_hash", saved_hash, data_hash
+    return None
+
+
+def check_stages(plan: StagePlan, *, data_hash: str) -> list[Stage]:
+    """Compare every finished stage with ``plan`` before any work; raise on the first stale one.
+
+    Returns the legacy stages (finished, no record) that passed the checks; the caller records them.
+    """
+    redo: set[str] = set()
+    legacy = []
+    for stage in plan.stages.values():
+        recorded = _read_record(stage)
+        if not stage.done.exists():
+            redo.add(stage.name)
+            started = stage.output.is_dir() and any(p.name != STAGE_FILE for p in stage.output.iterdir())
+            if stage.resumable and recorded is not None and started:  # a checkpoint or step log to resume from
+                found = first_difference(recorded, stage.fingerprint)
+                if found:
+                    where, old, new = found
+                    raise _stale(plan, stage, f"holds an interrupted run started with other settings (was "
+                                              f"{_short(old)}, now {_short(new)}); it cannot resume", fieldname=where)
+            continue
+        missing = [up.name for up in stage.after if up.name in redo]
+        if missing:
+            raise _stale(plan, stage, f"made from an earlier {missing[0]}, which is gone and will be made anew")
+        if recorded is None:
+            found = _legacy_mismatch(stage, data_hash)
+        else:
+            found = first_difference(recorded, stage.fingerprint)
+        if found:
+            where, old, new = found
+            raise _stale(plan, stage, f"made with other settings (was {_short(old)}, now {_short(new)})",
+                         fieldname=where)
+        if recorded is None:
+            legacy.append(stage)
+    return legacy
+
+
+# ---------------------------------------------------------------------------------------------
+# Memory
+
+
+def release_memory() -> None:
+    """Free what finished stages left: cyclic garbage (models, Opacus hooks), CUDA cache, glibc heap."""
+    gc.collect()
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    except ImportError:  # pragma: no cover - torch is a dependency
+        pass
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL("libc.so.6").malloc_trim(0)  # hand freed heap back to the OS (glibc only)
+        except (OSError, AttributeError):
+            pass
+
+
+# ---------------------------------------------------------------------------------------------
+# The pipeline
+
+
+def _evaluate_stage(stage: Stage, model_name: str, dataset: BeirDataset, split: str, extra: dict) -> dict:
+    path = stage.output
+    if path.exists():
         return json.loads(path.read_text())
     started = time.time()
     model = load_encoder(model_name)
     metrics = evaluate_retriever(model, dataset.corpus, dataset.queries, dataset.split(split))
+    del model
     result = {**extra, **metrics, "eval_seconds": round(time.time() - started, 1)}
     write_json_atomic(path, result)
+    write_record(stage)
+    release_memory()
     return result
 
 
@@ -94,15 +360,22 @@ def _exclusive_run_dir(run):
 def run_pipeline(cfg: PipelineConfig, run_dir: str | Path, *, budget: BudgetPolicy | None = None) -> list[dict]:
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(run_dir / "config.json", cfg.model_dump(mode="json"))
     dataset = load_beir(cfg.dataset, splits=[cfg.train_split, cfg.eval_split])
     pairs = pairs_from_beir(dataset, cfg.train_split)
     data_hash = dataset_hash(dataset, cfg.train_split)
+    plan = plan_stages(cfg, run_dir, data_hash=data_hash, evaluation=eval_hash(dataset, cfg.eval_split),
+                       corpus=file_sha256(dataset.root / "corpus.jsonl"))
+    for stage in check_stages(plan, data_hash=data_hash):  # nothing is written before every stage is checked
+        console.print(f"[yellow]{stage.name}: no stage.json (older privret); settings checked where recorded, "
+                      "fingerprint recorded now[/yellow]")
+        write_record(stage)
+    stages = plan.stages
+    write_json_atomic(run_dir / "config.json", cfg.model_dump(mode="json"))
     unit = cfg.unit.value
     rows = []
 
     console.rule("zero-shot encoder")
-    zero = _evaluate_stage(run_dir / "zero_shot", cfg.retriever.model, dataset, cfg.eval_split,
+    zero = _evaluate_stage(stages["zero_shot/metrics.json"], cfg.retriever.model, dataset, cfg.eval_split,
                            {"row": "zero-shot", "epsilon": None, "delta": None})
     rows.append(zero)
 
@@ -112,68 +385,86 @@ def run_pipeline(cfg: PipelineConfig, run_dir: str | Path, *, budget: BudgetPoli
         started = time.time()
         train_retriever(pairs, original / "retriever", cfg.retriever,
                         ledger=non_private_ledger(pairs, cfg.retriever.model, data_hash, unit))
+        write_record(stages["original/retriever"])
         write_json_atomic(original / "timing.json", {"retriever_seconds": round(time.time() - started, 1)})
-    rows.append(_evaluate_stage(original, str(original / "retriever"), dataset, cfg.eval_split,
+        release_memory()
+    rows.append(_evaluate_stage(stages["original/metrics.json"], str(original / "retriever"), dataset, cfg.eval_split,
                                 {"row": "original pairs (non-private)", "epsilon": math.inf, "delta": 0.0}))
 
     documents = _synthetic_documents(cfg, dataset, pairs)
     for epsilon in cfg.epsilons:
-        stage = run_dir / f"eps-{eps_label(epsilon)}"
-        console.rule(f"DP synthetic queries, epsilon = {eps_label(epsilon)}")
+        label = eps_label(epsilon)
+        stage = run_dir / f"eps-{label}"
+        console.rule(f"DP synthetic queries, epsilon = {label}")
         timing = {}
         if not (stage / "generator" / "generator.json").exists():
             started = time.time()
+            write_record(stages[f"eps-{label}/generator"])  # pins an interrupted run to these settings
             train_generator(pairs, stage / "generator", cfg.generator_config(epsilon), data_hash=data_hash,
                             resume=True, budget=budget)
+            write_record(stages[f"eps-{label}/generator"])  # the finished directory replaced the one holding it
             timing["generator_seconds"] = round(time.time() - started, 1)
+            release_memory()
         if not (stage / "synthetic").exists():
             started = time.time()
             generate_synthetic(stage / "generator", documents, stage / "synthetic", cfg.generate,
                                private_queries={p.query for p in pairs.pairs}, resume=True)
+            write_record(stages[f"eps-{label}/synthetic"])
             timing["generate_seconds"] = round(time.time() - started, 1)
-        timing.update(_train_on_synthetic(stage / "synthetic", stage / "retriever", cfg))
+            release_memory()
+        timing.update(_train_on_synthetic(stages[f"eps-{label}/retriever"], stage / "synthetic", cfg))
         _add_timing(stage, timing)
         ledger = PrivacyLedger.load(stage / "generator")
-        rows.append(_evaluate_stage(stage, str(stage / "retriever"), dataset, cfg.eval_split,
-                                    {"row": f"DP synthetic (epsilon={eps_label(epsilon)})",
-                                     "epsilon": ledger.epsilon, "delta": ledger.delta}))
+        rows.append(_evaluate_stage(stages[f"eps-{label}/metrics.json"], str(stage / "retriever"), dataset,
+                                    cfg.eval_split, {"row": f"DP synthetic (epsilon={label})",
+                                                     "epsilon": ledger.epsilon, "delta": ledger.delta}))
         if cfg.synthetic_filter is not None:
-            filtered = run_dir / f"eps-{eps_label(epsilon)}-filtered"
-            console.rule(f"DP synthetic queries, round-trip filtered, epsilon = {eps_label(epsilon)}")
+            filtered = run_dir / f"eps-{label}-filtered"
+            console.rule(f"DP synthetic queries, round-trip filtered, epsilon = {label}")
             timing = {}
             if not (filtered / "synthetic").exists():
                 started = time.time()
                 filter_round_trip(stage / "synthetic", dataset.corpus, filtered / "synthetic", cfg.synthetic_filter)
+                write_record(stages[f"eps-{label}-filtered/synthetic"])
                 timing["filter_seconds"] = round(time.time() - started, 1)
-            timing.update(_train_on_synthetic(filtered / "synthetic", filtered / "retriever", cfg))
+                release_memory()
+            timing.update(_train_on_synthetic(stages[f"eps-{label}-filtered/retriever"], filtered / "synthetic", cfg))
             _add_timing(filtered, timing)
-            rows.append(_evaluate_stage(filtered, str(filtered / "retriever"), dataset, cfg.eval_split,
-                                        {"row": f"DP synthetic, round-trip filtered (epsilon={eps_label(epsilon)})",
+            rows.append(_evaluate_stage(stages[f"eps-{label}-filtered/metrics.json"], str(filtered / "retriever"),
+                                        dataset, cfg.eval_split,
+                                        {"row": f"DP synthetic, round-trip filtered (epsilon={label})",
                                          "epsilon": ledger.epsilon, "delta": ledger.delta}))
     for epsilon in cfg.direct_dp.epsilons:  # every method at the first epsilon before the next epsilon
         for method in cfg.direct_dp.methods:
-            stage = run_dir / f"direct-{method}-eps-{eps_label(epsilon)}"
+            name = f"direct-{method}-eps-{eps_label(epsilon)}"
+            stage = run_dir / name
             console.rule(f"direct DP training of the retriever: {method}, epsilon = {eps_label(epsilon)}")
             if not (stage / "retriever").exists():
                 started = time.time()
                 train_dp_retriever(pairs, stage / "retriever", cfg.direct_dp.config(method, epsilon, cfg.unit),
                                    data_hash=data_hash, public_corpus=dataset.corpus)
+                write_record(stages[f"{name}/retriever"])
                 write_json_atomic(stage / "timing.json", {"retriever_seconds": round(time.time() - started, 1)})
+                release_memory()
             ledger = PrivacyLedger.load(stage / "retriever")
-            rows.append(_evaluate_stage(stage, str(stage / "retriever"), dataset, cfg.eval_split,
-                                        {"row": f"direct DP {method} (epsilon={eps_label(epsilon)})",
-                                         "epsilon": ledger.epsilon, "delta": ledger.delta}))
+            rows.append(_evaluate_stage(stages[f"{name}/metrics.json"], str(stage / "retriever"), dataset,
+                                        cfg.eval_split, {"row": f"direct DP {method} (epsilon={eps_label(epsilon)})",
+                                                         "epsilon": ledger.epsilon, "delta": ledger.delta}))
     write_summary(run_dir, rows, cfg)
     return rows
 
 
-def _train_on_synthetic(synthetic_dir: Path, out: Path, cfg: PipelineConfig) -> dict:
+def _train_on_synthetic(record: Stage, synthetic_dir: Path, cfg: PipelineConfig) -> dict:
     """Train the retriever on a synthetic set unless done; its ledger is the set's (post-processing)."""
+    out = record.output
     if out.exists():
         return {}
     started = time.time()
     synthetic = load_beir(synthetic_dir, splits=["train"])
     train_retriever(pairs_from_beir(synthetic, "train"), out, cfg.retriever, ledger=PrivacyLedger.load(synthetic_dir))
+    write_record(record)
+    del synthetic
+    release_memory()
     return {"retriever_seconds": round(time.time() - started, 1)}
 
 
@@ -184,8 +475,6 @@ def _add_timing(stage: Path, timing: dict) -> None:
 
 
 def _read_json(path: Path) -> dict:
-    import json
-
     return json.loads(path.read_text()) if path.exists() else {}
 
 
