@@ -61,6 +61,8 @@ def test_bad_epsilon_and_delta_exit_2(toy_beir, tmp_path):
     assert result.returncode == 2 and "epsilon must be > 0" in result.stderr
     result = run_cli("generator", "train", "--data", str(toy_beir), "--out", str(out), "--delta", "0.5")
     assert result.returncode == 2 and "delta must be in (0, 1/n)" in result.stderr
+    result = run_cli("generator", "train", "--data", str(toy_beir), "--out", str(out), "--lr", "-1")
+    assert result.returncode == 2 and "field '--lr'" in result.stderr  # the flag the user typed
     assert not out.exists()
 
 

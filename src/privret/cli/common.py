@@ -12,6 +12,8 @@ from privret.errors import InputError
 
 out = Console()
 
+FLAG_OF_FIELD = {"learning_rate": "--lr"}  # config fields whose flag is not the field's own name
+
 
 def build_config(cls, **values):
     """``cls(**values)``; a pydantic validation error becomes an :class:`InputError` naming the flag."""
@@ -21,7 +23,8 @@ def build_config(cls, **values):
         return cls(**values)
     except ValidationError as err:
         first = err.errors()[0]
-        raise InputError(first["msg"], field="--" + "-".join(str(p) for p in first["loc"]).replace("_", "-")) from None
+        name = "_".join(str(p) for p in first["loc"])
+        raise InputError(first["msg"], field=FLAG_OF_FIELD.get(name, "--" + name.replace("_", "-"))) from None
 
 
 def budget_policy(cap: float | None, allow_over: bool):

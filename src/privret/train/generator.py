@@ -36,7 +36,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import time
 import uuid
 from pathlib import Path
 
