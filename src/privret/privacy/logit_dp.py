@@ -359,7 +359,7 @@ class GhostNorms:
         ta, tb = da.shape[1], db.shape[1]
         chunk = max(1, (1 << 24) // max(1, ta * tb))
         for lo in range(0, ia.numel(), chunk):
-            a, b = ia[lo: lo + chunk], ib[lo: lo + chunk]
+            a, b = _rows(ia[lo: lo + chunk]), _rows(ib[lo: lo + chunk])
             dd = torch.bmm(da[a], db[b].transpose(1, 2))
             if kind == "embedding":
                 ids_a, ids_b = xa[a], xb[b]
@@ -370,6 +370,15 @@ class GhostNorms:
                 xx = torch.bmm(xa[a], xb[b].transpose(1, 2))
             out[lo: lo + chunk] = (dd * xx).sum(dim=(1, 2))
         return out
+
+
+def _rows(idx: torch.Tensor) -> torch.Tensor | slice:
+    """``idx`` as a slice when it is a run of consecutive rows (the usual one-row-per-group case): indexing
+    with it is then a view instead of a gathered copy of the activations."""
+    n = idx.numel()
+    if n and int(idx[-1]) - int(idx[0]) + 1 == n and (n == 1 or bool((idx[1:] > idx[:-1]).all())):
+        return slice(int(idx[0]), int(idx[0]) + n)
+    return idx
 
 
 def pair_norm_bounds(tracker: GhostNorms, e_q: torch.Tensor, e_d: torch.Tensor, temperature: float,
