@@ -199,3 +199,8 @@ def test_cli_rejects_bad_lists(tmp_path, toy_beir):
                             timeout=300)
     assert result.returncode == 2 and "--epsilons" in result.stderr and len(result.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "a").exists()
+    result = subprocess.run([sys.executable, "-m", "privret.cli", "audit", "canaries", "--data", str(toy_beir),
+                             "--out", str(tmp_path / "a"), "--epochs", "-1"], capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 2 and "generator.epochs" in result.stderr, result.stderr
+    assert not (tmp_path / "a").exists()

@@ -73,7 +73,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from privret.data.beir import Document
 from privret.data.pairs import QueryDocPair, TrainingPairs
@@ -456,8 +456,10 @@ def run_canary_audit(pairs: TrainingPairs, out_dir: str | Path, cfg: CanaryAudit
     gen_fields.pop("epsilon", None)
     try:
         probe = GeneratorTrainConfig(**gen_fields, epsilon=math.inf)
-    except Exception as err:  # pydantic ValidationError
-        raise InputError(f"invalid generator settings: {str(err).splitlines()[0]}", field="generator") from None
+    except ValidationError as err:
+        first = err.errors()[0]
+        raise InputError(f"invalid generator setting: {first['msg']}",
+                         field="generator." + ".".join(str(p) for p in first["loc"])) from None
     settings = {"audit": cfg.model_dump(mode="json", exclude={"epsilons"}),
                 "generator": probe.model_dump(mode="json"), "data_hash": data_hash, "pairs": len(base.pairs)}
     settings_file = out_dir / "settings.json"
