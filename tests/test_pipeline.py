@@ -57,6 +57,11 @@ def test_pipeline_rows_ledgers_and_resume(tiny_config, tmp_path, monkeypatch):
     retriever_ledger = json.loads((run_dir / "eps-4" / "retriever" / "privacy_ledger.json").read_text())
     assert retriever_ledger["epsilon"] == pytest.approx(rows[4]["epsilon"])
     assert "epsilon=4" in (run_dir / "summary.md").read_text()
+    from privret.privacy import budget
+
+    data_hash = retriever_ledger["data_hash"]  # every DP release of the run is in the dataset's registry
+    assert sorted(r.mechanism for r in budget.releases(data_hash)) == [
+        "direct-batch-clip", "direct-public-negatives", "dp-sgd"]
 
     def must_not_run(*_a, **_k):
         raise AssertionError("finished stage ran again")

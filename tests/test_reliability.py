@@ -31,11 +31,6 @@ torch.set_num_threads(1)
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 
 
-@pytest.fixture(autouse=True)
-def _private_budget_dir(tmp_path, monkeypatch):
-    monkeypatch.setenv("PRIVRET_BUDGET_DIR", str(tmp_path / "budget"))
-
-
 def toy_pairs():
     from test_dp_generator import toy_pairs as pairs
 
@@ -285,6 +280,20 @@ def test_generator_training_records_and_enforces_the_cap(tiny_llama_dir, tmp_pat
                         budget=budget.BudgetPolicy(cap=3.0, allow_over=True))
     total = budget.compose(budget.releases("same-data"))
     assert total.releases == 2 and first.epsilon < total.epsilon < 2 * first.epsilon + 0.05
+
+
+def test_direct_dp_retriever_records_and_enforces_the_cap(tiny_bert_dir, tmp_path):
+    from test_dp_retriever import _cfg, _pairs
+
+    from privret.train.dp_retriever import train_dp_retriever
+
+    pairs, cfg = _pairs(), _cfg("batch-clip", tiny_bert_dir, epsilon=2.0, epochs=1.0, batch_size=4, trainable="top:1")
+    first = train_dp_retriever(pairs, tmp_path / "r1", cfg, data_hash="same-data")
+    recorded = budget.releases("same-data")
+    assert [(r.status, r.steps, r.mechanism) for r in recorded] == [("final", first.steps, "direct-batch-clip")]
+    with pytest.raises(InputError, match="--allow-over-budget"):
+        train_dp_retriever(pairs, tmp_path / "r2", cfg, data_hash="same-data", budget=budget.BudgetPolicy(cap=3.0))
+    assert not (tmp_path / "r2").exists() and len(budget.releases("same-data")) == 1  # refused before training
 
 
 def test_run_composition_counts_generators_once_and_flags_non_private_rows(tmp_path):

@@ -442,7 +442,8 @@ def run_pipeline(cfg: PipelineConfig, run_dir: str | Path, *, budget: BudgetPoli
             if not (stage / "retriever").exists():
                 started = time.time()
                 train_dp_retriever(pairs, stage / "retriever", cfg.direct_dp.config(method, epsilon, cfg.unit),
-                                   data_hash=data_hash, public_corpus=dataset.corpus)
+                                   data_hash=data_hash, public_corpus=dataset.corpus,
+                                   budget=budget)
                 write_record(stages[f"{name}/retriever"])
                 write_json_atomic(stage / "timing.json", {"retriever_seconds": round(time.time() - started, 1)})
                 release_memory()

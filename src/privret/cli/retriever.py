@@ -74,12 +74,8 @@ def retriever_train(
         with RunLock(out_dir, what="retriever directory"):
             if out_dir.exists():
                 raise InputError("already exists (remove it or choose another output)", path=out_dir)
-            release_id = _dp_retriever_precheck(training, dp_cfg, data_hash, out_dir, policy)
-            ledger = train_dp_retriever(training, out_dir, dp_cfg, data_hash=data_hash, public_corpus=training.corpus)
-        from privret.privacy import budget as registry
-
-        registry.record(registry.Release.from_ledger(ledger, release_id=release_id, status="final",
-                                                     artefact=out_dir.absolute()), policy)
+            ledger = train_dp_retriever(training, out_dir, dp_cfg, data_hash=data_hash, public_corpus=training.corpus,
+                                        budget=policy)
         out.print(f"retriever written to {out_dir} ({ledger.summary()}, {dp})")
         return
     cfg = build_config(RetrieverTrainConfig, model=model, epochs=epochs, batch_size=batch_size,
@@ -89,22 +85,3 @@ def retriever_train(
     with RunLock(out_dir, what="retriever directory"):
         train_retriever(training, out_dir, cfg, ledger=ledger)
     out.print(f"retriever written to {out_dir} ({ledger.summary()})")
-
-
-def _dp_retriever_precheck(training, dp_cfg, data_hash: str, out_dir: Path, policy) -> str:
-    """Record the planned direct-DP release in the budget registry (cap check) before training."""
-    from privret.privacy import budget as registry
-    from privret.privacy.accounting import spent_epsilon
-    from privret.train.dp_retriever import plan
-
-    n_units = len(training.units(dp_cfg.unit))
-    sample_rate, steps, delta, mech = plan(dp_cfg, n_units)
-    release_id = registry.new_release_id()
-    planned = registry.Release(
-        release_id=release_id, status="planned", data_hash=data_hash, unit=dp_cfg.unit.value, n_units=n_units,
-        mechanism=f"direct-{dp_cfg.method}", accountant=dp_cfg.accountant, noise_multiplier=mech.sigma,
-        sample_rate=sample_rate, steps=steps, delta=delta,
-        epsilon=spent_epsilon(noise_multiplier=mech.sigma, sample_rate=sample_rate, steps=steps, delta=delta,
-                              accountant=dp_cfg.accountant), artefact=str(out_dir.absolute()))
-    registry.check_and_record(planned, policy)
-    return release_id

@@ -59,6 +59,7 @@ from privret.errors import InputError
 from privret.io import atomic_path, write_json_atomic
 from privret.models.encoder import features, load_encoder
 from privret.models.registry import DEFAULT_ENCODER
+from privret.privacy import budget as budget_registry
 from privret.privacy.accounting import calibrate_noise, check_budget, default_delta, spent_epsilon
 from privret.privacy.clipping import gaussian_noise_like
 from privret.privacy.ledger import PrivacyLedger
@@ -379,11 +380,14 @@ def dp_step(model, params: list[torch.Tensor], batch: StepBatch, cfg: DPRetrieve
 
 
 def train_dp_retriever(pairs: TrainingPairs, out_dir: str | Path, cfg: DPRetrieverConfig, *, data_hash: str,
-                       public_corpus: dict[str, Document] | list[str] | None = None) -> PrivacyLedger:
+                       public_corpus: dict[str, Document] | list[str] | None = None,
+                       budget: budget_registry.BudgetPolicy | None = None) -> PrivacyLedger:
     """Train ``cfg.model`` on ``pairs`` with ``cfg.method``; save a SentenceTransformer + ledger (atomic).
 
     ``public_corpus`` (ids of ``pairs.corpus`` or raw texts) is where public-negatives draws its
     negatives; default: the whole ``pairs.corpus`` (documents are public by assumption).
+    The release is recorded in the dataset's budget registry (:mod:`privret.privacy.budget`, cap
+    check with ``budget``) with all its planned steps before training starts, and again when done.
     """
     out_dir = Path(out_dir)
     if out_dir.exists():
@@ -391,6 +395,19 @@ def train_dp_retriever(pairs: TrainingPairs, out_dir: str | Path, cfg: DPRetriev
     units = pairs.units(cfg.unit)
     n_units = len(units)
     sample_rate, steps, delta, mech = plan(cfg, n_units)
+
+    def ledger() -> PrivacyLedger:
+        return PrivacyLedger(
+            mechanism=f"direct-{cfg.method}", delta=delta, noise_multiplier=mech.sigma, sample_rate=sample_rate,
+            epsilon=spent_epsilon(noise_multiplier=mech.sigma, sample_rate=sample_rate, steps=steps, delta=delta,
+                                  accountant=cfg.accountant),
+            steps=steps, planned_steps=steps, accountant=cfg.accountant, unit=cfg.unit.value, n_units=n_units,
+            n_pairs=len(pairs.pairs), clip_norm=cfg.clip_norm, model=cfg.model, trainable=cfg.trainable,
+            data_hash=data_hash)
+
+    release_id = budget_registry.new_release_id()
+    budget_registry.check_and_record(budget_registry.Release.from_ledger(
+        ledger(), release_id=release_id, status="planned", artefact=out_dir.absolute()), budget)
     public_ids: list[str] | None = None
     if cfg.method == "public-negatives":
         if public_corpus is None:
@@ -423,18 +440,15 @@ def train_dp_retriever(pairs: TrainingPairs, out_dir: str | Path, cfg: DPRetriev
             progress.update(task, advance=1, description=f"DP retriever ({cfg.method}) loss={stats['loss']:.3f}")
     model.eval()
     _finalise(model)
-    ledger = PrivacyLedger(
-        mechanism=f"direct-{cfg.method}", epsilon=spent_epsilon(noise_multiplier=mech.sigma, sample_rate=sample_rate,
-                                                                steps=steps, delta=delta, accountant=cfg.accountant),
-        delta=delta, noise_multiplier=mech.sigma, sample_rate=sample_rate, steps=steps, planned_steps=steps,
-        accountant=cfg.accountant, unit=cfg.unit.value, n_units=n_units, n_pairs=len(pairs.pairs),
-        clip_norm=cfg.clip_norm, model=cfg.model, trainable=cfg.trainable, data_hash=data_hash)
+    final = ledger()
     details = {"method": cfg.method, "sensitivity": mech.sensitivity, "noise_std": mech.noise_std,
                "noise_multiplier": mech.sigma, "batch_cap": mech.cap, "temperature": cfg.tau,
                "seconds": round(time.perf_counter() - started, 1)}
     with atomic_path(out_dir) as staged:
         model.save(str(staged), safe_serialization=True)
-        ledger.save(staged)
+        final.save(staged)
         write_json_atomic(staged / "train_config.json", cfg.model_dump(mode="json"))
         (staged / "dp_mechanism.json").write_text(json.dumps(details, indent=2) + "\n")
-    return ledger
+    budget_registry.record(budget_registry.Release.from_ledger(final, release_id=release_id, status="final",
+                                                               artefact=out_dir.absolute()), budget)
+    return final
