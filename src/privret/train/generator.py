@@ -14,7 +14,8 @@ Checkpoints are written atomically every ``checkpoint_every`` steps; ``resume`` 
 the last one with *fresh* noise (never replayed), and the ledger counts every step that
 reached disk.
 
-Crash safety (see ``docs/reliability.md``). One process per output directory
+Crash safety (see ``docs/reliability.md``; the step log, checkpoints and the resume checks live in
+:mod:`privret.train.checkpointing`, shared with the direct DP retriever). One process per output directory
 (:class:`~privret.runlock.RunLock`). Before any write that may put updated parameters on disk
 (a checkpoint or the final model), a record ``(branch, start, to)`` is appended and fsynced to
 ``steps.jsonl``: this process (a *branch*, started at step ``start`` from a checkpoint, or 0)
@@ -33,10 +34,8 @@ Each private run is also recorded in the dataset's budget registry
 
 from __future__ import annotations
 
-import json
 import math
 import os
-import uuid
 from pathlib import Path
 
 import torch
@@ -44,7 +43,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from privret.data.pairs import PrivacyUnit, TrainingPairs
 from privret.errors import InputError
-from privret.io import append_log_record, atomic_path, read_log_records, write_json_atomic, write_text_atomic
+from privret.io import atomic_path, write_json_atomic
 from privret.models.generator import QueryGenerator, load_generator
 from privret.models.registry import DEFAULT_GENERATOR
 from privret.privacy import budget as budget_registry
@@ -55,8 +54,11 @@ from privret.privacy.sampling import PoissonUnitSampler
 from privret.privacy.secure_rng import SecurePoissonUnitSampler, SecureRandom, noise_like
 from privret.progress import Progress
 from privret.runlock import RunLock, recover_directory
-
-STEP_LOG = "steps.jsonl"
+from privret.train.checkpointing import CHECKPOINT_DIR, STEP_LOG, StepAccount, check_finished, load_checkpoint
+from privret.train.checkpointing import append_step_log as _append_step_log  # noqa: F401 - used by tests
+from privret.train.checkpointing import distinct_steps as _distinct_steps  # noqa: F401 - used by tests
+from privret.train.checkpointing import read_step_log as _read_step_log  # noqa: F401 - used by tests
+from privret.train.checkpointing import save_checkpoint as _save_checkpoint
 
 
 class GeneratorTrainConfig(BaseModel):
@@ -130,7 +132,7 @@ def _train_generator(pairs: TrainingPairs, out_dir: Path, cfg: GeneratorTrainCon
     n_units = len(units)
     sample_rate, steps, delta, sigma = _plan(cfg, n_units)
     private = math.isfinite(cfg.epsilon)
-    ckpt_dir = out_dir / "checkpoint"
+    ckpt_dir = out_dir / CHECKPOINT_DIR
     log_path = out_dir / STEP_LOG
     recover_directory(out_dir)
     recover_directory(ckpt_dir)
@@ -159,25 +161,14 @@ def _train_generator(pairs: TrainingPairs, out_dir: Path, cfg: GeneratorTrainCon
     params = generator.trainable_parameters()
     optimizer = torch.optim.Adam(params.values(), lr=cfg.learning_rate)
 
-    log = _read_step_log(log_path, private=private, checkpoint=ckpt_dir)
-    secure = secure and all(r.get("secure", False) for r in log)
-    spent_before = _distinct_steps(log)
-    release_id = log[0]["release"] if log else uuid.uuid4().hex
-    branch = uuid.uuid4().hex
+    account = StepAccount.open(log_path, private=private, checkpoint=ckpt_dir, secure=secure)
+    secure = account.secure
 
     start_step, rng_state = 0, None
     if resume and ckpt_dir.exists():
         start_step, rng_state = _load_checkpoint(ckpt_dir, params, optimizer, expected=ledger(0))
-        if private and not any(r["to"] == start_step for r in log):
-            raise InputError(f"the step log does not account for the checkpoint of step {start_step}; cannot prove "
-                             "what this run spent, refusing to resume (start again in a new directory)", path=log_path)
-
-    def total(step: int) -> int:  # distinct noisy updates that may be on disk once `step` is persisted
-        return spent_before + (step - start_step)
-
-    def persist(step: int) -> None:
-        _append_step_log(log_path, {"release": release_id, "branch": branch, "start": start_step, "to": step,
-                                    "secure": secure})
+        account.resume_from(start_step, private=private)
+    release_id, total, persist = account.release_id, account.total, account.persist
 
     if private:
         planned = budget_registry.Release.from_ledger(ledger(total(steps)), release_id=release_id, status="planned",
@@ -271,109 +262,12 @@ def _plain_step(generator, loss_module, items, units, chosen, params) -> float:
     return torch.cat(losses).mean().item()
 
 
-def _save_checkpoint(ckpt_dir: Path, params, optimizer, ledger: PrivacyLedger, *, step: int,
-                     rng: torch.Generator | None = None) -> None:
-    """Parameters, Adam state and (non-private runs) the sampler's RNG state, all as safetensors."""
-    from safetensors.torch import save_file
-
-    with atomic_path(ckpt_dir) as staged:
-        staged.mkdir()
-        save_file({n: p.detach().contiguous() for n, p in params.items()}, str(staged / "params.safetensors"))
-        tensors, groups = _flatten_optimizer(optimizer.state_dict())
-        save_file(tensors, str(staged / "optimizer.safetensors"))
-        extra = {"step": step, "param_groups": groups}
-        if rng is not None:
-            save_file({"sampler": rng.get_state()}, str(staged / "rng.safetensors"))
-        write_text_atomic(staged / "state.json", json.dumps(extra, indent=2) + "\n")
-        ledger.save(staged)
-
-
-def _flatten_optimizer(state: dict) -> tuple[dict[str, torch.Tensor], list[dict]]:
-    tensors = {}
-    for index, values in state["state"].items():
-        for key, value in values.items():
-            tensors[f"{index}.{key}"] = (value if isinstance(value, torch.Tensor) else torch.tensor(value)).contiguous()
-    return tensors, state["param_groups"]
-
-
-def _unflatten_optimizer(tensors: dict[str, torch.Tensor], groups: list[dict]) -> dict:
-    state: dict[int, dict] = {}
-    for name, value in tensors.items():
-        index, key = name.split(".", 1)
-        state.setdefault(int(index), {})[key] = value
-    return {"state": state, "param_groups": groups}
-
-
 def _finished(out_dir: Path, *, expected: PrivacyLedger) -> PrivacyLedger:
-    saved = PrivacyLedger.load(out_dir)
-    for key in ("noise_multiplier", "sample_rate", "planned_steps", "unit", "n_units", "clip_norm", "data_hash",
-                "model", "delta"):
-        if getattr(saved, key) != getattr(expected, key):
-            raise InputError(f"already holds a generator trained with {key}={getattr(saved, key)!r} (this run has "
-                             f"{getattr(expected, key)!r}); use another directory", path=out_dir)
-    return saved
-
-
-def _read_step_log(path: Path, *, private: bool, checkpoint: Path) -> list[dict]:
-    """Records of the step log. A torn last line is a record whose fsync never returned, so the
-    write it announced never began: it is dropped. Anything else unreadable refuses the resume."""
-    if not path.exists():
-        if private and checkpoint.exists():
-            raise InputError("a checkpoint without a step log (written by an older privret?): cannot prove what "
-                             "this run spent, refusing to resume (start again in a new directory)", path=checkpoint)
-        return []
-    return read_log_records(path, _step_record,
-                            unreadable="unreadable step log record: cannot prove what this run spent, "
-                                       "refusing to resume")
-
-
-def _step_record(record) -> dict:
-    if not (isinstance(record, dict) and {"release", "branch", "start", "to"} <= set(record)
-            and isinstance(record["start"], int) and isinstance(record["to"], int)
-            and 0 <= record["start"] <= record["to"]):
-        raise ValueError("not a step log record")
-    return record
-
-
-def _append_step_log(path: Path, record: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    append_log_record(path, json.dumps(record))  # replaces a torn record (see _read_step_log)
-    directory = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(directory)
-    finally:
-        os.close(directory)
-
-
-def _distinct_steps(records: list[dict]) -> int:
-    """sum over branches of (largest persisted step - the step the branch started from)."""
-    furthest: dict[str, tuple[int, int]] = {}
-    for r in records:
-        start, to = furthest.get(r["branch"], (r["start"], r["start"]))
-        furthest[r["branch"]] = (start, max(to, r["to"]))
-    return sum(to - start for start, to in furthest.values())
+    return check_finished(out_dir, expected=expected, what="a generator")
 
 
 def _load_checkpoint(ckpt_dir: Path, params, optimizer, *,
                      expected: PrivacyLedger) -> tuple[int, torch.Tensor | None]:
     """Restore params and optimizer; (step, sampler RNG state or None). Refuse another plan's checkpoint."""
-    from safetensors.torch import load_file
-
-    saved = PrivacyLedger.load(ckpt_dir)
-    for key in ("noise_multiplier", "sample_rate", "planned_steps", "unit", "n_units", "clip_norm", "data_hash",
-                "model", "trainable", "delta", "accountant"):
-        if getattr(saved, key) != getattr(expected, key):
-            raise InputError(f"checkpoint was made with {key}={getattr(saved, key)!r}, this run has "
-                             f"{getattr(expected, key)!r}; cannot resume", path=ckpt_dir)
-    if not (ckpt_dir / "state.json").is_file():
-        raise InputError("checkpoint from an older privret (no state.json, pickled optimizer); cannot resume it "
-                         "safely, start again in a new directory", path=ckpt_dir)
-    extra = json.loads((ckpt_dir / "state.json").read_text(encoding="utf-8"))
-    state = load_file(str(ckpt_dir / "params.safetensors"))
-    with torch.no_grad():
-        for n, p in params.items():
-            p.copy_(state[n])
-    optimizer.load_state_dict(_unflatten_optimizer(load_file(str(ckpt_dir / "optimizer.safetensors")),
-                                                   extra["param_groups"]))
-    rng_file = ckpt_dir / "rng.safetensors"
-    return int(extra["step"]), (load_file(str(rng_file))["sampler"] if rng_file.is_file() else None)
+    checkpoint = load_checkpoint(ckpt_dir, params, optimizer, expected=expected)
+    return checkpoint.step, checkpoint.rng_state
