@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 
 import pytest
 import torch
@@ -12,8 +13,10 @@ from helpers import WORDS
 from privret.data.beir import Document
 from privret.data.pairs import QueryDocPair, TrainingPairs
 from privret.errors import InputError
-from privret.privacy.logit_dp import contrastive_factor
+from privret.privacy.accounting import spent_epsilon
 from privret.privacy.ledger import PrivacyLedger
+from privret.privacy.logit_dp import contrastive_factor
+from privret.train import dp_retriever as dptrain
 from privret.train.dp_retriever import (NORM_MARGIN, DPRetrieverConfig, Mechanism, StepBatch, _encode, _grads,
                                         _masked_logits, _norm, build_batch, clipped_sum, dp_step, make_trainable,
                                         plan, public_negative_losses, sensitivity, train_dp_retriever)
@@ -313,3 +316,223 @@ def test_cli_dp_flag(tmp_path, tiny_bert_dir):
     res = runner.invoke(app, ["retriever", "train", "--pairs", str(pairs_file), "--out", str(tmp_path / "o2"),
                               "--model", str(tiny_bert_dir), "--dp", "bogus"])
     assert res.exit_code != 0 and not (tmp_path / "o2").exists()
+
+
+# -- crash safety and resumption (docs/reliability.md) ------------------------------------------------------------
+
+
+class _Crash(BaseException):
+    """A kill at a chosen moment (BaseException, like KeyboardInterrupt: nothing catches it)."""
+
+
+class _Truth:
+    """Counts noisy updates independently of privret's step log: ``applied`` per process (attempt),
+    and, for each attempt, how many it had applied when it last began writing parameters."""
+
+    def __init__(self, monkeypatch, crash_at_step: int | None = None, crash_at_save: int | None = None,
+                 crash_at_final: bool = False):
+        from sentence_transformers import SentenceTransformer
+
+        self.applied, self.on_disk = 0, []
+        self.crash_at_step, self.crash_at_save, self.crash_at_final = crash_at_step, crash_at_save, crash_at_final
+        step, save, final = dptrain.dp_step, dptrain._save_checkpoint, SentenceTransformer.save
+
+        def counted_step(*a, **k):
+            if self.crash_at_step is not None and self.applied == self.crash_at_step:
+                raise _Crash(f"killed in step {self.applied + 1}")
+            out = step(*a, **k)
+            self.applied += 1  # the optimizer applies it right after
+            return out
+
+        def counted_save(ckpt_dir, params, optimizer, ledger, *, step, rng=None, extra=None):
+            self._note()
+            if self.crash_at_save is not None and step == self.crash_at_save:
+                raise _Crash(f"killed while writing the checkpoint of step {step}")
+            return save(ckpt_dir, params, optimizer, ledger, step=step, rng=rng, extra=extra)
+
+        def counted_final(model, *a, **k):
+            self._note()
+            if self.crash_at_final:
+                raise _Crash("killed while writing the final model")
+            return final(model, *a, **k)
+
+        monkeypatch.setattr(dptrain, "dp_step", counted_step)
+        monkeypatch.setattr(dptrain, "_save_checkpoint", counted_save)
+        monkeypatch.setattr(SentenceTransformer, "save", counted_final)
+
+    def _note(self):
+        self.on_disk[-1] = self.applied
+
+    def attempt(self, fn, *a, **k):
+        """One process: counters start at zero; a _Crash ends it like a kill."""
+        self.applied = 0
+        self.on_disk.append(0)
+        try:
+            return fn(*a, **k)
+        except _Crash:
+            return None
+        finally:
+            self.crash_at_step = self.crash_at_save = None  # the next attempt runs to the end
+            self.crash_at_final = False
+
+    @property
+    def steps(self) -> int:
+        return sum(self.on_disk)
+
+
+def _resumable_cfg(tiny_bert_dir, **kw):
+    # 10 units, q = 0.4, 2 epochs: 5 steps, a checkpoint every 2
+    return _cfg("batch-clip", tiny_bert_dir, epochs=2.0, batch_size=4, learning_rate=1e-3, trainable="top:1",
+                checkpoint_every=2, **kw)
+
+
+# (kill, planned steps + the steps lost in the kill that the ledger must charge)
+KILLS = [(dict(crash_at_step=0), 0), (dict(crash_at_step=1), 0), (dict(crash_at_step=3), 0),
+         (dict(crash_at_save=2), 2), (dict(crash_at_save=4), 2), (dict(crash_at_final=True), 1)]
+
+
+@pytest.mark.parametrize("crash,lost", KILLS)
+def test_killed_direct_dp_run_resumes_and_its_ledger_never_under_counts(crash, lost, tmp_path, tiny_bert_dir,
+                                                                        monkeypatch):
+    from privret.models.encoder import load_encoder
+    from privret.privacy import budget
+
+    pairs, cfg, out = _pairs(), _resumable_cfg(tiny_bert_dir), tmp_path / "r"
+    truth = _Truth(monkeypatch, **crash)
+    assert truth.attempt(train_dp_retriever, pairs, out, cfg, data_hash="h") is None  # killed
+    announced = (out / "steps.jsonl").exists()
+    if announced:
+        with pytest.raises(InputError, match="--resume"):
+            train_dp_retriever(pairs, out, cfg, data_hash="h")
+    ledger = truth.attempt(train_dp_retriever, pairs, out, cfg, data_hash="h", resume=True)
+    assert ledger.steps >= truth.steps and ledger.planned_steps == 5
+    assert ledger.steps == 5 + lost
+    assert ledger.epsilon == pytest.approx(spent_epsilon(noise_multiplier=ledger.noise_multiplier,
+                                                         sample_rate=ledger.sample_rate, steps=ledger.steps,
+                                                         delta=ledger.delta))
+    assert PrivacyLedger.load(out).model_copy(update={"created_at": ""}) == ledger.model_copy(update={"created_at": ""})
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        p.name for p in out.iterdir() if p.name not in ("checkpoint", "steps.jsonl"))  # the working files are gone
+    assert load_encoder(str(out)).encode(["what cell"]).shape[0] == 1
+    # the registry holds one release (planned, then final) with the ledger's steps: a resume is not counted
+    # twice. A run killed before announcing any step had no step log to pass its release id on: its planned
+    # record stays (an over-count, never an under-count).
+    recorded = sorted((r.status, r.steps) for r in budget.releases("h"))
+    if announced:
+        assert recorded == [("final", ledger.steps)]
+        assert budget.compose(budget.releases("h")).epsilon == pytest.approx(ledger.epsilon, rel=1e-6)
+    else:
+        assert recorded == [("final", ledger.steps), ("planned", 5)]
+    # resuming a finished run trains nothing and returns its ledger
+    before = budget.releases("h")
+    again = truth.attempt(train_dp_retriever, pairs, out, cfg, data_hash="h", resume=True)
+    assert again.steps == ledger.steps and truth.on_disk[-1] == 0 and budget.releases("h") == before
+
+
+def test_killed_direct_dp_run_refuses_other_settings_and_unprovable_spend(tmp_path, tiny_bert_dir, monkeypatch):
+    pairs, cfg, out = _pairs(), _resumable_cfg(tiny_bert_dir), tmp_path / "r"
+    truth = _Truth(monkeypatch, crash_at_save=4)
+    truth.attempt(train_dp_retriever, pairs, out, cfg, data_hash="h")
+    assert PrivacyLedger.load(out / "checkpoint").steps == 2
+    log = [json.loads(line) for line in (out / "steps.jsonl").read_text().splitlines()]
+    assert [r["to"] for r in log] == [2, 4] and len({r["release"] for r in log}) == 1
+    for changed, field in [({"clip_norm": 0.5}, "clip_norm"), ({"learning_rate": 1e-2}, "learning_rate"),
+                           ({"method": "public-negatives"}, "mechanism"), ({"temperature": 0.1}, "temperature")]:
+        with pytest.raises(InputError, match=f"{field}=.*cannot resume"):
+            train_dp_retriever(pairs, out, cfg.model_copy(update=changed), data_hash="h", resume=True)
+    with pytest.raises(InputError, match="data_hash=.*cannot resume"):
+        train_dp_retriever(pairs, out, cfg, data_hash="other", resume=True)
+    damages = [
+        (lambda d: (d / "steps.jsonl").unlink(), "without a step log"),
+        (lambda d: (d / "steps.jsonl").write_text('{"oops"\n' + (d / "steps.jsonl").read_text()),
+         "unreadable step log"),
+        (lambda d: (d / "steps.jsonl").write_text(json.dumps({"release": "r", "branch": "b", "start": 0, "to": 1})
+                                                   + "\n"), "does not account for the checkpoint"),
+    ]
+    for k, (damage, message) in enumerate(damages):
+        copy = tmp_path / f"copy{k}"
+        shutil.copytree(out, copy)
+        damage(copy)
+        with pytest.raises(InputError, match=message):
+            train_dp_retriever(pairs, copy, cfg, data_hash="h", resume=True)
+    # checkpoint_every and secure_rng change nothing trained: a resume may change them
+    ledger = train_dp_retriever(pairs, out, cfg.model_copy(update={"checkpoint_every": 1}), data_hash="h",
+                                resume=True)
+    assert ledger.steps == 5 + 2
+    # an output holding files privret did not write is never replaced
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep me")
+    with pytest.raises(InputError, match="not an interrupted retriever run"):
+        train_dp_retriever(pairs, tmp_path / "mine", cfg, data_hash="h", resume=True)
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "keep me"
+
+
+def test_two_resumptions_of_one_checkpoint_draw_fresh_noise(tmp_path, tiny_bert_dir, monkeypatch):
+    from safetensors.torch import load_file
+
+    pairs, cfg = _pairs(), _resumable_cfg(tiny_bert_dir)
+    truth = _Truth(monkeypatch, crash_at_step=3)
+    truth.attempt(train_dp_retriever, pairs, tmp_path / "p", cfg, data_hash="h")
+    shutil.copytree(tmp_path / "p", tmp_path / "q")
+    for name in "pq":
+        train_dp_retriever(pairs, tmp_path / name, cfg, data_hash="h", resume=True)
+    p, q = (load_file(str(tmp_path / name / "model.safetensors")) for name in "pq")
+    assert any(not torch.equal(p[k], q[k]) for k in p)
+
+
+def test_secure_rng_direct_dp_draws_noise_and_sampling_from_the_csprng(tmp_path, tiny_bert_dir, monkeypatch):
+    from privret.models.encoder import load_encoder
+    from privret.privacy import secure_rng
+
+    calls = {"normal": 0, "uniform": 0}
+    normal, uniform = secure_rng.SecureRandom.normal_like, secure_rng.SecureRandom.uniform
+
+    def counting_normal(self, tensor, std):
+        calls["normal"] += 1
+        return normal(self, tensor, std)
+
+    def counting_uniform(self, n):
+        calls["uniform"] += 1
+        return uniform(self, n)
+
+    monkeypatch.setattr(secure_rng.SecureRandom, "normal_like", counting_normal)
+    monkeypatch.setattr(secure_rng.SecureRandom, "uniform", counting_uniform)
+    monkeypatch.setattr(secure_rng, "gaussian_noise_like", None)  # the Mersenne Twister path would fail loudly
+    cfg = _cfg("logit-dp", tiny_bert_dir, epochs=1.0, batch_size=4, trainable="top:1", secure_rng=True,
+               max_batch_units=2)
+    ledger = train_dp_retriever(_pairs(), tmp_path / "r", cfg, data_hash="h")
+    assert ledger.secure_rng and PrivacyLedger.load(tmp_path / "r").secure_rng
+    n_tensors = len(make_trainable(load_encoder(str(tiny_bert_dir)), "top:1"))
+    assert calls["normal"] == ledger.steps * n_tensors
+    assert calls["uniform"] >= ledger.steps  # Poisson sampling (and truncation, row choice) from os.urandom
+    rng = secure_rng.SecureRandom()
+    assert sorted(dptrain._permutation(7, rng).tolist()) == list(range(7))
+    draws = dptrain._randint(3, 3000, rng)
+    assert draws.min() == 0 and draws.max() == 2 and abs(draws.float().mean().item() - 1.0) < 0.1
+
+
+def test_cli_dp_resume(tmp_path, tiny_bert_dir, monkeypatch):
+    from typer.testing import CliRunner
+
+    from privret.cli import app
+
+    rows = [{"query": f"what {w}", "doc": f"document about {w}"} for w in WORDS[:10]]
+    pairs_file = tmp_path / "pairs.jsonl"
+    pairs_file.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    args = ["retriever", "train", "--pairs", str(pairs_file), "--out", str(tmp_path / "o"), "--model",
+            str(tiny_bert_dir), "--dp", "batch-clip", "--epsilon", "8", "--batch-size", "4", "--epochs", "2",
+            "--trainable", "top:1"]
+    truth = _Truth(monkeypatch, crash_at_final=True)  # 5 steps, no checkpoint (every 10): killed at the end
+    runner = CliRunner()
+    assert truth.attempt(runner.invoke, app, args, catch_exceptions=False) is None
+    assert (tmp_path / "o" / "steps.jsonl").is_file() and not (tmp_path / "o" / "dp_mechanism.json").exists()
+    res = runner.invoke(app, args)
+    assert isinstance(res.exception, InputError) and "pass --resume" in str(res.exception)
+    res = truth.attempt(runner.invoke, app, args + ["--resume", "--secure-rng"])
+    assert res.exit_code == 0, res.output
+    ledger = PrivacyLedger.load(tmp_path / "o")
+    # the first branch's 5 announced steps and the 5 of the resumed one; the first branch was not secure
+    assert ledger.planned_steps == 5 and ledger.steps == 10 >= truth.steps and not ledger.secure_rng
+    res = runner.invoke(app, ["retriever", "train", "--pairs", str(pairs_file), "--out", str(tmp_path / "n"),
+                              "--model", str(tiny_bert_dir), "--resume"])
+    assert isinstance(res.exception, InputError) and "--resume" in str(res.exception)

@@ -17,6 +17,8 @@ from privret.cli.options import (
     BudgetCapOpt,
     DataOpt,
     PairsOpt,
+    ResumeOpt,
+    SecureRngOpt,
     SeedOpt,
     SplitOpt,
     generator_training_options,
@@ -38,8 +40,8 @@ def generator_train(
     fine_tuning: dict = None,  # --clip-norm ... --max-doc-tokens, see @generator_training_options
     accountant: Annotated[str, typer.Option(help=ACCOUNTANT_HELP)] = "prv",
     seed: SeedOpt = 0,
-    resume: Annotated[bool, typer.Option(help="continue an interrupted run in --out")] = False,
-    secure_rng: Annotated[bool, typer.Option(help="DP noise and sampling from the OS CSPRNG (os.urandom)")] = False,
+    resume: ResumeOpt = False,
+    secure_rng: SecureRngOpt = False,
     budget_cap: BudgetCapOpt = None,
     allow_over_budget: AllowOverOpt = False,
 ) -> None:

@@ -35,6 +35,9 @@ AllowOverOpt = Annotated[bool, typer.Option(help="run past --budget-cap anyway (
 EpochsOpt = Annotated[float, typer.Option()]
 LearningRateOpt = Annotated[float, typer.Option("--lr")]
 SeedOpt = Annotated[int, typer.Option()]
+# crash safety and DP randomness of the DP trainers (generator train, retriever train --dp)
+ResumeOpt = Annotated[bool, typer.Option(help="continue an interrupted run in --out")]
+SecureRngOpt = Annotated[bool, typer.Option(help="DP noise and sampling from the OS CSPRNG (os.urandom)")]
 
 # audits of a private dataset
 PrivateDataOpt = Annotated[Path, typer.Option("--data", help="the private BEIR dataset")]

@@ -19,6 +19,8 @@ from privret.cli.options import (
     EpochsOpt,
     LearningRateOpt,
     PairsOpt,
+    ResumeOpt,
+    SecureRngOpt,
     SeedOpt,
     SplitOpt,
 )
@@ -50,6 +52,8 @@ def retriever_train(
     public_negatives: Annotated[int, typer.Option(help="--dp public-negatives: negatives per step")] = 32,
     spreadout_weight: Annotated[float, typer.Option(help="--dp logit-dp: spreadout regulariser weight")] = 0.0,
     accountant: Annotated[str, typer.Option(help=f"--dp: {ACCOUNTANT_HELP}")] = "prv",
+    resume: ResumeOpt = False,
+    secure_rng: SecureRngOpt = False,
     budget_cap: BudgetCapOpt = None,
     allow_over_budget: AllowOverOpt = False,
 ) -> None:
@@ -70,14 +74,18 @@ def retriever_train(
                               clip_norm=clip_norm, batch_size=batch_size, max_batch_units=max_batch_units,
                               epochs=epochs, learning_rate=learning_rate, temperature=temperature,
                               spreadout_weight=spreadout_weight, trainable=trainable, lora_rank=lora_rank,
-                              public_negatives=public_negatives, accountant=accountant, seed=seed)
-        with RunLock(out_dir, what="retriever directory"):
-            if out_dir.exists():
-                raise InputError("already exists (remove it or choose another output)", path=out_dir)
-            ledger = train_dp_retriever(training, out_dir, dp_cfg, data_hash=data_hash, public_corpus=training.corpus,
-                                        budget=policy)
+                              public_negatives=public_negatives, accountant=accountant, seed=seed,
+                              secure_rng=secure_rng)
+        ledger = train_dp_retriever(training, out_dir, dp_cfg, data_hash=data_hash, public_corpus=training.corpus,
+                                    budget=policy, resume=resume)
         out.print(f"retriever written to {out_dir} ({ledger.summary()}, {dp})")
         return
+    if resume:
+        raise InputError("applies to DP training (--dp) only; non-private training is not checkpointed",
+                         field="--resume")
+    if secure_rng:
+        raise InputError("applies to DP training (--dp) only; non-private training draws no noise",
+                         field="--secure-rng")
     cfg = build_config(RetrieverTrainConfig, model=model, epochs=epochs, batch_size=batch_size,
                        learning_rate=learning_rate, temperature=0.05 if temperature is None else temperature, seed=seed)
     synthetic = data is not None and pairs is None and (data / LEDGER_FILE).exists()

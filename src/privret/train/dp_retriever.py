@@ -37,11 +37,23 @@ Trainable parameters (``trainable``): ``all`` (every encoder parameter except th
 which broadcast over the batch and cannot be clipped per sample, and the unused pooler), ``top:K``
 (the top K transformer layers; lower layers are frozen and their backward is skipped), ``lora`` (LoRA
 adapters of rank ``lora_rank`` on the attention query/key/value projections, merged before saving).
+
+Crash safety and resumption (``docs/reliability.md``), as for the DP generator and with the same
+code (:mod:`privret.train.checkpointing`): one process per output directory
+(:class:`~privret.runlock.RunLock`); every ``checkpoint_every`` steps an atomic checkpoint
+(trainable parameters + Adam state + ledger, safetensors) in ``<out>/checkpoint``, each announced
+first by an fsynced record in ``<out>/steps.jsonl``, so every ledger (checkpoint and final) counts
+every noisy update that could have reached disk, lost ones included. ``resume=True`` continues from
+the last checkpoint with fresh noise and sampling (never replayed); a checkpoint the step log does
+not account for, or one made with other settings, is refused. The final SentenceTransformer
+replaces the directory atomically. The release is recorded in the budget registry before any
+update can reach disk (one release id across resumes) and again when done. ``secure_rng`` draws
+the noise, the Poisson sampling and the batch truncation / row choice from the OS CSPRNG
+(:mod:`privret.privacy.secure_rng`).
 """
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import time
@@ -61,18 +73,25 @@ from privret.models.encoder import features, load_encoder
 from privret.models.registry import DEFAULT_ENCODER
 from privret.privacy import budget as budget_registry
 from privret.privacy.accounting import calibrate_noise, check_budget, default_delta, spent_epsilon
-from privret.privacy.clipping import gaussian_noise_like
 from privret.privacy.ledger import PrivacyLedger
 from privret.privacy.logit_dp import (GhostNorms, logit_dp_factor, loss_logit_grads, pair_norm_bounds, reweighting,
                                       row_losses)
 from privret.privacy.sampling import PoissonUnitSampler
+from privret.privacy.secure_rng import SecurePoissonUnitSampler, SecureRandom, noise_like
 from privret.progress import Progress
+from privret.runlock import RunLock, recover_directory
+from privret.train.checkpointing import (CHECKPOINT_DIR, FINISHED_KEYS, PLAN_KEYS, STEP_LOG, StepAccount,
+                                         check_finished, load_checkpoint)
+from privret.train.checkpointing import save_checkpoint as _save_checkpoint
 
 METHODS = ("naive", "batch-clip", "logit-dp", "public-negatives")
 # Norms are inflated by this relative margin before clipping, so float rounding in a computed norm
 # can never let a clipped term exceed its bound.
 NORM_MARGIN = 1e-5
 Method = Literal["naive", "batch-clip", "logit-dp", "public-negatives"]
+MECHANISM_FILE = "dp_mechanism.json"  # written last into a finished output (with the model and ledger)
+# config fields that do not change what is trained: free to differ on resume, left out of pipeline fingerprints
+RESUME_FREE = ("checkpoint_every", "secure_rng")
 
 
 class DPRetrieverConfig(BaseModel):
@@ -100,6 +119,8 @@ class DPRetrieverConfig(BaseModel):
     max_doc_tokens: int = Field(256, gt=0)
     accountant: str = "prv"
     seed: int = 0
+    checkpoint_every: int = Field(10, gt=0, description="steps between checkpoints (resume with resume=True)")
+    secure_rng: bool = Field(False, description="DP noise and sampling from the OS CSPRNG (os.urandom)")
 
     @model_validator(mode="after")
     def _method_options(self):
@@ -345,22 +366,22 @@ def plan(cfg: DPRetrieverConfig, n_units: int) -> tuple[float, int, float, Mecha
 
 
 def build_batch(pairs: TrainingPairs, units: list[list[int]], chosen: list[int], cfg: DPRetrieverConfig,
-                rng: torch.Generator, public_ids: list[str] | None, cap: int | None) -> StepBatch:
+                rng: torch.Generator | SecureRandom, public_ids: list[str] | None, cap: int | None) -> StepBatch:
     """Rows of the chosen units: truncated to ``cap`` units (uniformly), one random row each for logit-dp."""
     if cap is not None and len(chosen) > cap:
-        keep = torch.randperm(len(chosen), generator=rng)[:cap].sort().values.tolist()
+        keep = _permutation(len(chosen), rng)[:cap].sort().values.tolist()
         chosen = [chosen[k] for k in keep]
     rows, owner = [], []
     for k, u in enumerate(chosen):
         unit_rows = units[u]
         if cfg.method == "logit-dp":
-            unit_rows = [unit_rows[int(torch.randint(len(unit_rows), (1,), generator=rng))]]
+            unit_rows = [unit_rows[int(_randint(len(unit_rows), 1, rng)[0])]]
         rows += unit_rows
         owner += [k] * len(unit_rows)
     chosen_pairs = [pairs.pairs[r] for r in rows]
     negatives = None
     if cfg.method == "public-negatives" and public_ids:
-        pick = torch.randint(len(public_ids), (cfg.public_negatives,), generator=rng).tolist()
+        pick = _randint(len(public_ids), cfg.public_negatives, rng).tolist()
         negatives = [pairs.corpus[public_ids[i]].full_text if public_ids[i] in pairs.corpus else public_ids[i]
                      for i in pick]
     return StepBatch(queries=[p.query for p in chosen_pairs],
@@ -369,45 +390,86 @@ def build_batch(pairs: TrainingPairs, units: list[list[int]], chosen: list[int],
                      n_units=len(chosen), negatives=negatives)
 
 
+def _permutation(n: int, rng: torch.Generator | SecureRandom) -> torch.Tensor:
+    """A uniformly random permutation of 0..n-1 (from the CSPRNG: argsort of n uniforms)."""
+    if isinstance(rng, SecureRandom):
+        return torch.argsort(rng.uniform(n))
+    return torch.randperm(n, generator=rng)
+
+
+def _randint(high: int, size: int, rng: torch.Generator | SecureRandom) -> torch.Tensor:
+    """``size`` uniform draws from 0..high-1 (from the CSPRNG: floor((1 - u) high), u in (0, 1])."""
+    if isinstance(rng, SecureRandom):
+        return ((1.0 - rng.uniform(size)) * high).floor().long().clamp(max=high - 1)
+    return torch.randint(high, (size,), generator=rng)
+
+
 def dp_step(model, params: list[torch.Tensor], batch: StepBatch, cfg: DPRetrieverConfig, mech: Mechanism,
-            expected_batch: float, rng: torch.Generator) -> dict:
+            expected_batch: float, rng: torch.Generator | SecureRandom) -> dict:
     """Set ``p.grad = (s(batch) + N(0, (sigma Delta)^2)) / (q N)`` for every trainable parameter."""
     summed, stats = clipped_sum(cfg.method, model, params, batch, cfg)
     for p, g in zip(params, summed):
-        noisy = g.float() + gaussian_noise_like(g, mech.noise_std, rng)
+        noisy = g.float() + noise_like(g, mech.noise_std, rng)
         p.grad = (noisy / expected_batch).to(p.dtype)
     return stats
 
 
 def train_dp_retriever(pairs: TrainingPairs, out_dir: str | Path, cfg: DPRetrieverConfig, *, data_hash: str,
                        public_corpus: dict[str, Document] | list[str] | None = None,
-                       budget: budget_registry.BudgetPolicy | None = None) -> PrivacyLedger:
+                       budget: budget_registry.BudgetPolicy | None = None, resume: bool = False) -> PrivacyLedger:
     """Train ``cfg.model`` on ``pairs`` with ``cfg.method``; save a SentenceTransformer + ledger (atomic).
 
     ``public_corpus`` (ids of ``pairs.corpus`` or raw texts) is where public-negatives draws its
     negatives; default: the whole ``pairs.corpus`` (documents are public by assumption).
     The release is recorded in the dataset's budget registry (:mod:`privret.privacy.budget`, cap
-    check with ``budget``) with all its planned steps before training starts, and again when done.
+    check with ``budget``) with all its planned steps before any update can reach disk, and again
+    when done. ``resume``: continue an interrupted run in ``out_dir`` (see the module docstring);
+    a finished one is returned as it is, spending nothing more.
     """
-    out_dir = Path(out_dir)
-    if out_dir.exists():
-        raise InputError("already exists (remove it or choose another output)", path=out_dir)
+    with RunLock(out_dir, what="retriever directory"):
+        return _train_dp_retriever(pairs, Path(out_dir), cfg, data_hash=data_hash, public_corpus=public_corpus,
+                                   budget=budget, resume=resume)
+
+
+def resume_settings(cfg: DPRetrieverConfig) -> dict:
+    """The settings an interrupted run must be resumed with (all but :data:`RESUME_FREE`)."""
+    return {k: v for k, v in cfg.model_dump(mode="json").items() if k not in RESUME_FREE}
+
+
+def _train_dp_retriever(pairs: TrainingPairs, out_dir: Path, cfg: DPRetrieverConfig, *, data_hash: str,
+                        public_corpus, budget, resume: bool) -> PrivacyLedger:
     units = pairs.units(cfg.unit)
     n_units = len(units)
     sample_rate, steps, delta, mech = plan(cfg, n_units)
+    ckpt_dir = out_dir / CHECKPOINT_DIR
+    log_path = out_dir / STEP_LOG
+    recover_directory(out_dir)
+    recover_directory(ckpt_dir)
+    finished = (out_dir / MECHANISM_FILE).exists()
+    interrupted = ckpt_dir.exists() or log_path.exists()
+    if out_dir.exists() and not resume:
+        if interrupted:
+            raise InputError("holds an interrupted run; pass --resume to continue it", path=out_dir)
+        raise InputError("already exists (remove it or choose another output)", path=out_dir)
+    if out_dir.exists() and not finished:
+        foreign = sorted(p.name for p in out_dir.iterdir() if p.name not in (CHECKPOINT_DIR, STEP_LOG, "stage.json"))
+        if foreign:
+            raise InputError(f"holds files that are not an interrupted retriever run ({', '.join(foreign[:3])}); "
+                             "choose another output", path=out_dir)
+    secure = cfg.secure_rng
 
-    def ledger() -> PrivacyLedger:
+    def ledger(done: int) -> PrivacyLedger:
         return PrivacyLedger(
             mechanism=f"direct-{cfg.method}", delta=delta, noise_multiplier=mech.sigma, sample_rate=sample_rate,
-            epsilon=spent_epsilon(noise_multiplier=mech.sigma, sample_rate=sample_rate, steps=steps, delta=delta,
+            epsilon=spent_epsilon(noise_multiplier=mech.sigma, sample_rate=sample_rate, steps=done, delta=delta,
                                   accountant=cfg.accountant),
-            steps=steps, planned_steps=steps, accountant=cfg.accountant, unit=cfg.unit.value, n_units=n_units,
+            steps=done, planned_steps=steps, accountant=cfg.accountant, unit=cfg.unit.value, n_units=n_units,
             n_pairs=len(pairs.pairs), clip_norm=cfg.clip_norm, model=cfg.model, trainable=cfg.trainable,
-            data_hash=data_hash)
+            data_hash=data_hash, secure_rng=secure)
 
-    release_id = budget_registry.new_release_id()
-    budget_registry.check_and_record(budget_registry.Release.from_ledger(
-        ledger(), release_id=release_id, status="planned", artefact=out_dir.absolute()), budget)
+    if finished:  # finished earlier: nothing to resume, spend nothing more
+        return check_finished(out_dir, expected=ledger(steps), what="a retriever",
+                              keys=FINISHED_KEYS + ("mechanism",))
     public_ids: list[str] | None = None
     if cfg.method == "public-negatives":
         if public_corpus is None:
@@ -425,30 +487,65 @@ def train_dp_retriever(pairs: TrainingPairs, out_dir: str | Path, cfg: DPRetriev
     named = make_trainable(model, cfg.trainable, lora_rank=cfg.lora_rank)
     params = list(named.values())
     optimizer = torch.optim.Adam(params, lr=cfg.learning_rate)
-    rng = torch.Generator().manual_seed(int.from_bytes(os.urandom(8), "little"))
-    sampler = PoissonUnitSampler(n_units, sample_rate, rng)
+
+    account = StepAccount.open(log_path, private=True, checkpoint=ckpt_dir, secure=secure)
+    secure = account.secure
+    settings = resume_settings(cfg)
+    start_step = 0
+    if ckpt_dir.exists():
+        checkpoint = load_checkpoint(ckpt_dir, named, optimizer, expected=ledger(0), keys=PLAN_KEYS + ("mechanism",))
+        _check_settings(checkpoint.state.get("config"), settings, ckpt_dir)
+        account.resume_from(checkpoint.step, private=True)
+        start_step = checkpoint.step
+    budget_registry.check_and_record(budget_registry.Release.from_ledger(
+        ledger(account.total(steps)), release_id=account.release_id, status="planned", artefact=out_dir.absolute()),
+        budget)
+    # Fresh entropy for sampling, truncation and noise, also on resume: noise is never replayed.
+    if secure:
+        rng: torch.Generator | SecureRandom = SecureRandom()
+        sampler = SecurePoissonUnitSampler(n_units, sample_rate, rng)
+    else:
+        rng = torch.Generator().manual_seed(int.from_bytes(os.urandom(8), "little"))
+        sampler = PoissonUnitSampler(n_units, sample_rate, rng)
     expected = sample_rate * n_units
     model.train()
     started = time.perf_counter()
     with Progress() as progress:
-        task = progress.add_task(f"DP retriever ({cfg.method}, epsilon={cfg.epsilon:g})", total=steps)
-        for _ in range(steps):
+        task = progress.add_task(f"DP retriever ({cfg.method}, epsilon={cfg.epsilon:g})", total=steps,
+                                 completed=start_step)
+        for step in range(start_step, steps):
             batch = build_batch(pairs, units, sampler.sample(), cfg, rng, public_ids, mech.cap)
             stats = dp_step(model, params, batch, cfg, mech, expected, rng)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             progress.update(task, advance=1, description=f"DP retriever ({cfg.method}) loss={stats['loss']:.3f}")
+            if (step + 1) % cfg.checkpoint_every == 0 and step + 1 < steps:
+                account.persist(step + 1)
+                _save_checkpoint(ckpt_dir, named, optimizer, ledger(account.total(step + 1)), step=step + 1,
+                                 extra={"config": settings})
     model.eval()
     _finalise(model)
-    final = ledger()
+    final = ledger(account.total(steps))
     details = {"method": cfg.method, "sensitivity": mech.sensitivity, "noise_std": mech.noise_std,
                "noise_multiplier": mech.sigma, "batch_cap": mech.cap, "temperature": cfg.tau,
-               "seconds": round(time.perf_counter() - started, 1)}
+               "seconds": round(time.perf_counter() - started, 1), "resumed_at_step": start_step}
+    account.persist(steps)
     with atomic_path(out_dir) as staged:
         model.save(str(staged), safe_serialization=True)
         final.save(staged)
         write_json_atomic(staged / "train_config.json", cfg.model_dump(mode="json"))
-        (staged / "dp_mechanism.json").write_text(json.dumps(details, indent=2) + "\n")
-    budget_registry.record(budget_registry.Release.from_ledger(final, release_id=release_id, status="final",
+        write_json_atomic(staged / MECHANISM_FILE, details)
+    budget_registry.record(budget_registry.Release.from_ledger(final, release_id=account.release_id, status="final",
                                                                artefact=out_dir.absolute()), budget)
     return final
+
+
+def _check_settings(saved: dict | None, settings: dict, ckpt_dir: Path) -> None:
+    """Refuse a checkpoint made with other training settings than this run's."""
+    if saved is None:
+        raise InputError("checkpoint without its training settings; cannot resume it safely, start again in a new "
+                         "directory", path=ckpt_dir)
+    for key in sorted(set(saved) | set(settings)):
+        if saved.get(key) != settings.get(key):
+            raise InputError(f"checkpoint was made with {key}={saved.get(key)!r}, this run has "
+                             f"{settings.get(key)!r}; cannot resume", path=ckpt_dir)
