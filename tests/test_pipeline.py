@@ -289,3 +289,45 @@ def test_interrupted_generator_resumes_only_with_its_settings(small_config, tmp_
     monkeypatch.setattr(pipeline, "train_generator", resumed)
     pipeline.run_pipeline(small_config, run_dir)  # the same settings: resumes
     assert seen == [True] and (run_dir / "eps-inf" / "generator" / "stage.json").is_file()
+
+
+def test_interrupted_direct_dp_stage_resumes_with_its_settings_only(small_config, tmp_path, monkeypatch):
+    """A direct-DP row killed mid-training resumes from its checkpoint on the next run (charging the lost
+    steps), and is refused, not restarted, when its settings changed."""
+    from privret import pipeline
+    from privret.errors import InputError
+    from privret.privacy import budget
+    from privret.privacy.ledger import PrivacyLedger
+    from privret.train import dp_retriever
+
+    cfg = small_config.model_copy(update={"direct_dp": small_config.direct_dp.model_copy(update={
+        "methods": ["batch-clip"], "epsilons": [4.0],
+        "settings": {"model": small_config.retriever.model, "batch_size": 2, "trainable": "top:1",
+                     "checkpoint_every": 1}})})
+    stage = tmp_path / "run" / "direct-batch-clip-eps-4" / "retriever"
+    real = dp_retriever._save_checkpoint
+
+    def killed(ckpt_dir, params, optimizer, ledger, *, step, **kw):  # dies writing the checkpoint of step 2
+        if step == 2:
+            raise KeyboardInterrupt
+        return real(ckpt_dir, params, optimizer, ledger, step=step, **kw)
+
+    monkeypatch.setattr(dp_retriever, "_save_checkpoint", killed)
+    with pytest.raises(KeyboardInterrupt):
+        pipeline.run_pipeline(cfg, tmp_path / "run")
+    monkeypatch.setattr(dp_retriever, "_save_checkpoint", real)
+    assert (stage / "stage.json").is_file() and (stage / "checkpoint").is_dir() and (stage / "steps.jsonl").is_file()
+    with pytest.raises(InputError, match="direct-batch-clip-eps-4/retriever.*learning_rate.*interrupted run"):
+        pipeline.run_pipeline(_changed(cfg, "direct_dp", settings={**cfg.direct_dp.settings, "learning_rate": 1e-3}),
+                              tmp_path / "run")
+    seen = []
+    monkeypatch.setattr(pipeline, "train_dp_retriever", lambda *a, **kw: seen.append(kw["resume"]) or
+                        dp_retriever.train_dp_retriever(*a, **kw))
+    rows = pipeline.run_pipeline(cfg, tmp_path / "run")  # the same settings: resumes
+    ledger = PrivacyLedger.load(stage)
+    assert seen == [True] and ledger.steps == ledger.planned_steps + 1  # step 2 was announced, then lost
+    assert rows[-1]["epsilon"] == ledger.epsilon and (stage / "stage.json").is_file()
+    assert not (stage / "checkpoint").exists() and (stage / "dp_mechanism.json").is_file()
+    assert [(r.status, r.steps) for r in budget.releases(ledger.data_hash)] == [("final", ledger.steps)]
+    pipeline.run_pipeline(cfg, tmp_path / "run")  # finished: kept as it is
+    assert PrivacyLedger.load(stage) == ledger

@@ -16,7 +16,7 @@ Layout of ``RUN_DIR``::
     summary.json, summary.md       (the seed's Table 3 layout)
 
 Each stage writes its output atomically, so a finished stage is skipped on re-run and an
-interrupted one resumes (generator checkpoints, partial generation).
+interrupted one resumes (generator and direct DP retriever checkpoints, partial generation).
 
 **Stage fingerprints.** Every stage records the exact settings that produced it: a directory
 output gets ``<output>/stage.json``, a ``metrics.json`` gets ``metrics.stage.json`` beside it. The
@@ -31,8 +31,10 @@ new value. A finished stage whose upstream stage is missing (deleted, to be made
 too. A finished stage without ``stage.json`` (written by an older privret) is *legacy*: it is
 checked as far as it can be (its ``train_config.json`` or manifest settings, and its ledger's data
 hash) and then adopted: its fingerprint is recorded from the current config, so later edits are
-detected. The generator's record is also written when its training starts, so an interrupted
-generator resumes only with the settings it started with.
+detected. The records of the DP trainers (generator, direct DP retriever) are also written when
+their training starts, so an interrupted one resumes only with the settings it started with. A
+direct DP retriever's fingerprint leaves out ``checkpoint_every`` (it changes nothing trained) and
+``secure_rng`` when off, so records written before these fields existed still match.
 
 **Memory.** Models of finished stages are released between stages (:func:`release_memory`):
 transformers and Opacus modules sit in reference cycles that only the cyclic garbage collector
@@ -66,7 +68,7 @@ from privret.privacy.ledger import PrivacyLedger
 from privret.runlock import RunLock, recover_tree
 from privret.synth.filter import filter_round_trip
 from privret.synth.generate import generate_synthetic
-from privret.train.dp_retriever import train_dp_retriever
+from privret.train.dp_retriever import MECHANISM_FILE, DPRetrieverConfig, train_dp_retriever
 from privret.train.generator import train_generator
 from privret.train.retriever import train_retriever
 
@@ -179,10 +181,19 @@ def plan_stages(cfg: PipelineConfig, run_dir: Path, *, data_hash: str, evaluatio
         for method in cfg.direct_dp.methods:
             name = f"direct-{method}-eps-{eps_label(epsilon)}"
             trained = plan.add(f"{name}/retriever", {
-                "direct_dp": cfg.direct_dp.config(method, epsilon, cfg.unit).model_dump(mode="json"), "corpus": corpus,
-                **train}, legacy_settings=("train_config.json", None, "direct_dp"))
+                "direct_dp": direct_dp_fingerprint(cfg.direct_dp.config(method, epsilon, cfg.unit)), "corpus": corpus,
+                **train}, done=MECHANISM_FILE, resumable=True, legacy_settings=("train_config.json", None, "direct_dp"))
             plan.add(f"{name}/metrics.json", metrics, after=(trained,))
     return plan
+
+
+def direct_dp_fingerprint(cfg: DPRetrieverConfig) -> dict:
+    """The settings of a direct DP retriever stage, as recorded in its fingerprint (see the module docstring)."""
+    settings = cfg.model_dump(mode="json")
+    settings.pop("checkpoint_every")
+    if not settings["secure_rng"]:
+        settings.pop("secure_rng")
+    return settings
 
 
 def first_difference(old, new, path: str = "") -> tuple[str, object, object] | None:
@@ -439,12 +450,12 @@ def run_pipeline(cfg: PipelineConfig, run_dir: str | Path, *, budget: BudgetPoli
             name = f"direct-{method}-eps-{eps_label(epsilon)}"
             stage = run_dir / name
             console.rule(f"direct DP training of the retriever: {method}, epsilon = {eps_label(epsilon)}")
-            if not (stage / "retriever").exists():
+            if not (stage / "retriever" / MECHANISM_FILE).exists():
                 started = time.time()
+                write_record(stages[f"{name}/retriever"])  # pins an interrupted run to these settings
                 train_dp_retriever(pairs, stage / "retriever", cfg.direct_dp.config(method, epsilon, cfg.unit),
-                                   data_hash=data_hash, public_corpus=dataset.corpus,
-                                   budget=budget)
-                write_record(stages[f"{name}/retriever"])
+                                   data_hash=data_hash, public_corpus=dataset.corpus, budget=budget, resume=True)
+                write_record(stages[f"{name}/retriever"])  # the finished directory replaced the one holding it
                 write_json_atomic(stage / "timing.json", {"retriever_seconds": round(time.time() - started, 1)})
                 release_memory()
             ledger = PrivacyLedger.load(stage / "retriever")
