@@ -15,11 +15,13 @@ kills per trial, then it runs to the end). Checked after each trial:
   noisy updates" and fsyncs it *before* every safetensors write of parameters begins; the truth
   is the sum over processes of their largest m.
 
-Commands: generator-dp (epsilon 4), generator-plain (epsilon inf), generate, retriever, pipeline.
+Commands: generator-dp (epsilon 4), generator-plain (epsilon inf), generate, retriever, retriever-dp
+(direct DP training of the retriever, batch-clip at epsilon 4), pipeline.
 Tiny models built in code (tests/helpers.py); CPU, one thread.
 
     python bench/fault_injection.py                      # all commands, default trial counts
     python bench/fault_injection.py --commands generate --trials 3 --json /tmp/fi.json
+    python bench/fault_injection.py --commands retriever-dp --seed 2 --json bench/results/fault_injection_retriever_dp.json
 """
 
 from __future__ import annotations
@@ -84,6 +86,14 @@ class Setup:
         return GeneratorTrainConfig(model=str(self.llama), epsilon=epsilon, batch_size=8, epochs=4, trained_layers=1,
                                     lora_rank=4, bf16=False, checkpoint_every=1, physical_batch=8, accountant="rdp")
 
+    def retriever_dp_cfg(self):
+        from privret.train.dp_retriever import DPRetrieverConfig
+
+        # 29 units, q = 4/29, 2 epochs: 15 steps, a checkpoint every 2 (a kill often loses announced steps)
+        return DPRetrieverConfig(method="batch-clip", model=str(self.bert), epsilon=4.0, batch_size=4, epochs=2,
+                                 trainable="top:1", learning_rate=1e-3, max_query_tokens=32, max_doc_tokens=32,
+                                 checkpoint_every=2, accountant="rdp")
+
     def run(self, command: str, out: Path) -> None:
         """One attempt of ``command`` into ``out`` (resuming whatever is there)."""
         if command in ("generator-dp", "generator-plain"):
@@ -91,6 +101,10 @@ class Setup:
 
             epsilon = 4.0 if command == "generator-dp" else math.inf
             train_generator(self.pairs, out, self.generator_cfg(epsilon), data_hash="fault-injection", resume=True)
+        elif command == "retriever-dp":
+            from privret.train.dp_retriever import train_dp_retriever
+
+            train_dp_retriever(self.pairs, out, self.retriever_dp_cfg(), data_hash="fault-injection", resume=True)
         elif command == "generate":
             from privret.synth.generate import GenerateConfig, generate_synthetic
 
@@ -130,15 +144,23 @@ class Setup:
 
 def install_truth_hooks(truth_file: Path) -> None:
     import safetensors.torch as st_torch
+    from sentence_transformers import SentenceTransformer
 
     from privret.models import generator as genmod
+    from privret.train import dp_retriever as rtrain
     from privret.train import generator as gtrain
 
     state = {"dp_steps": 0}
     original_step, original_save, original_gen_save = gtrain._dp_step, st_torch.save_file, genmod.QueryGenerator.save
+    original_retriever_step, original_st_save = rtrain.dp_step, SentenceTransformer.save
 
     def counted_step(*a, **k):
         out = original_step(*a, **k)
+        state["dp_steps"] += 1  # the optimizer applies it right after
+        return out
+
+    def counted_retriever_step(*a, **k):
+        out = original_retriever_step(*a, **k)
         state["dp_steps"] += 1  # the optimizer applies it right after
         return out
 
@@ -158,9 +180,15 @@ def install_truth_hooks(truth_file: Path) -> None:
         note()
         return original_gen_save(self, directory)
 
+    def st_save(self, *a, **k):  # the final DP retriever (non-private retrievers count no DP steps)
+        note()
+        return original_st_save(self, *a, **k)
+
     gtrain._dp_step = counted_step
+    rtrain.dp_step = counted_retriever_step
     st_torch.save_file = save_file
     genmod.QueryGenerator.save = gen_save
+    SentenceTransformer.save = st_save
 
 
 def truth_steps(truth_file: Path) -> int:
@@ -230,7 +258,7 @@ def artefact_files(command: str, out: Path) -> dict[str, bytes]:
 
 
 def final_ledger(command: str, out: Path) -> PrivacyLedger | None:
-    if command == "generator-dp":
+    if command in ("generator-dp", "retriever-dp"):
         return PrivacyLedger.load(out)
     if command == "pipeline":
         return PrivacyLedger.load(out / "eps-4" / "generator")
@@ -239,13 +267,14 @@ def final_ledger(command: str, out: Path) -> PrivacyLedger | None:
 
 def complete(command: str, out: Path) -> bool:
     marker = {"generator-dp": "generator.json", "generator-plain": "generator.json", "generate": "manifest.json",
-              "retriever": "privacy_ledger.json", "pipeline": "summary.json"}[command]
+              "retriever": "privacy_ledger.json", "retriever-dp": "dp_mechanism.json",
+              "pipeline": "summary.json"}[command]
     return (out / marker).is_file()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--commands", default="generator-dp,generator-plain,generate,retriever,pipeline")
+    parser.add_argument("--commands", default="generator-dp,generator-plain,generate,retriever,retriever-dp,pipeline")
     parser.add_argument("--trials", type=int, default=4, help="trials per command (pipeline: half)")
     parser.add_argument("--kills", type=int, default=4, help="at most this many kills per trial")
     parser.add_argument("--seed", type=int, default=0)
