@@ -1,7 +1,7 @@
 #!/bin/bash
 # Seed spread of retriever training on a pipeline run's synthetic sets (docs/benchmarks.md).
 # usage: bench/retriever_seed_spread.sh RUN_DIR ROW [ROW...]     e.g. runs/scifact eps-8 eps-8-filtered
-# Trains the pipeline's retriever settings with seeds 1 and 2 (seed 0 is the pipeline's own row)
+# Trains with configs/scifact.yaml's retriever settings (edit below for another config), seeds 1 and 2 (seed 0 is the pipeline's own row)
 # into RUN_DIR/seeds/<row>-seed<S>/ and writes <that>.json with the test metrics; finished seeds are skipped.
 set -euo pipefail
 run_dir=$1; shift
