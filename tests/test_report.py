@@ -257,3 +257,9 @@ def test_network_check_catches_a_page_that_loads_something(tmp_path):
 if os.environ.get("PRIVRET_REQUIRE_CHROMIUM") == "1":  # CI: a missing browser is a failure, not a skip
     def test_chromium_is_installed():
         assert chromium_binary() is not None, "chromium not found (run `make install`)"
+
+
+def test_epsilon_ticks_merge_ledger_values_of_one_target():
+    from privret.report.plot import epsilon_ticks
+
+    assert list(epsilon_ticks([7.9917, 2.997, 7.9955, 15.993]).values()) == ["3", "8", "16"]

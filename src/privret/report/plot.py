@@ -16,6 +16,16 @@ METRIC = "ndcg@10"
 _COLOURS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf"]
 
 
+def epsilon_ticks(epsilons) -> dict[float, str]:
+    """One x tick per target epsilon: ledger values that round alike (7.992, 7.996 -> "8") share one."""
+    ticks: dict[float, str] = {}
+    for e in sorted(epsilons):
+        label = f"{e:.2g}"
+        if label not in ticks.values():
+            ticks[e] = label
+    return ticks
+
+
 def privacy_utility_png(run: RunData, *, metric: str = METRIC, width: float = 8.0, height: float = 4.8,
                         dpi: int = 110) -> bytes | None:
     """PNG bytes of the plot, or None when there is no private row to plot."""
@@ -53,13 +63,13 @@ def privacy_utility_png(run: RunData, *, metric: str = METRIC, width: float = 8.
     for label, value, (style, colour) in references:
         ax.axhline(value, linestyle=style, color=colour, linewidth=1.5, label=f"{label}: {value:.3f}")
     ax.set_xscale("log")
-    ticks = sorted(set(finite))
+    ticks = list(epsilon_ticks(finite))
     if any(not math.isfinite(e) for pts in series.values() for e, _ in pts):
         ticks.append(inf_x)
         ax.axvline(math.sqrt(hi * inf_x), color="#dddddd", linewidth=1)
     if ticks:
         ax.set_xticks(ticks)
-        ax.set_xticklabels(["∞" if t == inf_x else f"{t:g}" for t in ticks])
+        ax.set_xticklabels(["∞" if t == inf_x else epsilon_ticks([t])[t] for t in ticks])
         ax.minorticks_off()
         ax.set_xlim(lo / 1.6, (inf_x if inf_x in ticks else hi) * 1.6)
     ax.set_xlabel("ε (privacy budget; smaller is more private)")
