@@ -128,3 +128,26 @@ def test_local_epochs_fit_the_training_questions(fed_dir, tiny_encoder):
                                        temperature=0.05, rng=random.Random(epoch), **kw)
     after = local.evaluate_dense(model, model, client, split="train", **kw)["sentence"]["mrr@10"]
     assert before < 0.95 and after > before and after >= 0.99
+
+
+def test_second_server_on_the_same_run_directory_fails_at_once(tmp_path):
+    import subprocess
+    import sys
+    import time
+
+    from privret.errors import InputError
+    from privret.federated.apps import run_server
+
+    run = tmp_path / "run"
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from privret.runlock import RunLock\n"
+                               f"with RunLock({str(run)!r}):\n    print('held', flush=True); time.sleep(60)"],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        started = time.perf_counter()
+        with pytest.raises(InputError, match="another privret process"):
+            run_server(None, FedConfig(), run, n_clients=2)
+        assert time.perf_counter() - started < 5 and not run.exists()  # at once, nothing written
+    finally:
+        holder.kill()
+        holder.wait()

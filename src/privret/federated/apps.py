@@ -43,6 +43,7 @@ from privret.federated.negatives import (
 )
 from privret.federated.strategy import DP_WEIGHT_KEY, WEIGHT_KEY, dp_ledger, make_strategy, record_bytes
 from privret.io import atomic_path, write_json_atomic
+from privret.runlock import RunLock
 
 try:  # flwr is needed for the apps only; the rest of privret.federated works without it
     from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
@@ -323,8 +324,16 @@ def _fed_negative_exchange(grid, nodes, arrays, version: str, variant: str, cfg:
 
 def run_server(grid, cfg: FedConfig, out_dir: str | Path, *, n_clients: int, data_hash: str = "",
                resume: bool = True) -> dict:
-    """Stage 1 (FedAvg rounds, checkpointed each round), evaluation, stage 2 variants; ``results.json``."""
+    """Stage 1 (FedAvg rounds, checkpointed each round), evaluation, stage 2 variants; ``results.json``.
+
+    One server per run directory: a second one pointed at ``out_dir`` fails at once (:class:`RunLock`).
+    """
     out_dir = Path(out_dir)
+    with RunLock(out_dir, what="federated run directory"):
+        return _run_server(grid, cfg, out_dir, n_clients=n_clients, data_hash=data_hash, resume=resume)
+
+
+def _run_server(grid, cfg: FedConfig, out_dir: Path, *, n_clients: int, data_hash: str, resume: bool) -> dict:
     out_dir.mkdir(parents=True, exist_ok=True)
     state_path, ckpt = out_dir / "state.json", out_dir / "global.npz"
     state = json.loads(state_path.read_text()) if resume and state_path.is_file() else {}
