@@ -63,13 +63,14 @@ def privacy_utility_png(run: RunData, *, metric: str = METRIC, width: float = 8.
     for label, value, (style, colour) in references:
         ax.axhline(value, linestyle=style, color=colour, linewidth=1.5, label=f"{label}: {value:.3f}")
     ax.set_xscale("log")
-    ticks = list(epsilon_ticks(finite))
+    labels = {**epsilon_ticks(finite), inf_x: "∞"}
+    ticks = [t for t in labels if t != inf_x]
     if any(not math.isfinite(e) for pts in series.values() for e, _ in pts):
         ticks.append(inf_x)
         ax.axvline(math.sqrt(hi * inf_x), color="#dddddd", linewidth=1)
     if ticks:
         ax.set_xticks(ticks)
-        ax.set_xticklabels(["∞" if t == inf_x else epsilon_ticks([t])[t] for t in ticks])
+        ax.set_xticklabels([labels[t] for t in ticks])
         ax.minorticks_off()
         ax.set_xlim(lo / 1.6, (inf_x if inf_x in ticks else hi) * 1.6)
     ax.set_xlabel("ε (privacy budget; smaller is more private)")
