@@ -138,47 +138,65 @@ def main(argv=None) -> None:
     ap.add_argument("--trainable", default=None, help="comma list of all, top:K, lora")
     ap.add_argument("--methods", default="naive,batch-clip,logit-dp,public-negatives")
     ap.add_argument("--steps", type=int, default=None)
-    ap.add_argument("--materialise-batch", type=int, default=None, help="default 128 (quick: 8)")
+    ap.add_argument("--materialise-batch", default=None, help="comma list; default 128 (quick: 8); 0: skip")
+    ap.add_argument("--query-tokens", type=int, default=None, help="default 64 (quick: 32)")
+    ap.add_argument("--doc-tokens", type=int, default=None, help="default 256 (quick: 64)")
+    ap.add_argument("--negatives", type=int, default=None, help="public negatives; default 32 (quick: 16)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--data", type=Path, default=DEFAULT_DATA)
-    ap.add_argument("--json", type=Path, default=None, help="also write the rows here")
+    ap.add_argument("--json", type=Path, default=None,
+                    help="write the rows here after every cell; cells already in it are not measured again")
     a = ap.parse_args(argv)
     quick = a.quick
     batches = [int(b) for b in (a.batch_sizes or ("8,16" if quick else "32,64,128,256")).split(",")]
     trainables = (a.trainable or ("top:1" if quick else "all,top:2,lora")).split(",")
     steps = a.steps or (2 if quick else 3)
-    mat_batch = a.materialise_batch or (8 if quick else 128)
-    common = {"threads": a.threads, "data": str(a.data), "steps": steps, "query_tokens": 32 if quick else 64,
-              "doc_tokens": 64 if quick else 256, "negatives": 16 if quick else 32}
+    mat_batches = [int(b) for b in (a.materialise_batch or ("8" if quick else "128")).split(",") if int(b) > 0]
+    common = {"threads": a.threads, "data": str(a.data), "steps": steps,
+              "query_tokens": a.query_tokens or (32 if quick else 64),
+              "doc_tokens": a.doc_tokens or (64 if quick else 256),
+              "negatives": a.negatives or (16 if quick else 32)}
     methods = a.methods.split(",")
-    rows = []
+    done = json.loads(a.json.read_text()) if a.json and a.json.exists() else []
+    rows = list(done)
+
+    def cell(trainable: str, batch: int, method: str, **extra) -> dict:
+        """Measure one cell, or take it from ``--json`` when a run with the same settings already did."""
+        spec = {**common, "trainable": trainable, "batch": batch, "method": method, **extra}
+        for row in done:
+            if row.get("spec") == spec:
+                return row
+        row = {"trainable": trainable, "batch": batch, "method": method, "spec": spec, **measure(spec)}
+        rows.append(row)
+        if a.json:
+            tmp = a.json.with_suffix(".tmp")
+            tmp.write_text(json.dumps(rows, indent=1) + "\n")
+            tmp.replace(a.json)
+        return row
+
     print(f"config: {json.dumps({**common, 'batches': batches, 'trainable': trainables})}", flush=True)
     print("| trainable | batch | method | step s | peak MB | time / non-private | memory / non-private |")
     print("|---|---|---|---|---|---|---|", flush=True)
     for tr in trainables:
         for n in batches:
-            ref = measure({**common, "trainable": tr, "batch": n, "method": "non-private"})
-            rows.append({"trainable": tr, "batch": n, "method": "non-private", **ref})
+            ref = cell(tr, n, "non-private")
             print(f"| {tr} | {n} | non-private | {ref['seconds']:.3f} | {ref['peak_mb']:.0f} | 1.00 | 1.00 |", flush=True)
             for m in methods:
-                r = measure({**common, "trainable": tr, "batch": n, "method": m})
-                rows.append({"trainable": tr, "batch": n, "method": m, **r})
+                r = cell(tr, n, m)
                 if "error" in r:
                     print(f"| {tr} | {n} | {m} | {r['error']} | | | |", flush=True)
                     continue
                 print(f"| {tr} | {n} | {m} | {r['seconds']:.3f} | {r['peak_mb']:.0f} | "
                       f"{r['seconds'] / ref['seconds']:.2f} | {r['peak_mb'] / max(ref['peak_mb'], 1):.2f} |", flush=True)
-    print(f"\nlogit-dp vs materialising every g_ij, batch {mat_batch}:", flush=True)
-    for tr in trainables:
-        ours = measure({**common, "trainable": tr, "batch": mat_batch, "method": "logit-dp", "steps": 1})
-        mat = measure({**common, "trainable": tr, "batch": mat_batch, "method": "materialise", "steps": 1})
-        rows.append({"trainable": tr, "batch": mat_batch, "method": "materialise", **mat})
-        all_at_once = mat_batch ** 2 * ours.get("trainable_params", 0) * 4 / 2**30
-        print(f"{tr}: logit-dp {ours['seconds']:.2f} s, {ours['peak_mb']:.0f} MB; materialise {mat['seconds']:.2f} s, "
-              f"{mat['peak_mb']:.0f} MB (streamed; all n^2 g_ij at once: {all_at_once:.1f} GiB); "
-              f"speed-up {mat['seconds'] / ours['seconds']:.1f}x", flush=True)
-    if a.json:
-        a.json.write_text(json.dumps(rows, indent=1) + "\n")
+    for mat_batch in mat_batches:
+        print(f"\nlogit-dp vs materialising every g_ij, batch {mat_batch}:", flush=True)
+        for tr in trainables:
+            ours = cell(tr, mat_batch, "logit-dp", steps=1)
+            mat = cell(tr, mat_batch, "materialise", steps=1)
+            all_at_once = mat_batch ** 2 * ours.get("trainable_params", 0) * 4 / 2**30
+            print(f"{tr}: logit-dp {ours['seconds']:.2f} s, {ours['peak_mb']:.0f} MB; materialise {mat['seconds']:.2f} s, "
+                  f"{mat['peak_mb']:.0f} MB (streamed; all n^2 g_ij at once: {all_at_once:.1f} GiB); "
+                  f"speed-up {mat['seconds'] / ours['seconds']:.1f}x", flush=True)
 
 
 if __name__ == "__main__":
