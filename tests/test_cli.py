@@ -66,6 +66,24 @@ def test_bad_epsilon_and_delta_exit_2(toy_beir, tmp_path):
     assert not out.exists()
 
 
+def test_generator_train_passes_checkpoint_every(toy_beir, tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from privret.cli import app
+    from privret.train import generator as gtrain
+
+    seen = {}
+
+    def fake_train(pairs, out_dir, cfg, **kwargs):
+        seen["cfg"] = cfg
+        raise SystemExit(0)
+
+    monkeypatch.setattr(gtrain, "train_generator", fake_train)
+    CliRunner().invoke(app, ["generator", "train", "--data", str(toy_beir), "--out", str(tmp_path / "g"),
+                             "--checkpoint-every", "3"])
+    assert seen["cfg"].checkpoint_every == 3
+
+
 def test_pipeline_config_errors(tmp_path):
     config = tmp_path / "bad.yaml"
     config.write_text("name: x\ndataset: data\nepsilons: [8, -3]\n")

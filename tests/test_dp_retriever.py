@@ -536,3 +536,23 @@ def test_cli_dp_resume(tmp_path, tiny_bert_dir, monkeypatch):
     res = runner.invoke(app, ["retriever", "train", "--pairs", str(pairs_file), "--out", str(tmp_path / "n"),
                               "--model", str(tiny_bert_dir), "--resume"])
     assert isinstance(res.exception, InputError) and "--resume" in str(res.exception)
+
+
+def test_cli_checkpoint_every(tmp_path, tiny_bert_dir, monkeypatch):
+    from typer.testing import CliRunner
+
+    from privret.cli import app
+    from privret.train.checkpointing import CHECKPOINT_DIR
+
+    rows = [{"query": f"what {w}", "doc": f"document about {w}"} for w in WORDS[:10]]
+    pairs_file = tmp_path / "pairs.jsonl"
+    pairs_file.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    args = ["retriever", "train", "--pairs", str(pairs_file), "--out", str(tmp_path / "o"), "--model",
+            str(tiny_bert_dir), "--dp", "batch-clip", "--epsilon", "8", "--batch-size", "4", "--epochs", "2",
+            "--trainable", "top:1", "--checkpoint-every", "2"]
+    truth = _Truth(monkeypatch, crash_at_final=True)  # 5 steps: checkpoints after steps 2 and 4, then killed
+    assert truth.attempt(CliRunner().invoke, app, args, catch_exceptions=False) is None
+    state = json.loads((tmp_path / "o" / CHECKPOINT_DIR / "state.json").read_text())
+    assert state["step"] == 4
+    res = CliRunner().invoke(app, args[:-1] + ["0"])
+    assert res.exit_code == 2 and "--checkpoint-every" in res.output

@@ -15,6 +15,7 @@ from privret.cli.options import (
     UNIT_HELP,
     AllowOverOpt,
     BudgetCapOpt,
+    CheckpointEveryOpt,
     DataOpt,
     PairsOpt,
     ResumeOpt,
@@ -41,6 +42,7 @@ def generator_train(
     accountant: Annotated[str, typer.Option(help=ACCOUNTANT_HELP)] = "prv",
     seed: SeedOpt = 0,
     resume: ResumeOpt = False,
+    checkpoint_every: CheckpointEveryOpt = 10,
     secure_rng: SecureRngOpt = False,
     budget_cap: BudgetCapOpt = None,
     allow_over_budget: AllowOverOpt = False,
@@ -51,6 +53,7 @@ def generator_train(
     policy = budget_policy(budget_cap, allow_over_budget)
     training, data_hash = training_pairs(data, split, pairs)
     cfg = build_config(GeneratorTrainConfig, model=model, epsilon=epsilon, delta=delta, unit=unit, **fine_tuning,
-                       accountant=accountant, seed=seed, secure_rng=secure_rng)
+                       accountant=accountant, seed=seed, checkpoint_every=checkpoint_every,
+                       secure_rng=secure_rng)
     ledger = train_generator(training, out_dir, cfg, data_hash=data_hash, resume=resume, budget=policy)
     out.print(f"generator written to {out_dir}: {ledger.summary()}")

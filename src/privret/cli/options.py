@@ -38,6 +38,8 @@ SeedOpt = Annotated[int, typer.Option()]
 # crash safety and DP randomness of the DP trainers (generator train, retriever train --dp)
 ResumeOpt = Annotated[bool, typer.Option(help="continue an interrupted run in --out")]
 SecureRngOpt = Annotated[bool, typer.Option(help="DP noise and sampling from the OS CSPRNG (os.urandom)")]
+CheckpointEveryOpt = Annotated[int, typer.Option(
+    min=1, help="DP training: write a resumable checkpoint every N steps (one write of the trained weights)")]
 
 # audits of a private dataset
 PrivateDataOpt = Annotated[Path, typer.Option("--data", help="the private BEIR dataset")]

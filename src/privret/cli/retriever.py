@@ -15,6 +15,7 @@ from privret.cli.options import (
     UNIT_HELP,
     AllowOverOpt,
     BudgetCapOpt,
+    CheckpointEveryOpt,
     DataOpt,
     EpochsOpt,
     LearningRateOpt,
@@ -53,6 +54,7 @@ def retriever_train(
     spreadout_weight: Annotated[float, typer.Option(help="--dp logit-dp: spreadout regulariser weight")] = 0.0,
     accountant: Annotated[str, typer.Option(help=f"--dp: {ACCOUNTANT_HELP}")] = "prv",
     resume: ResumeOpt = False,
+    checkpoint_every: CheckpointEveryOpt = 10,
     secure_rng: SecureRngOpt = False,
     budget_cap: BudgetCapOpt = None,
     allow_over_budget: AllowOverOpt = False,
@@ -75,7 +77,7 @@ def retriever_train(
                               epochs=epochs, learning_rate=learning_rate, temperature=temperature,
                               spreadout_weight=spreadout_weight, trainable=trainable, lora_rank=lora_rank,
                               public_negatives=public_negatives, accountant=accountant, seed=seed,
-                              secure_rng=secure_rng)
+                              checkpoint_every=checkpoint_every, secure_rng=secure_rng)
         ledger = train_dp_retriever(training, out_dir, dp_cfg, data_hash=data_hash, public_corpus=training.corpus,
                                     budget=policy, resume=resume)
         out.print(f"retriever written to {out_dir} ({ledger.summary()}, {dp})")
