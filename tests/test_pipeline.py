@@ -35,8 +35,24 @@ def tiny_config(toy_beir, tiny_llama_dir, tiny_bert_dir) -> PipelineConfig:
 def test_pipeline_rows_ledgers_and_resume(tiny_config, tmp_path, monkeypatch):
     from privret import pipeline
 
+    from privret.evaluate import retrieval
+
     run_dir = tmp_path / "run"
+    cached = []  # (cache_dir, whether the corpus embeddings were there already) per corpus encoding
+    real_embeddings = retrieval.corpus_embeddings
+
+    def spy(model, corpus, *, cache_dir=None, **kwargs):
+        key = retrieval.corpus_cache_key(model, corpus, bf16=True)
+        cached.append((cache_dir, cache_dir is not None and (cache_dir / f"{key}.npy").is_file()))
+        return real_embeddings(model, corpus, cache_dir=cache_dir, **kwargs)
+
+    monkeypatch.setattr(retrieval, "corpus_embeddings", spy)
     rows = pipeline.run_pipeline(tiny_config, run_dir)
+    # the public encoder's corpus embeddings (zero-shot row, then the filter at each epsilon) are computed once;
+    # the 7 trained retrievers are not cached
+    cache = run_dir / "cache" / "embeddings"
+    assert [c for c in cached if c[0] is not None] == [(cache, False), (cache, True), (cache, True)]
+    assert len(cached) == 10 and len(list(cache.iterdir())) == 1
     assert [r["row"] for r in rows] == ["zero-shot", "original pairs (non-private)", "DP synthetic (epsilon=inf)",
                                         "DP synthetic, round-trip filtered (epsilon=inf)", "DP synthetic (epsilon=4)",
                                         "DP synthetic, round-trip filtered (epsilon=4)",

@@ -66,6 +66,33 @@ def test_filter_keeps_the_round_trip_consistent_pairs(synthetic_dir, tmp_path, t
         assert 0 < len(expected) < 7  # the toy data exercises both outcomes
 
 
+def test_filter_output_is_the_same_with_and_without_the_cache(synthetic_dir, tiny_bert_dir, tmp_path, monkeypatch):
+    from privret.evaluate import retrieval
+
+    encoded: list[int] = []
+    real_encode = retrieval.encode
+
+    def counting_encode(model, texts, **kwargs):
+        encoded.append(len(texts))
+        return real_encode(model, texts, **kwargs)
+
+    monkeypatch.setattr(retrieval, "encode", counting_encode)
+    corpus = load_corpus(synthetic_dir / "corpus.jsonl")
+    cfg = RoundTripFilterConfig(encoder=str(tiny_bert_dir), top_k=1)
+    cache = tmp_path / "cache"
+    manifests, files = {}, {}
+    for name, cache_dir in [("plain", None), ("miss", cache), ("hit", cache)]:
+        encoded.clear()
+        manifests[name] = filter_round_trip(synthetic_dir, corpus, tmp_path / name, cfg, cache_dir=cache_dir)
+        assert encoded == ([7] if name == "hit" else [len(corpus), 7])  # a hit encodes the 7 queries only
+        files[name] = {str(p.relative_to(tmp_path / name)): p.read_bytes()
+                       for p in sorted((tmp_path / name).rglob("*")) if p.is_file()}
+    assert 0 < manifests["plain"]["kept"] < 7
+    assert manifests["plain"] == manifests["miss"] == manifests["hit"]
+    assert files["plain"] == files["miss"] == files["hit"] and "qrels/train.tsv" in files["plain"]
+    assert len(list(cache.glob("*.npy"))) == 1
+
+
 def test_filter_refuses_a_privately_trained_encoder(synthetic_dir, tmp_path, tiny_bert_dir):
     import shutil
 
@@ -85,9 +112,11 @@ def test_cli_filter(synthetic_dir, tmp_path, tiny_bert_dir):
     out = tmp_path / "filtered"
     args = [sys.executable, "-m", "privret.cli", "filter", "--synthetic", str(synthetic_dir), "--data",
             str(synthetic_dir), "--out", str(out), "--encoder", str(tiny_bert_dir), "--top-k", "1"]
-    result = subprocess.run(args, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(args + ["--cache-dir", str(tmp_path / "cache")], capture_output=True, text=True,
+                            timeout=300)
     assert result.returncode == 0, result.stderr
     kept = len(load_beir(out, splits=["train"]).queries)
     assert f"kept {kept} of 7" in result.stdout
+    assert len(list((tmp_path / "cache").glob("*.npy"))) == 1
     result = subprocess.run(args[:-2] + ["--top-k", "0"], capture_output=True, text=True, timeout=300)
     assert result.returncode == 2 and "--top-k" in result.stderr

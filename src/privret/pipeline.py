@@ -14,6 +14,7 @@ Layout of ``RUN_DIR``::
     direct-<method>-eps-<e>/retriever/   (direct DP training on the original pairs, with its ledger)
     direct-<method>-eps-<e>/metrics.json
     summary.json, summary.md       (the seed's Table 3 layout)
+    cache/embeddings/<key>.npy     (the public zero-shot encoder's corpus embeddings, see below)
 
 Each stage writes its output atomically, so a finished stage is skipped on re-run and an
 interrupted one resumes (generator and direct DP retriever checkpoints, partial generation).
@@ -35,6 +36,15 @@ detected. The records of the DP trainers (generator, direct DP retriever) are al
 their training starts, so an interrupted one resumes only with the settings it started with. A
 direct DP retriever's fingerprint leaves out ``checkpoint_every`` (it changes nothing trained) and
 ``secure_rng`` when off, so records written before these fields existed still match.
+
+**Embedding cache.** The zero-shot evaluation and the round-trip filter (once per epsilon) encode
+the same public corpus, with the same public encoder when ``synthetic_filter.encoder`` is the
+zero-shot model; the matrix is computed once and reused from ``cache/embeddings``
+(:func:`privret.evaluate.retrieval.corpus_embeddings`; keyed by the encoder's exact weights and the
+corpus texts, so a changed model or corpus never reads a stale entry). Only public encoders are
+cached: retrievers trained on the private pairs or on synthetic sets are each evaluated once, and
+their embeddings are never written there. The directory may be deleted between runs; what is
+missing is computed again.
 
 **Memory.** Models of finished stages are released between stages (:func:`release_memory`):
 transformers and Opacus modules sit in reference cycles that only the cyclic garbage collector
@@ -64,7 +74,7 @@ from privret.evaluate.retrieval import evaluate_retriever
 from privret.io import file_sha256, write_json_atomic, write_text_atomic
 from privret.models.encoder import load_encoder
 from privret.privacy.budget import BudgetPolicy, run_composition, run_composition_sentence
-from privret.privacy.ledger import PrivacyLedger
+from privret.privacy.ledger import LEDGER_FILE, PrivacyLedger
 from privret.runlock import RunLock, recover_tree
 from privret.synth.filter import filter_round_trip
 from privret.synth.generate import generate_synthetic
@@ -76,6 +86,7 @@ console = Console(stderr=True)
 
 STAGE_FILE = "stage.json"
 STAGE_FORMAT = 1
+EMBEDDING_CACHE = Path("cache") / "embeddings"  # in the run directory: public encoders only
 
 
 def eps_label(epsilon: float) -> str:
@@ -340,13 +351,15 @@ def release_memory() -> None:
 # The pipeline
 
 
-def _evaluate_stage(stage: Stage, model_name: str, dataset: BeirDataset, split: str, extra: dict) -> dict:
+def _evaluate_stage(stage: Stage, model_name: str, dataset: BeirDataset, split: str, extra: dict, *,
+                    cache_dir: Path | None = None) -> dict:
+    """Metrics of a retriever, unless done; ``cache_dir`` only for a public encoder (privacy)."""
     path = stage.output
     if path.exists():
         return json.loads(path.read_text())
     started = time.time()
     model = load_encoder(model_name)
-    metrics = evaluate_retriever(model, dataset.corpus, dataset.queries, dataset.split(split))
+    metrics = evaluate_retriever(model, dataset.corpus, dataset.queries, dataset.split(split), cache_dir=cache_dir)
     del model
     result = {**extra, **metrics, "eval_seconds": round(time.time() - started, 1)}
     write_json_atomic(path, result)
@@ -384,10 +397,12 @@ def run_pipeline(cfg: PipelineConfig, run_dir: str | Path, *, budget: BudgetPoli
     write_json_atomic(run_dir / "config.json", cfg.model_dump(mode="json"))
     unit = cfg.unit.value
     rows = []
+    cache = run_dir / EMBEDDING_CACHE
 
     console.rule("zero-shot encoder")
+    public = not (Path(cfg.retriever.model) / LEDGER_FILE).is_file()  # not trained by privret on private data
     zero = _evaluate_stage(stages["zero_shot/metrics.json"], cfg.retriever.model, dataset, cfg.eval_split,
-                           {"row": "zero-shot", "epsilon": None, "delta": None})
+                           {"row": "zero-shot", "epsilon": None, "delta": None}, cache_dir=cache if public else None)
     rows.append(zero)
 
     console.rule("retriever on the original (private) pairs, non-private")
@@ -435,7 +450,8 @@ def run_pipeline(cfg: PipelineConfig, run_dir: str | Path, *, budget: BudgetPoli
             timing = {}
             if not (filtered / "synthetic").exists():
                 started = time.time()
-                filter_round_trip(stage / "synthetic", dataset.corpus, filtered / "synthetic", cfg.synthetic_filter)
+                filter_round_trip(stage / "synthetic", dataset.corpus, filtered / "synthetic", cfg.synthetic_filter,
+                                  cache_dir=cache)
                 write_record(stages[f"eps-{label}-filtered/synthetic"])
                 timing["filter_seconds"] = round(time.time() - started, 1)
                 release_memory()

@@ -27,6 +27,9 @@ def evaluate(
     label: Annotated[Optional[list[str]], typer.Option(help="row name per --model in the --datasets table")] = None,
     split: Annotated[str, typer.Option(help="qrels split to evaluate on")] = "test",
     json_out: Annotated[Optional[Path], typer.Option("--json", help="also write the metrics here")] = None,
+    cache_dir: Annotated[Optional[Path], typer.Option(
+        help="reuse or store corpus embeddings here (a .npy per model weights and corpus); they reveal what "
+             "the model does, so keep them where the model may be kept")] = None,
 ) -> None:
     """Exact FAISS search over the corpus; NDCG@10, Recall@10/100, MRR@10 (pytrec_eval).
 
@@ -48,7 +51,7 @@ def evaluate(
         from privret.evaluate.multi import evaluate_many, resolve_datasets, rich_tables
 
         paths = resolve_datasets(datasets.split(","), data_root)
-        result = evaluate_many(list(model), paths, split, labels=list(label) if label else None)
+        result = evaluate_many(list(model), paths, split, labels=list(label) if label else None, cache_dir=cache_dir)
         for table in rich_tables(result):
             out.print(table)
         if json_out is not None:
@@ -63,7 +66,8 @@ def evaluate(
     from privret.models.encoder import load_encoder
 
     dataset = load_beir(data, splits=[split])
-    metrics = evaluate_retriever(load_encoder(model[0]), dataset.corpus, dataset.queries, dataset.split(split))
+    metrics = evaluate_retriever(load_encoder(model[0]), dataset.corpus, dataset.queries, dataset.split(split),
+                                 cache_dir=cache_dir)
     table = Table(title=f"{model[0]} on {data.name}/{split} ({metrics['queries']} queries)")
     for m in METRICS:
         table.add_column(m, justify="right")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 
@@ -19,12 +19,14 @@ def filter_synthetic(
     = "minilm-l6",
     top_k: Annotated[int, typer.Option(help="keep (q, d) when d is among q's top k documents")] = 20,
     batch_size: Annotated[int, typer.Option()] = 64,
+    cache_dir: Annotated[Optional[Path], typer.Option(
+        help="reuse or store the encoder's corpus embeddings here (a .npy per encoder weights and corpus)")] = None,
 ) -> None:
     """Keep the synthetic pairs whose document a public encoder ranks in the query's top k (same ledger)."""
     from privret.data.beir import load_corpus
     from privret.synth.filter import RoundTripFilterConfig, filter_round_trip
 
     cfg = build_config(RoundTripFilterConfig, encoder=encoder, top_k=top_k, batch_size=batch_size)
-    manifest = filter_round_trip(synthetic, load_corpus(data / "corpus.jsonl"), out_dir, cfg)
+    manifest = filter_round_trip(synthetic, load_corpus(data / "corpus.jsonl"), out_dir, cfg, cache_dir=cache_dir)
     out.print(f"kept {manifest['kept']} of {manifest['queries_in']} synthetic queries in {out_dir} "
               f"(top {top_k} of {encoder}); ledger unchanged")

@@ -11,6 +11,11 @@ corpus and a public encoder. When none of these depends on the private queries b
 generator's DP release, the filtered set is post-processing of that release and carries its
 ledger unchanged (Dwork and Roth 2014, Prop. 2.1). An encoder trained by privret on the
 private data (it has a privacy ledger) would break that argument and is refused.
+
+With a ``cache_dir``, the public encoder's embeddings of the public corpus are stored there and
+reused (:func:`privret.evaluate.retrieval.corpus_embeddings`): the pipeline filters once per
+epsilon with the same encoder and corpus. As the encoder and the corpus are public, the cache
+holds nothing derived from private data.
 """
 
 from __future__ import annotations
@@ -37,10 +42,11 @@ class RoundTripFilterConfig(BaseModel):
 
 
 def filter_round_trip(synthetic_dir: str | Path, corpus: dict[str, Document], out_dir: str | Path,
-                      cfg: RoundTripFilterConfig) -> dict:
+                      cfg: RoundTripFilterConfig, *, cache_dir: str | Path | None = None) -> dict:
     """Write the kept pairs of ``synthetic_dir`` (a BEIR ``train`` split) to ``out_dir``; its manifest.
 
-    ``corpus`` is the public corpus searched; every synthetic document must be in it.
+    ``corpus`` is the public corpus searched; every synthetic document must be in it. ``cache_dir``:
+    where the public encoder's corpus embeddings are reused or stored (none: encode every time).
     """
     synthetic_dir, out_dir = Path(synthetic_dir), Path(out_dir)
     if (Path(cfg.encoder) / LEDGER_FILE).is_file():
@@ -54,7 +60,7 @@ def filter_round_trip(synthetic_dir: str | Path, corpus: dict[str, Document], ou
         raise InputError(f"{len(missing)} synthetic documents are not in the corpus searched (first: {missing[0]})",
                          path=synthetic_dir / "corpus.jsonl", field="_id")
     model = load_encoder(cfg.encoder)
-    run = search(model, corpus, synthetic.queries, k=cfg.top_k, batch_size=cfg.batch_size)
+    run = search(model, corpus, synthetic.queries, k=cfg.top_k, batch_size=cfg.batch_size, cache_dir=cache_dir)
     qrels = synthetic.split("train")
     kept = {q: docs for q, docs in qrels.items() if any(d in run.get(q, {}) for d in docs)}
     used = {d for docs in kept.values() for d in docs}
