@@ -1,7 +1,9 @@
 """Step time and peak memory of the direct-DP retriever methods against non-private in-batch training.
 
 Every (method, trainable, batch size) runs in its own spawned process (peak memory is per process);
-ratios are taken against the non-private step measured in the same run. Also compares logit-dp with
+ratios are taken against the non-private step measured in the same run, or, with ``--interleave``,
+against non-private steps alternating with the method's steps in the same process (fair when the
+machine is shared). Also compares logit-dp with
 materialising every per-pair gradient g_ij (Algorithm 1 literally: each g_ij a parameter-sized vector,
 computed one at a time from per-sequence graphs, so the baseline itself fits in memory; holding all of
 them at once would need n^2 * P * 4 bytes, printed alongside).
@@ -70,33 +72,48 @@ def _worker(args: dict, queue) -> None:
                             max_doc_tokens=args["doc_tokens"], public_negatives=args["negatives"], temperature=0.05)
     cuda = torch.cuda.is_available()
 
+    def non_private_step():
+        e_q = _encode(model, batch.queries, cfg.max_query_tokens)
+        e_d = _encode(model, batch.docs, cfg.max_doc_tokens)
+        loss = F.cross_entropy(e_q @ e_d.T / cfg.tau, torch.arange(n, device=e_q.device))
+        loss.backward()
+        for p in params:
+            p.grad = None
+
     def step():
         if method == "non-private":
-            e_q = _encode(model, batch.queries, cfg.max_query_tokens)
-            e_d = _encode(model, batch.docs, cfg.max_doc_tokens)
-            loss = F.cross_entropy(e_q @ e_d.T / cfg.tau, torch.arange(n, device=e_q.device))
-            loss.backward()
-            for p in params:
-                p.grad = None
+            non_private_step()
         elif method == "materialise":
             materialise(model, params, batch, cfg)
         else:
             clipped_sum(method, model, params, batch, cfg)
 
+    def timed(fn) -> float:
+        start = time.perf_counter()
+        fn()
+        if cuda:
+            torch.cuda.synchronize()
+        return time.perf_counter() - start
+
+    # Interleaved: each step of the method is followed by a non-private step in the same process, so
+    # the ratio compares steps that ran under the same load (the first pair warms up).
+    interleave = args.get("interleave", False) and method != "non-private"
     base = _rss_mb()
     if cuda:
         torch.cuda.reset_peak_memory_stats()
-    times = []
+    times, reference = [], []
     for k in range(args["steps"] + 1):
-        start = time.perf_counter()
-        step()
-        if cuda:
-            torch.cuda.synchronize()
-        if k:  # the first step warms up
-            times.append(time.perf_counter() - start)
+        t = timed(step)
+        r = timed(non_private_step) if interleave else None
+        if k:
+            times.append(t)
+            if r is not None:
+                reference.append(r)
     peak = torch.cuda.max_memory_allocated() / 2**20 if cuda else _peak_mb() - base
-    queue.put({"seconds": statistics.median(times), "peak_mb": peak,
-               "trainable_params": sum(p.numel() for p in params)})
+    result = {"seconds": statistics.median(times), "peak_mb": peak, "trainable_params": sum(p.numel() for p in params)}
+    if reference:
+        result["reference_seconds"] = statistics.median(reference)
+    queue.put(result)
 
 
 def materialise(model, params, batch, cfg):
@@ -142,6 +159,9 @@ def main(argv=None) -> None:
     ap.add_argument("--query-tokens", type=int, default=None, help="default 64 (quick: 32)")
     ap.add_argument("--doc-tokens", type=int, default=None, help="default 256 (quick: 64)")
     ap.add_argument("--negatives", type=int, default=None, help="public negatives; default 32 (quick: 16)")
+    ap.add_argument("--max-batch", default="", help="per-method batch limits, e.g. naive=64,logit-dp=128")
+    ap.add_argument("--interleave", action="store_true",
+                    help="time each method step next to a non-private step in the same process (fair under load)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--data", type=Path, default=DEFAULT_DATA)
     ap.add_argument("--json", type=Path, default=None,
@@ -157,6 +177,9 @@ def main(argv=None) -> None:
               "doc_tokens": a.doc_tokens or (64 if quick else 256),
               "negatives": a.negatives or (16 if quick else 32)}
     methods = a.methods.split(",")
+    max_batch = {m: int(b) for m, b in (item.split("=") for item in a.max_batch.split(",") if item)}
+    if a.interleave:
+        common["interleave"] = True
     done = json.loads(a.json.read_text()) if a.json and a.json.exists() else []
     rows = list(done)
 
@@ -182,12 +205,15 @@ def main(argv=None) -> None:
             ref = cell(tr, n, "non-private")
             print(f"| {tr} | {n} | non-private | {ref['seconds']:.3f} | {ref['peak_mb']:.0f} | 1.00 | 1.00 |", flush=True)
             for m in methods:
+                if n > max_batch.get(m, n):
+                    continue
                 r = cell(tr, n, m)
                 if "error" in r:
                     print(f"| {tr} | {n} | {m} | {r['error']} | | | |", flush=True)
                     continue
+                ratio = r["seconds"] / r.get("reference_seconds", ref["seconds"])
                 print(f"| {tr} | {n} | {m} | {r['seconds']:.3f} | {r['peak_mb']:.0f} | "
-                      f"{r['seconds'] / ref['seconds']:.2f} | {r['peak_mb'] / max(ref['peak_mb'], 1):.2f} |", flush=True)
+                      f"{ratio:.2f} | {r['peak_mb'] / max(ref['peak_mb'], 1):.2f} |", flush=True)
     for mat_batch in mat_batches:
         print(f"\nlogit-dp vs materialising every g_ij, batch {mat_batch}:", flush=True)
         for tr in trainables:
