@@ -511,17 +511,23 @@ def test_secure_rng_direct_dp_draws_noise_and_sampling_from_the_csprng(tmp_path,
     assert draws.min() == 0 and draws.max() == 2 and abs(draws.float().mean().item() - 1.0) < 0.1
 
 
+def _cli_batch_clip_args(tmp_path, tiny_bert_dir) -> list[str]:
+    """``retriever train --dp batch-clip`` on 10 pairs written to tmp_path/pairs.jsonl: 5 steps into tmp_path/o."""
+    rows = [{"query": f"what {w}", "doc": f"document about {w}"} for w in WORDS[:10]]
+    pairs_file = tmp_path / "pairs.jsonl"
+    pairs_file.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return ["retriever", "train", "--pairs", str(pairs_file), "--out", str(tmp_path / "o"), "--model",
+            str(tiny_bert_dir), "--dp", "batch-clip", "--epsilon", "8", "--batch-size", "4", "--epochs", "2",
+            "--trainable", "top:1"]
+
+
 def test_cli_dp_resume(tmp_path, tiny_bert_dir, monkeypatch):
     from typer.testing import CliRunner
 
     from privret.cli import app
 
-    rows = [{"query": f"what {w}", "doc": f"document about {w}"} for w in WORDS[:10]]
+    args = _cli_batch_clip_args(tmp_path, tiny_bert_dir)
     pairs_file = tmp_path / "pairs.jsonl"
-    pairs_file.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    args = ["retriever", "train", "--pairs", str(pairs_file), "--out", str(tmp_path / "o"), "--model",
-            str(tiny_bert_dir), "--dp", "batch-clip", "--epsilon", "8", "--batch-size", "4", "--epochs", "2",
-            "--trainable", "top:1"]
     truth = _Truth(monkeypatch, crash_at_final=True)  # 5 steps, no checkpoint (every 10): killed at the end
     runner = CliRunner()
     assert truth.attempt(runner.invoke, app, args, catch_exceptions=False) is None
@@ -544,12 +550,7 @@ def test_cli_checkpoint_every(tmp_path, tiny_bert_dir, monkeypatch):
     from privret.cli import app
     from privret.train.checkpointing import CHECKPOINT_DIR
 
-    rows = [{"query": f"what {w}", "doc": f"document about {w}"} for w in WORDS[:10]]
-    pairs_file = tmp_path / "pairs.jsonl"
-    pairs_file.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    args = ["retriever", "train", "--pairs", str(pairs_file), "--out", str(tmp_path / "o"), "--model",
-            str(tiny_bert_dir), "--dp", "batch-clip", "--epsilon", "8", "--batch-size", "4", "--epochs", "2",
-            "--trainable", "top:1", "--checkpoint-every", "2"]
+    args = _cli_batch_clip_args(tmp_path, tiny_bert_dir) + ["--checkpoint-every", "2"]
     truth = _Truth(monkeypatch, crash_at_final=True)  # 5 steps: checkpoints after steps 2 and 4, then killed
     assert truth.attempt(CliRunner().invoke, app, args, catch_exceptions=False) is None
     state = json.loads((tmp_path / "o" / CHECKPOINT_DIR / "state.json").read_text())
