@@ -125,12 +125,13 @@ def materialise(model, params, batch, cfg):
     e_q = [_encode(model, [q], cfg.max_query_tokens)[0] for q in batch.queries]
     e_d = [_encode(model, [d], cfg.max_doc_tokens)[0] for d in batch.docs]
     n = len(e_q)
-    logits = torch.stack([torch.stack([(a * b).sum() for b in e_d]) for a in e_q]) / cfg.tau
-    tau = torch.softmax(logits.detach(), 1) - torch.eye(n)
+    with torch.no_grad():
+        tau = torch.softmax(torch.stack(e_q) @ torch.stack(e_d).T / cfg.tau, 1) - torch.eye(n)
     total = [torch.zeros_like(p) for p in params]
     for i in range(n):
         for j in range(n):
-            g = _grads(logits[i, j], params, retain=True)
+            # logit_ij built on its own, so its backward walks only the graphs of q_i and d_j
+            g = _grads((e_q[i] * e_d[j]).sum() / cfg.tau, params, retain=True)
             f = min(1.0, cfg.clip_norm / max(_norm(g).item(), 1e-12))
             for t, x in zip(total, g):
                 t.add_(x, alpha=float(tau[i, j]) * f)
