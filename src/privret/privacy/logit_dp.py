@@ -215,7 +215,7 @@ class GhostNorms:
         self._kept = None
 
     def group_sq_norms(self, outputs, grad_outputs, groups: dict[str, torch.Tensor], n_groups: int,
-                       *, is_grads_batched: bool = False, keep_deltas: bool = False) -> torch.Tensor:
+                       *, keep_deltas: bool = False) -> torch.Tensor:
         """``||grad of <grad_outputs, outputs> restricted to group g||^2`` for every group g.
 
         ``groups[slot][b]`` is the group of row b of that slot's forward pass (-1: ignore the row).
