@@ -78,7 +78,9 @@ def test_generator_train_passes_checkpoint_every(toy_beir, tmp_path, monkeypatch
         seen["cfg"] = cfg
         raise SystemExit(0)
 
-    monkeypatch.setattr(gtrain, "train_generator", fake_train)
+    # the private worker, not train_generator: other modules import train_generator by name, and one
+    # imported while it was patched would keep the fake for the rest of the session
+    monkeypatch.setattr(gtrain, "_train_generator", fake_train)
     CliRunner().invoke(app, ["generator", "train", "--data", str(toy_beir), "--out", str(tmp_path / "g"),
                              "--checkpoint-every", "3"])
     assert seen["cfg"].checkpoint_every == 3
