@@ -347,3 +347,15 @@ def test_interrupted_direct_dp_stage_resumes_with_its_settings_only(small_config
     assert [(r.status, r.steps) for r in budget.releases(ledger.data_hash)] == [("final", ledger.steps)]
     pipeline.run_pipeline(cfg, tmp_path / "run")  # finished: kept as it is
     assert PrivacyLedger.load(stage) == ledger
+
+
+def test_direct_dp_fingerprint_leaves_out_only_what_changes_nothing_trained():
+    from privret.pipeline import direct_dp_fingerprint
+    from privret.train.dp_retriever import DPRetrieverConfig
+
+    base = DPRetrieverConfig(method="batch-clip", epsilon=8.0)
+    plain = direct_dp_fingerprint(base)
+    assert "checkpoint_every" not in plain and "secure_rng" not in plain
+    assert direct_dp_fingerprint(base.model_copy(update={"checkpoint_every": 3})) == plain
+    assert direct_dp_fingerprint(base.model_copy(update={"learning_rate": 1e-4})) != plain
+    assert direct_dp_fingerprint(base.model_copy(update={"secure_rng": True})) == {**plain, "secure_rng": True}

@@ -24,6 +24,7 @@ from privret.privacy import budget
 from privret.privacy.accounting import spent_epsilon
 from privret.privacy.ledger import PrivacyLedger
 from privret.runlock import RunLock, recover_directory, recover_tree
+from privret.train import checkpointing
 from privret.train import generator as gtrain
 from privret.train.generator import GeneratorTrainConfig, train_generator
 
@@ -156,7 +157,7 @@ def test_steps_lost_in_a_cut_checkpoint_write_are_charged(tiny_llama_dir, tmp_pa
 def test_distinct_steps_over_branches():
     records = [{"branch": "a", "start": 0, "to": 2}, {"branch": "a", "start": 0, "to": 4},
                {"branch": "b", "start": 2, "to": 6}, {"branch": "c", "start": 6, "to": 10}]
-    assert gtrain._distinct_steps(records) == 4 + 4 + 4
+    assert checkpointing.distinct_steps(records) == 4 + 4 + 4
 
 
 DAMAGES = [
@@ -182,12 +183,12 @@ def test_a_run_that_cannot_prove_its_spend_refuses_to_resume(tiny_llama_dir, tmp
 
 def test_torn_step_log_tail_is_dropped(tmp_path):
     path = tmp_path / "steps.jsonl"
-    gtrain._append_step_log(path, {"release": "r", "branch": "b", "start": 0, "to": 2})
+    checkpointing.append_step_log(path, {"release": "r", "branch": "b", "start": 0, "to": 2})
     with open(path, "ab") as f:
         f.write(b'{"release": "r", "bra')
-    assert [r["to"] for r in gtrain._read_step_log(path, private=True, checkpoint=path.parent / "none")] == [2]
-    gtrain._append_step_log(path, {"release": "r", "branch": "b", "start": 0, "to": 4})
-    assert [r["to"] for r in gtrain._read_step_log(path, private=True, checkpoint=path.parent / "none")] == [2, 4]
+    assert [r["to"] for r in checkpointing.read_step_log(path, private=True, checkpoint=path.parent / "none")] == [2]
+    checkpointing.append_step_log(path, {"release": "r", "branch": "b", "start": 0, "to": 4})
+    assert [r["to"] for r in checkpointing.read_step_log(path, private=True, checkpoint=path.parent / "none")] == [2, 4]
 
 
 def test_non_private_resume_equals_uninterrupted_and_private_resume_draws_fresh_noise(tiny_llama_dir, tmp_path,

@@ -74,11 +74,11 @@ from privret.evaluate.retrieval import evaluate_retriever
 from privret.io import file_sha256, write_json_atomic, write_text_atomic
 from privret.models.encoder import load_encoder
 from privret.privacy.budget import BudgetPolicy, run_composition, run_composition_sentence
-from privret.privacy.ledger import LEDGER_FILE, PrivacyLedger
+from privret.privacy.ledger import PrivacyLedger, has_ledger
 from privret.runlock import RunLock, recover_tree
 from privret.synth.filter import filter_round_trip
 from privret.synth.generate import generate_synthetic
-from privret.train.dp_retriever import MECHANISM_FILE, DPRetrieverConfig, train_dp_retriever
+from privret.train.dp_retriever import MECHANISM_FILE, DPRetrieverConfig, resume_settings, train_dp_retriever
 from privret.train.generator import train_generator
 from privret.train.retriever import train_retriever
 
@@ -200,10 +200,9 @@ def plan_stages(cfg: PipelineConfig, run_dir: Path, *, data_hash: str, evaluatio
 
 def direct_dp_fingerprint(cfg: DPRetrieverConfig) -> dict:
     """The settings of a direct DP retriever stage, as recorded in its fingerprint (see the module docstring)."""
-    settings = cfg.model_dump(mode="json")
-    settings.pop("checkpoint_every")
-    if not settings["secure_rng"]:
-        settings.pop("secure_rng")
+    settings = resume_settings(cfg)  # without the fields that change nothing trained
+    if cfg.secure_rng:  # asked for: a finished stage trained without it must not be taken
+        settings["secure_rng"] = True
     return settings
 
 
@@ -400,7 +399,7 @@ def run_pipeline(cfg: PipelineConfig, run_dir: str | Path, *, budget: BudgetPoli
     cache = run_dir / EMBEDDING_CACHE
 
     console.rule("zero-shot encoder")
-    public = not (Path(cfg.retriever.model) / LEDGER_FILE).is_file()  # not trained by privret on private data
+    public = not has_ledger(cfg.retriever.model)  # not trained by privret on private data
     zero = _evaluate_stage(stages["zero_shot/metrics.json"], cfg.retriever.model, dataset, cfg.eval_split,
                            {"row": "zero-shot", "epsilon": None, "delta": None}, cache_dir=cache if public else None)
     rows.append(zero)

@@ -61,7 +61,7 @@ def retriever_train(
 ) -> None:
     """Train a dual encoder (in-batch softmax) on original or synthetic pairs; --dp trains it with DP directly."""
     from privret.pipeline import non_private_ledger
-    from privret.privacy.ledger import LEDGER_FILE, PrivacyLedger
+    from privret.privacy.ledger import PrivacyLedger, has_ledger
     from privret.runlock import RunLock
     from privret.train.retriever import RetrieverTrainConfig, train_retriever
 
@@ -90,7 +90,7 @@ def retriever_train(
                          field="--secure-rng")
     cfg = build_config(RetrieverTrainConfig, model=model, epochs=epochs, batch_size=batch_size,
                        learning_rate=learning_rate, temperature=0.05 if temperature is None else temperature, seed=seed)
-    synthetic = data is not None and pairs is None and (data / LEDGER_FILE).exists()
+    synthetic = data is not None and pairs is None and has_ledger(data)
     ledger = PrivacyLedger.load(data) if synthetic else non_private_ledger(training, model, data_hash, "query")
     with RunLock(out_dir, what="retriever directory"):
         train_retriever(training, out_dir, cfg, ledger=ledger)

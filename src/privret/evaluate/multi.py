@@ -73,11 +73,10 @@ def evaluate_dataset(model, path: Path, split: str, *, cache_dir: Path | None = 
 
 def retriever_epsilon(model_name: str) -> float | None:
     """epsilon from the retriever's privacy ledger, if it is a directory with one."""
-    from privret.privacy.ledger import LEDGER_FILE, PrivacyLedger
+    from privret.privacy.ledger import PrivacyLedger, has_ledger
 
-    path = Path(model_name).expanduser()
-    if path.is_dir() and (path / LEDGER_FILE).is_file():
-        return PrivacyLedger.load(path).epsilon
+    if has_ledger(model_name):
+        return PrivacyLedger.load(Path(model_name).expanduser()).epsilon
     return None
 
 

@@ -19,6 +19,12 @@ from privret.io import write_text_atomic
 LEDGER_FILE = "privacy_ledger.json"
 
 
+def has_ledger(location: str | Path) -> bool:
+    """Whether ``location`` (a model or dataset directory) carries a privret privacy ledger, i.e. was
+    derived from private data by privret; a registry name or hub id never does."""
+    return (Path(location).expanduser() / LEDGER_FILE).is_file()
+
+
 class PrivacyLedger(BaseModel):
     """(epsilon, delta)-DP with respect to one privacy ``unit`` of the dataset ``data_hash``.
 

@@ -30,7 +30,7 @@ from privret.evaluate.retrieval import search
 from privret.io import atomic_path
 from privret.models.encoder import load_encoder
 from privret.models.registry import DEFAULT_ENCODER
-from privret.privacy.ledger import LEDGER_FILE, PrivacyLedger
+from privret.privacy.ledger import PrivacyLedger, has_ledger
 
 
 class RoundTripFilterConfig(BaseModel):
@@ -49,7 +49,7 @@ def filter_round_trip(synthetic_dir: str | Path, corpus: dict[str, Document], ou
     where the public encoder's corpus embeddings are reused or stored (none: encode every time).
     """
     synthetic_dir, out_dir = Path(synthetic_dir), Path(out_dir)
-    if (Path(cfg.encoder) / LEDGER_FILE).is_file():
+    if has_ledger(cfg.encoder):
         raise InputError("the round-trip filter needs a public encoder; this one was trained on private data "
                          "(it has a privacy ledger), so its output would not be post-processing",
                          path=cfg.encoder, field="encoder")

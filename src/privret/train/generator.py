@@ -55,9 +55,6 @@ from privret.privacy.secure_rng import SecurePoissonUnitSampler, SecureRandom, n
 from privret.progress import Progress
 from privret.runlock import RunLock, recover_directory
 from privret.train.checkpointing import CHECKPOINT_DIR, STEP_LOG, StepAccount, check_finished, load_checkpoint
-from privret.train.checkpointing import append_step_log as _append_step_log  # noqa: F401 - used by tests
-from privret.train.checkpointing import distinct_steps as _distinct_steps  # noqa: F401 - used by tests
-from privret.train.checkpointing import read_step_log as _read_step_log  # noqa: F401 - used by tests
 from privret.train.checkpointing import save_checkpoint as _save_checkpoint
 
 
