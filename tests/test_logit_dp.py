@@ -227,6 +227,38 @@ def test_ghost_group_norms_sum_sequences_of_a_unit(tiny_encoder):
     tracker.remove()
 
 
+def test_reused_input_grams_give_the_norms_of_a_fresh_computation(tiny_encoder):
+    """Passes with different cotangents over one recorded forward: the Grams kept from the first pass
+    (units spanning several sequences, so cross-sequence pairs too) give the same norms as recomputing."""
+    from privret.train.dp_retriever import _encode, make_trainable
+
+    model = tiny_encoder()
+    make_trainable(model, "all")
+    gen = torch.Generator().manual_seed(9)
+    qs, ds = _texts(gen, 5, 2), _texts(gen, 5, 4)
+    unit = torch.tensor([0, 0, 1, 2, 2])
+    tracker = GhostNorms(model)
+    tracker.slot = "q"
+    eq = _encode(model, qs, 32)
+    tracker.slot = "d"
+    ed = _encode(model, ds, 32)
+    tracker.slot = None
+    groups = {"q": unit, "d": unit}
+    for k in range(3):
+        cot = [torch.randn(eq.shape, generator=gen), torch.randn(ed.shape, generator=gen)]
+        kept = tracker.group_sq_norms([eq, ed], cot, groups, 3, reuse_input_grams=True)
+        fresh = tracker.group_sq_norms([eq, ed], cot, groups, 3)
+        assert torch.allclose(kept, fresh, rtol=1e-5), k
+    assert tracker._grams  # the Grams were kept
+    # other groups: the kept Grams belong to other row pairs and must not be used
+    other = {"q": torch.arange(5), "d": torch.arange(5)}
+    assert torch.allclose(tracker.group_sq_norms([eq, ed], cot, other, 5, reuse_input_grams=True),
+                          tracker.group_sq_norms([eq, ed], cot, other, 5), rtol=1e-5)
+    tracker.clear()
+    assert not tracker._grams
+    tracker.remove()
+
+
 @pytest.mark.parametrize("spec", ["all", "top:1", "lora"])
 def test_weighted_grads_equal_the_backward_of_the_reweighted_loss(tiny_encoder, spec):
     """Book-keeping: sum_b w_b grad_b from the kept output gradients == autograd of sum_b w_b loss_b."""

@@ -37,7 +37,7 @@ batches on which the seed's same-vector constant is exceeded. Spreadout (Lemma 4
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -142,7 +142,6 @@ class _Record:
     slot: str
     x: torch.Tensor  # layer input (detached); token ids for embeddings
     out: torch.Tensor  # layer output (in the graph)
-    x_gram: dict = field(default_factory=dict)
 
 
 class GhostNorms:
@@ -165,6 +164,11 @@ class GhostNorms:
     ``sum_b w_b grad_b`` (grad_b: row b's share of the pass's parameter gradient, w_b a weight per
     row, e.g. the clipping factor of its unit), one contraction per layer, instead of a second
     backward pass of the reweighted loss.
+
+    Repeated passes over the same recorded forward (``reuse_input_grams=True``, as in
+    :func:`pair_norm_bounds`): the input side ``x_{s,t} . x_{s',t'}`` does not depend on the cotangent,
+    so it is computed on the first pass and kept (memory: one T x T matrix per sequence pair and layer,
+    linear in the batch for one sequence per group).
     """
 
     def __init__(self, model: nn.Module):
@@ -173,6 +177,7 @@ class GhostNorms:
         self._handles = []
         self._kept: list[tuple[_Record, torch.Tensor | None]] | None = None
         self._unrecorded = False  # a tracked layer ran with gradients outside a slot
+        self._grams: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]] = {}
         self._owners: dict[int, list[tuple[nn.Module, str]]] = {}  # id(param) -> [(module, "weight"|"bias")]
         for module in model.modules():
             direct = [p for p in module.parameters(recurse=False) if p.requires_grad]
@@ -206,6 +211,7 @@ class GhostNorms:
         self.records = []
         self._kept = None
         self._unrecorded = False
+        self._grams = {}
 
     def remove(self) -> None:
         for h in self._handles:
@@ -213,13 +219,16 @@ class GhostNorms:
         self._handles = []
         self.records = []
         self._kept = None
+        self._grams = {}
 
     def group_sq_norms(self, outputs, grad_outputs, groups: dict[str, torch.Tensor], n_groups: int,
-                       *, keep_deltas: bool = False) -> torch.Tensor:
+                       *, keep_deltas: bool = False, reuse_input_grams: bool = False) -> torch.Tensor:
         """``||grad of <grad_outputs, outputs> restricted to group g||^2`` for every group g.
 
         ``groups[slot][b]`` is the group of row b of that slot's forward pass (-1: ignore the row).
         ``keep_deltas``: keep this pass's output gradients for :meth:`weighted_grads`.
+        ``reuse_input_grams``: keep the layer-input Gram matrices for the next pass over the same records
+        (kept until :meth:`clear`; reused only for the same pairs of rows).
         """
         records = [r for r in self.records if r.out.requires_grad]
         device = outputs[0].device
@@ -238,7 +247,7 @@ class GhostNorms:
             if delta is not None:
                 by_module.setdefault(id(rec.module), []).append((rec, delta))
         for entries in by_module.values():
-            total += self._module_sq_norms(entries, groups, n_groups)
+            total += self._module_sq_norms(entries, groups, n_groups, reuse_input_grams)
         return total.float()
 
     def weighted_grads(self, params, row_weights: dict[str, torch.Tensor]) -> list[torch.Tensor]:
@@ -306,7 +315,7 @@ class GhostNorms:
         return [acc[id(p)].to(p.dtype) for p in params]
 
     # -- per module ---------------------------------------------------------------------------------------------
-    def _module_sq_norms(self, entries, groups, n_groups) -> torch.Tensor:
+    def _module_sq_norms(self, entries, groups, n_groups, reuse_input_grams: bool) -> torch.Tensor:
         module, kind = entries[0][0].module, entries[0][0].kind
         device = entries[0][1].device
         total = torch.zeros(n_groups, dtype=torch.float64, device=device)
@@ -341,7 +350,7 @@ class GhostNorms:
                     ia, ib = both.nonzero(as_tuple=True)
                     if ia.numel() == 0:
                         continue
-                    vals = self._pair_inner(kind, module, ra, da, ia, rb, db, ib)
+                    vals = self._pair_inner(kind, module, ra, da, ia, rb, db, ib, reuse_input_grams)
                     weight = 1.0 if ra is rb else 2.0
                     # rows of the same record: off-diagonal pairs appear twice in ``both`` already
                     total.index_add_(0, ga[ia], weight * vals.double())
@@ -353,23 +362,37 @@ class GhostNorms:
             return rec.x.reshape(rec.x.shape[0], -1)
         return rec.x.float().reshape(rec.x.shape[0], -1, rec.x.shape[-1])
 
-    def _pair_inner(self, kind, module, ra, da, ia, rb, db, ib) -> torch.Tensor:
-        xa, xb = self._x3(ra, kind), self._x3(rb, kind)
-        out = torch.empty(ia.numel(), device=da.device)
+    def _pair_inner(self, kind, module, ra, da, ia, rb, db, ib, reuse_input_grams: bool) -> torch.Tensor:
+        """``sum_{t,t'} (delta_{a,t} . delta_{b,t'}) (x_{a,t} . x_{b,t'})`` for every row pair (ia[k], ib[k])."""
         ta, tb = da.shape[1], db.shape[1]
         chunk = max(1, (1 << 24) // max(1, ta * tb))
-        for lo in range(0, ia.numel(), chunk):
+        starts = range(0, ia.numel(), chunk)
+        key = (id(ra), id(rb))
+        kept = self._grams.get(key) if reuse_input_grams else None
+        if kept is not None and torch.equal(kept[0], ia) and torch.equal(kept[1], ib):
+            grams = kept[2]
+        else:
+            grams = [self._input_gram(kind, module, ra, _rows(ia[lo: lo + chunk]), rb, _rows(ib[lo: lo + chunk]))
+                     for lo in starts]
+            if reuse_input_grams:
+                self._grams[key] = (ia, ib, grams)
+        out = torch.empty(ia.numel(), device=da.device)
+        for lo, xx in zip(starts, grams):
             a, b = _rows(ia[lo: lo + chunk]), _rows(ib[lo: lo + chunk])
             dd = torch.bmm(da[a], db[b].transpose(1, 2))
-            if kind == "embedding":
-                ids_a, ids_b = xa[a], xb[b]
-                xx = (ids_a[:, :, None] == ids_b[:, None, :]).float()
-                if module.padding_idx is not None:
-                    xx = xx * (ids_a != module.padding_idx).float()[:, :, None]
-            else:
-                xx = torch.bmm(xa[a], xb[b].transpose(1, 2))
-            out[lo: lo + chunk] = (dd * xx).sum(dim=(1, 2))
+            out[lo: lo + chunk] = torch.linalg.vecdot(dd.flatten(1), xx)
         return out
+
+    def _input_gram(self, kind, module, ra, a, rb, b) -> torch.Tensor:
+        """``x_{a,t} . x_{b,t'}`` flattened over (t, t'): token equality for embeddings (padding excluded)."""
+        xa, xb = self._x3(ra, kind)[a], self._x3(rb, kind)[b]
+        if kind == "embedding":
+            xx = (xa[:, :, None] == xb[:, None, :]).float()
+            if module.padding_idx is not None:
+                xx = xx * (xa != module.padding_idx).float()[:, :, None]
+        else:
+            xx = torch.bmm(xa, xb.transpose(1, 2))
+        return xx.flatten(1)
 
 
 def _rows(idx: torch.Tensor) -> torch.Tensor | slice:
@@ -388,7 +411,8 @@ def pair_norm_bounds(tracker: GhostNorms, e_q: torch.Tensor, e_d: torch.Tensor, 
     ``e_q`` and ``e_d`` are the (n, d) normalised embeddings of the recorded passes (slots "q", "d").
     Pass k uses the cotangent ``e'_k / t`` on every query row and ``e_k / t`` on every document row,
     which are the similarity gradients of column k (queries) and of row k (documents): n backward
-    passes without weight gradients, memory linear in n.
+    passes without weight gradients, memory linear in n. The layer-input Grams are computed on the
+    first pass and reused by the others.
     """
     n = e_q.shape[0]
     groups = {"q": torch.arange(n), "d": torch.arange(n, 2 * n)}
@@ -396,7 +420,8 @@ def pair_norm_bounds(tracker: GhostNorms, e_q: torch.Tensor, e_d: torch.Tensor, 
     d_side = torch.zeros(n, n, device=e_q.device)
     eq, ed = e_q.detach() / temperature, e_d.detach() / temperature
     for k in range(n):
-        sq = tracker.group_sq_norms([e_q, e_d], [ed[k].expand(n, -1), eq[k].expand(n, -1)], groups, 2 * n)
+        sq = tracker.group_sq_norms([e_q, e_d], [ed[k].expand(n, -1), eq[k].expand(n, -1)], groups, 2 * n,
+                                    reuse_input_grams=True)
         q_side[:, k] = sq[:n].clamp_min(0).sqrt()
         d_side[k, :] = sq[n:].clamp_min(0).sqrt()
     return q_side, d_side
