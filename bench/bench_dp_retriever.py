@@ -1,6 +1,8 @@
 """Step time and peak memory of the direct-DP retriever methods against non-private in-batch training.
 
-Every (method, trainable, batch size) runs in its own spawned process (peak memory is per process);
+Every (method, trainable, batch size) runs in its own spawned process (peak memory is per process),
+with glibc's malloc set as the privret CLI sets it (``privret.runtime.keep_freed_memory``; off with
+``--default-malloc``);
 ratios are taken against the non-private step measured in the same run, or, with ``--interleave``,
 against non-private steps alternating with the method's steps in the same process (fair when the
 machine is shared). Also compares logit-dp with
@@ -42,6 +44,10 @@ def _peak_mb() -> float:
 def _worker(args: dict, queue) -> None:
     import torch
 
+    from privret.runtime import keep_freed_memory
+
+    if args.get("keep_freed_memory"):  # as the privret CLI does
+        keep_freed_memory()
     torch.set_num_threads(args["threads"])
     import torch.nn.functional as F
 
@@ -167,6 +173,10 @@ def main(argv=None) -> None:
     ap.add_argument("--max-batch", default="", help="per-method batch limits, e.g. naive=64,logit-dp=128")
     ap.add_argument("--interleave", action="store_true",
                     help="time each method step next to a non-private step in the same process (fair under load)")
+    ap.add_argument("--warmup", type=int, default=1,
+                    help="untimed steps before the timed ones (0 for cells whose steps take minutes)")
+    ap.add_argument("--default-malloc", action="store_true",
+                    help="leave glibc's malloc settings alone (the CLI applies privret.runtime.keep_freed_memory)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--data", type=Path, default=DEFAULT_DATA)
     ap.add_argument("--json", type=Path, default=None,
@@ -185,6 +195,10 @@ def main(argv=None) -> None:
     max_batch = {m: int(b) for m, b in (item.split("=") for item in a.max_batch.split(",") if item)}
     if a.interleave:
         common["interleave"] = True
+    if a.warmup != 1:
+        common["warmup"] = a.warmup
+    if not a.default_malloc:
+        common["keep_freed_memory"] = True
     done = json.loads(a.json.read_text()) if a.json and a.json.exists() else []
     rows = list(done)
 

@@ -17,6 +17,7 @@ from rich.console import Console
 
 from privret.cli import audit, data, evaluate, federated, filtering, generate, generator, pipeline, report, retriever
 from privret.errors import EXIT_BAD_INPUT, InputError
+from privret.runtime import keep_freed_memory
 
 app = typer.Typer(help="Dense retrieval on private query logs with differential privacy.",
                   no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False)
@@ -50,6 +51,7 @@ def _global_options(
 
 def main() -> None:
     """The ``privret`` entry point: bad input ends in a one-line message and exit code 2."""
+    keep_freed_memory()
     try:
         app()
     except InputError as err:
