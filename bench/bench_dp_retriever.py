@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import multiprocessing as mp
 import os
 import resource
@@ -54,8 +53,7 @@ def _worker(args: dict, queue) -> None:
     from privret.data.beir import load_beir
     from privret.data.pairs import pairs_from_beir
     from privret.models.encoder import load_encoder
-    from privret.train.dp_retriever import (DPRetrieverConfig, StepBatch, _encode, _grads, _norm, clipped_sum,
-                                            make_trainable)
+    from privret.train.dp_retriever import DPRetrieverConfig, StepBatch, _encode, clipped_sum, make_trainable
 
     n, method = args["batch"], args["method"]
     pairs = pairs_from_beir(load_beir(args["data"], splits=["train"]), "train")
