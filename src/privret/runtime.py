@@ -8,6 +8,7 @@ import platform
 
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
+_USER_SETTINGS = {"MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_MMAP_MAX_"}
 
 
 def keep_freed_memory() -> bool:
@@ -24,10 +25,13 @@ def keep_freed_memory() -> bool:
     Sets M_MMAP_THRESHOLD to 1 GiB (32 MiB where glibc refuses more; blocks below it come from the heap) and M_TRIM_THRESHOLD to
     2 GiB - 1 (freed heap memory stays with the process), so the process keeps its peak heap until
     it exits. Returns True when both settings were accepted; False, changing nothing, on a C library
-    other than glibc or when the environment sets ``PRIVRET_KEEP_FREED_MEMORY=0``.
+    other than glibc, when the environment sets ``PRIVRET_KEEP_FREED_MEMORY=0``, or when it already
+    tunes malloc (``MALLOC_*_`` variables, ``GLIBC_TUNABLES=glibc.malloc...``).
     """
     if os.environ.get("PRIVRET_KEEP_FREED_MEMORY", "1") == "0" or platform.libc_ver()[0] != "glibc":
         return False
+    if _USER_SETTINGS.intersection(os.environ) or "glibc.malloc" in os.environ.get("GLIBC_TUNABLES", ""):
+        return False  # malloc was tuned on purpose; leave it so
     try:
         libc = ctypes.CDLL("libc.so.6")
     except OSError:
