@@ -166,6 +166,19 @@ def _texts(gen, n, base):
             for k in range(n)]
 
 
+def _tracked_pass(model, queries, docs):
+    """A GhostNorms tracker and the query / document embeddings of one forward pass it recorded."""
+    from privret.train.dp_retriever import _encode
+
+    tracker = GhostNorms(model)
+    tracker.slot = "q"
+    eq = _encode(model, queries, 32)
+    tracker.slot = "d"
+    ed = _encode(model, docs, 32)
+    tracker.slot = None
+    return tracker, eq, ed
+
+
 @pytest.fixture(scope="module")
 def tiny_encoder(tiny_bert_dir):
     from privret.models.encoder import load_encoder
@@ -175,7 +188,7 @@ def tiny_encoder(tiny_bert_dir):
 
 @pytest.mark.parametrize("spec", ["all", "top:1", "lora"])
 def test_ghost_pair_norms_are_exact(tiny_encoder, spec):
-    from privret.train.dp_retriever import _encode, _grads, _norm, make_trainable
+    from privret.train.dp_retriever import _grads, _norm, make_trainable
 
     model = tiny_encoder()
     params = list(make_trainable(model, spec, lora_rank=2).values())
@@ -185,12 +198,7 @@ def test_ghost_pair_norms_are_exact(tiny_encoder, spec):
                 p.normal_(0, 0.1)
     gen = torch.Generator().manual_seed(5)
     qs, ds = _texts(gen, 4, 2), _texts(gen, 4, 5)
-    tracker = GhostNorms(model)
-    tracker.slot = "q"
-    eq = _encode(model, qs, 32)
-    tracker.slot = "d"
-    ed = _encode(model, ds, 32)
-    tracker.slot = None
+    tracker, eq, ed = _tracked_pass(model, qs, ds)
     q_side, d_side = pair_norm_bounds(tracker, eq, ed, 0.5)
     for i in range(4):
         for j in range(4):
@@ -205,19 +213,14 @@ def test_ghost_pair_norms_are_exact(tiny_encoder, spec):
 
 def test_ghost_group_norms_sum_sequences_of_a_unit(tiny_encoder):
     """A unit spanning several queries and documents: the norm of the summed gradient, cross terms included."""
-    from privret.train.dp_retriever import _encode, _grads, _norm, make_trainable
+    from privret.train.dp_retriever import _grads, _norm, make_trainable
 
     model = tiny_encoder()
     params = list(make_trainable(model, "all").values())
     gen = torch.Generator().manual_seed(6)
     qs, ds = _texts(gen, 5, 2), _texts(gen, 5, 4)
     unit = torch.tensor([0, 0, 1, 2, 2])
-    tracker = GhostNorms(model)
-    tracker.slot = "q"
-    eq = _encode(model, qs, 32)
-    tracker.slot = "d"
-    ed = _encode(model, ds, 32)
-    tracker.slot = None
+    tracker, eq, ed = _tracked_pass(model, qs, ds)
     loss = -(eq * ed).sum(1) ** 2
     cot = torch.autograd.grad(loss.sum(), [eq, ed], retain_graph=True)
     sq = tracker.group_sq_norms([eq, ed], list(cot), {"q": unit, "d": unit}, 3)
@@ -230,19 +233,14 @@ def test_ghost_group_norms_sum_sequences_of_a_unit(tiny_encoder):
 def test_reused_input_grams_give_the_norms_of_a_fresh_computation(tiny_encoder):
     """Passes with different cotangents over one recorded forward: the Grams kept from the first pass
     (units spanning several sequences, so cross-sequence pairs too) give the same norms as recomputing."""
-    from privret.train.dp_retriever import _encode, make_trainable
+    from privret.train.dp_retriever import make_trainable
 
     model = tiny_encoder()
     make_trainable(model, "all")
     gen = torch.Generator().manual_seed(9)
     qs, ds = _texts(gen, 5, 2), _texts(gen, 5, 4)
     unit = torch.tensor([0, 0, 1, 2, 2])
-    tracker = GhostNorms(model)
-    tracker.slot = "q"
-    eq = _encode(model, qs, 32)
-    tracker.slot = "d"
-    ed = _encode(model, ds, 32)
-    tracker.slot = None
+    tracker, eq, ed = _tracked_pass(model, qs, ds)
     groups = {"q": unit, "d": unit}
     for k in range(3):
         cot = [torch.randn(eq.shape, generator=gen), torch.randn(ed.shape, generator=gen)]
@@ -262,7 +260,7 @@ def test_reused_input_grams_give_the_norms_of_a_fresh_computation(tiny_encoder):
 @pytest.mark.parametrize("spec", ["all", "top:1", "lora"])
 def test_weighted_grads_equal_the_backward_of_the_reweighted_loss(tiny_encoder, spec):
     """Book-keeping: sum_b w_b grad_b from the kept output gradients == autograd of sum_b w_b loss_b."""
-    from privret.train.dp_retriever import _encode, _grads, make_trainable
+    from privret.train.dp_retriever import _grads, make_trainable
 
     model = tiny_encoder()
     params = list(make_trainable(model, spec, lora_rank=2).values())
@@ -273,12 +271,7 @@ def test_weighted_grads_equal_the_backward_of_the_reweighted_loss(tiny_encoder, 
     gen = torch.Generator().manual_seed(8)
     qs, ds = _texts(gen, 5, 2), _texts(gen, 5, 4)
     unit = torch.tensor([0, 0, 1, 2, 2])
-    tracker = GhostNorms(model)
-    tracker.slot = "q"
-    eq = _encode(model, qs, 32)
-    tracker.slot = "d"
-    ed = _encode(model, ds, 32)
-    tracker.slot = None
+    tracker, eq, ed = _tracked_pass(model, qs, ds)
     loss = -(eq * ed).sum(1) ** 2 + (eq[:, :3] ** 3).sum(1)
     cot = torch.autograd.grad(loss.sum(), [eq, ed], retain_graph=True)
     tracker.group_sq_norms([eq, ed], list(cot), {"q": unit, "d": unit}, 3, keep_deltas=True)
