@@ -111,7 +111,7 @@ class Setup:
             if not out.exists():
                 generate_synthetic(self.work / "plain-generator", self.docs, out,
                                    GenerateConfig(num_queries=2, max_new_tokens=6, batch_size=2, seed=1),
-                                   private_queries={p.query for p in self.pairs.pairs}, resume=True)
+                                   private_copies={p.query for p in self.pairs.pairs}, resume=True)
         elif command == "retriever":
             from privret.pipeline import non_private_ledger
             from privret.runlock import RunLock, recover_directory

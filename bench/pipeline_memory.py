@@ -70,7 +70,7 @@ if mode == "tiny":
 else:
     from privret.data.demo import demo_dataset_dir
     cfg = PipelineConfig(
-        name="demo-mem", dataset=demo_dataset_dir(), epsilons=[8.0], synthetic_documents="training",
+        name="demo-mem", dataset=demo_dataset_dir(), epsilons=[8.0], synthetic_documents="corpus",
         generator=GeneratorStage(batch_size=32, epochs=1, trained_layers=2, max_doc_tokens=64, learning_rate=2e-3,
                                  checkpoint_every=50),
         generate=GenerateConfig(num_queries=1, batch_size=32, max_new_tokens=12),

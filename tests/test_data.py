@@ -107,11 +107,15 @@ def test_pairs_errors(tmp_path, toy_beir):
         load_pairs_jsonl(path, corpus)
 
 
-def test_query_units_merge_shared_ids_and_texts():
+def test_query_units_are_distinct_texts_not_ids():
     pairs = [QueryDocPair("a", "d1", "q1"), QueryDocPair("b", "d2", "q1"), QueryDocPair("b", "d3", "q9"),
-             QueryDocPair("c", "d4", "q4")]
-    # rows 0-1 share an id, rows 1-2 share a text: one unit of three rows
-    assert group_units(pairs, PrivacyUnit.query) == [[0, 1, 2], [3]]
+             QueryDocPair("c", "d4", "q4"), QueryDocPair("a", "d5", "q7")]
+    # one unit per distinct text: ids are not used (merging by id would make a removal a substitution)
+    assert group_units(pairs, PrivacyUnit.query) == [[0, 4], [1, 2], [3]]
+    # removing every row of one text removes exactly one unit and leaves the others unchanged
+    rest = [p for p in pairs if p.query != "b"]
+    assert [[rest[i] for i in u] for u in group_units(rest, PrivacyUnit.query)] == [
+        [pairs[i] for i in u] for u in group_units(pairs, PrivacyUnit.query) if pairs[u[0]].query != "b"]
 
 
 def test_user_unit_requires_user_ids():

@@ -41,8 +41,7 @@ def test_dp_synthetic_pipeline_on_real_models(scifact_slice, tmp_path):
     assert ledger.steps == math.ceil(0.7 / (16 / len(pairs.units("query")))) and ledger.epsilon == pytest.approx(8.0, rel=0.01)
     docs = [pairs.corpus[p.doc_id] for p in pairs.pairs[:6]]
     manifest = generate_synthetic(tmp_path / "gen", docs, tmp_path / "syn",
-                                  GenerateConfig(num_queries=2, max_new_tokens=24, batch_size=6),
-                                  private_queries={p.query for p in pairs.pairs})
+                                  GenerateConfig(num_queries=2, max_new_tokens=24, batch_size=6))
     synthetic = load_beir(tmp_path / "syn")
     assert manifest["generated"] == 2 * len({d.id for d in docs})
     assert all(isinstance(q, str) and q for q in synthetic.queries.values())

@@ -11,6 +11,7 @@ import torch
 
 from privret.config import DirectDPGrid, GeneratorStage, PipelineConfig
 from privret.data.beir import load_beir
+from privret.synth.documents import DocumentChoice
 from privret.synth.filter import RoundTripFilterConfig
 from privret.synth.generate import GenerateConfig
 from privret.train.retriever import RetrieverTrainConfig
@@ -69,7 +70,9 @@ def test_pipeline_rows_ledgers_and_resume(tiny_config, tmp_path, monkeypatch):
     manifest = json.loads((run_dir / "eps-4" / "synthetic" / "manifest.json").read_text())
     assert manifest["ledger"]["epsilon"] == pytest.approx(rows[4]["epsilon"])
     assert len(synthetic.corpus) == 6  # synthetic_documents: corpus
-    assert manifest["kept"] + manifest["dropped_copies_of_private_queries"] + manifest["dropped_empty"] == 12
+    assert manifest["kept"] + manifest["dropped_blocklisted"] + manifest["dropped_empty"] == 12
+    assert "dropped_copies_of_private_queries" not in manifest  # a DP set is never compared with private text
+    assert (run_dir / "documents" / "documents.txt").read_text().split() == list(load_beir(tiny_config.dataset).corpus)
     retriever_ledger = json.loads((run_dir / "eps-4" / "retriever" / "privacy_ledger.json").read_text())
     assert retriever_ledger["epsilon"] == pytest.approx(rows[4]["epsilon"])
     assert "epsilon=4" in (run_dir / "summary.md").read_text()
@@ -96,29 +99,88 @@ def test_pipeline_rows_ledgers_and_resume(tiny_config, tmp_path, monkeypatch):
     assert [r["ndcg@10"] for r in again] == [r["ndcg@10"] for r in rows]
 
 
-def test_synthetic_set_never_contains_a_private_query(tiny_config, tmp_path, monkeypatch):
-    """The generator is made to echo private queries; every echo is dropped and counted."""
+def _echo_private_queries(monkeypatch, private):
+    """Make every generator write, per document, an upper-cased private query and a fresh one."""
     from privret.models import generator as genmod
-    from privret.synth.generate import generate_synthetic
-    from privret.train.generator import train_generator
-    from privret.data.pairs import pairs_from_beir
-
-    dataset = load_beir(tiny_config.dataset)
-    pairs = pairs_from_beir(dataset, "train")
-    train_generator(pairs, tmp_path / "gen", tiny_config.generator_config(math.inf), data_hash="h")
-    private = [p.query for p in pairs.pairs]
 
     def echo(self, docs, *, num_queries=1, **_kw):
         return [[private[i % len(private)].upper() + "  ", f"fresh query {i}"] for i in range(len(docs))]
 
     monkeypatch.setattr(genmod.CausalQueryGenerator, "generate", echo)
+
+
+def test_non_private_synthetic_set_drops_copies_of_private_queries(tiny_config, tmp_path, monkeypatch):
+    """The epsilon = inf reference (no claim) may drop echoes of the private queries, and counts them."""
+    from privret.data.pairs import pairs_from_beir
+    from privret.synth.generate import generate_synthetic
+    from privret.train.generator import train_generator
+
+    dataset = load_beir(tiny_config.dataset)
+    pairs = pairs_from_beir(dataset, "train")
+    train_generator(pairs, tmp_path / "gen", tiny_config.generator_config(math.inf), data_hash="h")
+    private = [p.query for p in pairs.pairs]
+    _echo_private_queries(monkeypatch, private)
     docs = list(dataset.corpus.values())
     manifest = generate_synthetic(tmp_path / "gen", docs, tmp_path / "syn", GenerateConfig(num_queries=2),
-                                  private_queries=set(private))
+                                  private_copies=private)
     texts = set(load_beir(tmp_path / "syn").queries.values())
     normalised_private = {" ".join(q.casefold().split()) for q in private}
     assert not {" ".join(t.casefold().split()) for t in texts} & normalised_private
     assert manifest["dropped_copies_of_private_queries"] == len(docs) and manifest["kept"] == len(docs)
+
+
+def test_dp_synthetic_set_is_never_filtered_by_private_text(tiny_config, tmp_path, monkeypatch):
+    """Under a finite epsilon the outputs are kept, counted and numbered without reading the log:
+    private text is refused as a filter, echoes stay, only a public blocklist drops outputs."""
+    from privret.data.pairs import pairs_from_beir
+    from privret.errors import InputError
+    from privret.synth.generate import generate_synthetic
+    from privret.train.generator import train_generator
+
+    dataset = load_beir(tiny_config.dataset)
+    pairs = pairs_from_beir(dataset, "train")
+    train_generator(pairs, tmp_path / "gen", tiny_config.generator_config(4.0), data_hash="h")
+    private = [p.query for p in pairs.pairs]
+    _echo_private_queries(monkeypatch, private)
+    docs = list(dataset.corpus.values())
+    cfg = GenerateConfig(num_queries=2)
+    with pytest.raises(InputError, match="leak"):
+        generate_synthetic(tmp_path / "gen", docs, tmp_path / "refused", cfg, private_copies=private)
+    assert not (tmp_path / "refused").exists()
+    manifest = generate_synthetic(tmp_path / "gen", docs, tmp_path / "syn", cfg)
+    kept = load_beir(tmp_path / "syn").queries
+    assert manifest["kept"] == 2 * len(docs) and set(kept) == {f"syn-{d.id}-{k}" for d in docs for k in (0, 1)}
+    assert not any("private" in key for key in manifest)
+    blocked = generate_synthetic(tmp_path / "gen", docs, tmp_path / "blocked", cfg, blocklist=[private[0]])
+    assert blocked["dropped_blocklisted"] == sum(1 for i in range(len(docs)) if private[i % len(private)] == private[0])
+
+
+def test_default_documents_do_not_depend_on_the_private_log(tiny_config, tmp_path):
+    """The documents stage of two runs whose private logs point at different documents is identical."""
+    from privret import pipeline
+    from privret.data.pairs import QueryDocPair, TrainingPairs
+
+    dataset = load_beir(tiny_config.dataset)
+    corpus = dataset.corpus
+    ids = list(corpus)
+    chosen = []
+    for name, doc in (("a", ids[0]), ("b", ids[-1])):
+        pairs = TrainingPairs(pairs=[QueryDocPair(f"query {k}", doc) for k in range(3)], corpus=corpus)
+        for cfg in (tiny_config, tiny_config.model_copy(update={"synthetic_documents": DocumentChoice(sample=3)})):
+            run_dir = tmp_path / name / str(cfg.synthetic_documents.sample)
+            plan = pipeline.plan_stages(cfg, run_dir, data_hash=name, evaluation="e", corpus="c")
+            docs, selection = pipeline._synthetic_documents(plan.stages[pipeline.DOCUMENTS_STAGE], cfg, dataset, pairs,
+                                                            name, None)
+            assert selection is None
+            chosen.append([d.id for d in docs])
+    assert chosen[0] == chosen[2] == ids and chosen[1] == chosen[3] and len(chosen[1]) == 3
+
+
+def test_config_refuses_documents_picked_by_the_private_log(toy_beir):
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="was removed"):
+        PipelineConfig(name="x", dataset=toy_beir, epsilons=[8.0], synthetic_documents="training")
 
 
 def test_generation_resumes_after_a_torn_write(tiny_config, tmp_path, monkeypatch):
@@ -143,8 +205,8 @@ def test_generation_resumes_after_a_torn_write(tiny_config, tmp_path, monkeypatc
 
     monkeypatch.setattr(genmod.CausalQueryGenerator, "generate", fake)
     with pytest.raises(Exception, match="--resume"):
-        generate_synthetic(tmp_path / "gen", docs, tmp_path / "syn", GenerateConfig(), private_queries=set())
-    generate_synthetic(tmp_path / "gen", docs, tmp_path / "syn", GenerateConfig(), private_queries=set(), resume=True)
+        generate_synthetic(tmp_path / "gen", docs, tmp_path / "syn", GenerateConfig())
+    generate_synthetic(tmp_path / "gen", docs, tmp_path / "syn", GenerateConfig(), resume=True)
     assert len(seen) == 5  # d1 was done; the torn d2 line is regenerated
     queries = load_beir(tmp_path / "syn").queries
     assert queries["syn-d1-0"] == "kept from before" and not partial.exists()
@@ -256,7 +318,7 @@ def test_legacy_stages_without_records_are_adopted(small_config, tmp_path, monke
     run_dir = tmp_path / "run"
     rows = run_pipeline(small_config, run_dir)
     records = sorted(run_dir.rglob("*stage.json"))
-    assert len(records) == 7
+    assert len(records) == 8  # with documents/stage.json
     for record in records:  # as an older privret left it
         record.unlink()
     _forbid_work(monkeypatch, "train_generator", "generate_synthetic", "filter_round_trip", "train_retriever",

@@ -303,7 +303,8 @@ def stubbed(monkeypatch):
         assert cfg.epochs > 0 and cfg.batch_size > 1 and math.isfinite(cfg.learning_rate)
         raise Reached
 
-    def generate_synthetic(generator_dir, documents, out_dir, cfg, *, private_queries, resume=False):
+    def generate_synthetic(generator_dir, documents, out_dir, cfg, *, blocklist=(), document_selection=None,
+                           resume=False):
         assert cfg.num_queries > 0 and 0 < cfg.top_p <= 1 and cfg.batch_size > 0
         raise Reached
 

@@ -404,7 +404,7 @@ def test_generation_resumed_equals_uninterrupted_and_settings_are_pinned(tiny_ll
     docs = [Document(f"d{i}", "", t) for i, t in enumerate(["aspirin heart risk", "gene memory mice", "vitamin blood",
                                                             "sleep immune", "cancer drug trial", "immune cells"])]
     cfg = GenerateConfig(num_queries=2, max_new_tokens=5, batch_size=2, seed=3)
-    generate_synthetic(tmp_path / "gen", docs, tmp_path / "whole", cfg, private_queries=set())
+    generate_synthetic(tmp_path / "gen", docs, tmp_path / "whole", cfg)
     original = genmod.CausalQueryGenerator.generate
     calls = {"n": 0}
 
@@ -416,13 +416,12 @@ def test_generation_resumed_equals_uninterrupted_and_settings_are_pinned(tiny_ll
 
     with mock.patch.object(genmod.CausalQueryGenerator, "generate", dies_on_third_batch), \
             pytest.raises(KeyboardInterrupt):
-        generate_synthetic(tmp_path / "gen", docs, tmp_path / "cut", cfg, private_queries=set())
+        generate_synthetic(tmp_path / "gen", docs, tmp_path / "cut", cfg)
     with pytest.raises(InputError, match="another config"):
-        generate_synthetic(tmp_path / "gen", docs, tmp_path / "cut", cfg.model_copy(update={"seed": 4}),
-                           private_queries=set(), resume=True)
+        generate_synthetic(tmp_path / "gen", docs, tmp_path / "cut", cfg.model_copy(update={"seed": 4}), resume=True)
     with pytest.raises(InputError, match="another documents"):
-        generate_synthetic(tmp_path / "gen", docs[:5], tmp_path / "cut", cfg, private_queries=set(), resume=True)
-    generate_synthetic(tmp_path / "gen", docs, tmp_path / "cut", cfg, private_queries=set(), resume=True)
+        generate_synthetic(tmp_path / "gen", docs[:5], tmp_path / "cut", cfg, resume=True)
+    generate_synthetic(tmp_path / "gen", docs, tmp_path / "cut", cfg, resume=True)
     assert load_beir(tmp_path / "cut").queries == load_beir(tmp_path / "whole").queries
     for name in ("corpus.jsonl", "queries.jsonl", "qrels/train.tsv"):
         assert (tmp_path / "cut" / name).read_bytes() == (tmp_path / "whole" / name).read_bytes()

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from privret.data.pairs import PrivacyUnit
 from privret.errors import InputError
+from privret.synth.documents import DocumentChoice
 from privret.synth.filter import RoundTripFilterConfig
 from privret.synth.generate import GenerateConfig
 from privret.train.dp_retriever import METHODS, DPRetrieverConfig
@@ -74,8 +75,8 @@ class PipelineConfig(BaseModel):
     eval_split: str = "test"
     unit: PrivacyUnit = PrivacyUnit.query
     epsilons: list[float] = Field(min_length=1)
-    synthetic_documents: str = Field("training", pattern="^(training|corpus)$",
-                                     description="generate for the documents of the private pairs or the whole corpus")
+    synthetic_documents: DocumentChoice = Field(
+        DocumentChoice(), description="the documents to write queries for: public (corpus, list) or DP-selected")
     generator: GeneratorStage = GeneratorStage()
     generate: GenerateConfig = GenerateConfig()
     retriever: RetrieverTrainConfig = RetrieverTrainConfig()
@@ -151,4 +152,7 @@ def load_config(path: str | Path) -> PipelineConfig:
             raise InputError(first["msg"], path=path, field=f"direct_dp.{section}.{name}") from None
     if not config.dataset.is_absolute():
         config.dataset = (path.parent / config.dataset).resolve()
+    ids_file = config.synthetic_documents.ids_file
+    if ids_file is not None and not ids_file.is_absolute():
+        config.synthetic_documents.ids_file = (path.parent / ids_file).resolve()
     return config

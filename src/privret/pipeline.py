@@ -3,6 +3,7 @@
 Layout of ``RUN_DIR``::
 
     zero_shot/metrics.json
+    documents/documents.txt        (the documents to write queries for; with dp-select, its ledger beside it)
     original/retriever/            (SentenceTransformer + ledger: non-private)
     original/metrics.json
     eps-<e>/generator/             (fine-tuned generator + privacy ledger)
@@ -68,14 +69,18 @@ from rich.table import Table
 
 from privret.config import PipelineConfig
 from privret.data.beir import BeirDataset, load_beir
-from privret.data.pairs import TrainingPairs, pairs_from_beir
+from privret.data.pairs import UNIT_DEFINITIONS, PrivacyUnit, TrainingPairs, pairs_from_beir
 from privret.errors import InputError
 from privret.evaluate.retrieval import evaluate_retriever
 from privret.io import file_sha256, write_json_atomic, write_text_atomic
 from privret.models.encoder import load_encoder
+from privret.privacy import budget as budget_registry
 from privret.privacy.budget import BudgetPolicy, run_composition, run_composition_sentence
 from privret.privacy.ledger import PrivacyLedger, has_ledger
+from privret.privacy.partition_selection import select_documents, selection_ledger, selection_threshold
 from privret.runlock import RunLock, recover_tree
+from privret.synth.documents import (SELECTED_IDS_FILE, public_documents, read_document_ids, sampled,
+                                     write_selection)
 from privret.synth.filter import filter_round_trip
 from privret.synth.generate import generate_synthetic
 from privret.train.dp_retriever import MECHANISM_FILE, DPRetrieverConfig, resume_settings, train_dp_retriever
@@ -85,6 +90,7 @@ from privret.train.retriever import train_retriever
 console = Console(stderr=True)
 
 STAGE_FILE = "stage.json"
+DOCUMENTS_STAGE = "documents"
 STAGE_FORMAT = 1
 EMBEDDING_CACHE = Path("cache") / "embeddings"  # in the run directory: public encoders only
 
@@ -109,7 +115,7 @@ def non_private_ledger(pairs: TrainingPairs, model: str, data_hash: str, unit: s
     return PrivacyLedger(mechanism="none", epsilon=math.inf, delta=0.0, noise_multiplier=0.0, sample_rate=1.0, steps=0,
                          planned_steps=0, accountant="none", unit=unit, n_units=len(pairs.units(unit)),
                          n_pairs=len(pairs.pairs), clip_norm=math.inf, model=model, trainable="all",
-                         data_hash=data_hash)
+                         data_hash=data_hash, unit_definition=UNIT_DEFINITIONS[PrivacyUnit(unit)])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -169,15 +175,18 @@ def plan_stages(cfg: PipelineConfig, run_dir: Path, *, data_hash: str, evaluatio
     original = plan.add("original/retriever", {"retriever": retriever, **train},
                         legacy_settings=("train_config.json", None, "retriever"))
     plan.add("original/metrics.json", metrics, after=(original,))
-    documents = {"synthetic_documents": cfg.synthetic_documents, "corpus": corpus}
+    choice = cfg.synthetic_documents
+    documents = plan.add(DOCUMENTS_STAGE, done=SELECTED_IDS_FILE, fingerprint={
+        "synthetic_documents": choice.model_dump(mode="json", exclude={"ids_file"}), "corpus": corpus,
+        "ids_file": file_sha256(choice.ids_file) if choice.ids_file is not None else None,
+        **(train if choice.source == "dp-select" else {})})
     for epsilon in cfg.epsilons:
         label = eps_label(epsilon)
         generator = plan.add(f"eps-{label}/generator", {"generator": cfg.generator_config(epsilon).model_dump(
             mode="json"), **train}, done="generator.json", resumable=True,
             legacy_settings=("train_config.json", None, "generator"))
-        synthetic = plan.add(f"eps-{label}/synthetic", {"generate": cfg.generate.model_dump(mode="json"), **documents,
-                                                        **train}, after=(generator,),
-                             legacy_settings=("manifest.json", "config", "generate"))
+        synthetic = plan.add(f"eps-{label}/synthetic", {"generate": cfg.generate.model_dump(mode="json"), **train},
+                             after=(generator, documents), legacy_settings=("manifest.json", "config", "generate"))
         trained = plan.add(f"eps-{label}/retriever", {"retriever": retriever}, after=(synthetic,),
                            legacy_settings=("train_config.json", None, "retriever"))
         plan.add(f"eps-{label}/metrics.json", metrics, after=(trained,))
@@ -416,7 +425,7 @@ def run_pipeline(cfg: PipelineConfig, run_dir: str | Path, *, budget: BudgetPoli
     rows.append(_evaluate_stage(stages["original/metrics.json"], str(original / "retriever"), dataset, cfg.eval_split,
                                 {"row": "original pairs (non-private)", "epsilon": math.inf, "delta": 0.0}))
 
-    documents = _synthetic_documents(cfg, dataset, pairs)
+    documents, selection = _synthetic_documents(stages[DOCUMENTS_STAGE], cfg, dataset, pairs, data_hash, budget)
     for epsilon in cfg.epsilons:
         label = eps_label(epsilon)
         stage = run_dir / f"eps-{label}"
@@ -433,13 +442,14 @@ def run_pipeline(cfg: PipelineConfig, run_dir: str | Path, *, budget: BudgetPoli
         if not (stage / "synthetic").exists():
             started = time.time()
             generate_synthetic(stage / "generator", documents, stage / "synthetic", cfg.generate,
-                               private_queries={p.query for p in pairs.pairs}, resume=True)
+                               document_selection=selection, resume=True,
+                               private_copies={p.query for p in pairs.pairs} if math.isinf(epsilon) else None)
             write_record(stages[f"eps-{label}/synthetic"])
             timing["generate_seconds"] = round(time.time() - started, 1)
             release_memory()
         timing.update(_train_on_synthetic(stages[f"eps-{label}/retriever"], stage / "synthetic", cfg))
         _add_timing(stage, timing)
-        ledger = PrivacyLedger.load(stage / "generator")
+        ledger = PrivacyLedger.load(stage / "synthetic")  # the generator's, composed with a DP document choice
         rows.append(_evaluate_stage(stages[f"eps-{label}/metrics.json"], str(stage / "retriever"), dataset,
                                     cfg.eval_split, {"row": f"DP synthetic (epsilon={label})",
                                                      "epsilon": ledger.epsilon, "delta": ledger.delta}))
@@ -505,11 +515,34 @@ def _read_json(path: Path) -> dict:
     return json.loads(path.read_text()) if path.exists() else {}
 
 
-def _synthetic_documents(cfg: PipelineConfig, dataset: BeirDataset, pairs: TrainingPairs):
-    if cfg.synthetic_documents == "corpus":
-        return list(dataset.corpus.values())
-    seen = dict.fromkeys(p.doc_id for p in pairs.pairs)
-    return [dataset.corpus[d] for d in seen]
+def _synthetic_documents(stage: Stage, cfg: PipelineConfig, dataset: BeirDataset, pairs: TrainingPairs,
+                         data_hash: str, budget: BudgetPolicy | None) -> tuple[list, PrivacyLedger | None]:
+    """The documents of every synthetic set of the run, chosen once (``documents/``).
+
+    A public source reads no private data. ``dp-select`` is a DP release of its own: recorded in
+    the budget registry before its noise is drawn, its ledger saved beside the selection, and
+    composed into each synthetic set's ledger. A finished selection is reused, never redrawn.
+    """
+    choice = cfg.synthetic_documents
+    if not stage.done.exists():
+        if choice.source == "dp-select":
+            console.rule("DP choice of documents (partition selection)")
+            ledger = selection_ledger(pairs, cfg.unit, choice.selection, data_hash=data_hash)
+            budget_registry.check_and_record(budget_registry.Release.from_ledger(
+                ledger, release_id=budget_registry.new_release_id(), status="final", artefact=stage.output), budget)
+            ids = sampled(select_documents(pairs, cfg.unit, choice.selection, ledger), choice)
+            if not ids:
+                ledger.save(stage.output)  # the release happened: it stays on record
+                raise InputError(f"the DP document selection kept no document (threshold "
+                                 f"{selection_threshold(choice.selection, ledger.delta):.3g} units per document); use "
+                                 "synthetic_documents: corpus or a public list, or a larger selection epsilon",
+                                 path=stage.output, field="synthetic_documents.selection.epsilon")
+            write_selection(stage.output, ids, ledger)
+        else:
+            write_selection(stage.output, [d.id for d in public_documents(choice, dataset.corpus)])
+        write_record(stage)
+    ids = read_document_ids(stage.done, dataset.corpus)
+    return [dataset.corpus[d] for d in ids], PrivacyLedger.load(stage.output) if choice.source == "dp-select" else None
 
 
 def _fmt_eps(value) -> str:

@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from privret.cli.common import out
-from privret.cli.options import SeedOpt
+from privret.cli.options import UNIT_HELP, AllowOverOpt, BudgetCapOpt, DataOpt, PairsOpt, SeedOpt, SplitOpt
 
 app = typer.Typer(help="Validate and prepare datasets.", no_args_is_help=True)
 
@@ -64,3 +64,44 @@ def data_fed_squad(
         out.print(f"{c['client']}: {len(c['articles'])} articles, {c['sentences']} sentences, "
                   f"{c['train_questions']} train / {c['test_questions']} test questions")
     out.print(f"written to {out_dir} ({manifest['dropped_questions']} questions without an answer sentence dropped)")
+
+
+@app.command("select-documents")
+def data_select_documents(
+    out_dir: Annotated[Path, typer.Option("--out", help="selection directory (documents.txt + privacy ledger)")],
+    data: DataOpt = None, split: SplitOpt = "train", pairs: PairsOpt = None,
+    unit: Annotated[str, typer.Option(help=UNIT_HELP)] = "query",
+    epsilon: Annotated[float, typer.Option(help="Laplace epsilon (the ledger adds ln(1/(1-delta)))")] = 1.0,
+    delta: Annotated[Optional[float], typer.Option(help="default 1/(10n), n units")] = None,
+    max_docs_per_unit: Annotated[int, typer.Option(help="documents one unit may count for (m)")] = 1,
+    budget_cap: BudgetCapOpt = None,
+    allow_over_budget: AllowOverOpt = False,
+) -> None:
+    """DP choice of the documents to write synthetic queries for (Laplace partition selection).
+
+    A DP release on the private pairs, recorded in the budget registry; pass the directory to
+    `privret generate --documents`, which composes its ledger into the synthetic set's."""
+    from privret.cli.common import budget_policy, build_config, training_pairs
+    from privret.data.pairs import PrivacyUnit
+    from privret.errors import InputError
+    from privret.privacy import budget as budget_registry
+    from privret.privacy.partition_selection import (PartitionSelectionConfig, select_documents, selection_ledger,
+                                                     selection_threshold)
+    from privret.synth.documents import SELECTED_IDS_FILE, write_selection
+
+    if (out_dir / SELECTED_IDS_FILE).exists():
+        raise InputError("already holds a selection (remove it or choose another output)", path=out_dir)
+    policy = budget_policy(budget_cap, allow_over_budget)
+    training, data_hash = training_pairs(data, split, pairs)
+    cfg = build_config(PartitionSelectionConfig, epsilon=epsilon, delta=delta, max_docs_per_unit=max_docs_per_unit)
+    try:
+        privacy_unit = PrivacyUnit(unit)
+    except ValueError:
+        raise InputError(f"unknown unit '{unit}' ({UNIT_HELP})", field="--unit") from None
+    ledger = selection_ledger(training, privacy_unit, cfg, data_hash=data_hash)
+    budget_registry.check_and_record(budget_registry.Release.from_ledger(
+        ledger, release_id=budget_registry.new_release_id(), status="final", artefact=out_dir.absolute()), policy)
+    ids = select_documents(training, privacy_unit, cfg, ledger)
+    write_selection(out_dir, ids, ledger)
+    out.print(f"{len(ids)} documents selected (threshold {selection_threshold(cfg, ledger.delta):.3g} units per "
+              f"document) in {out_dir} ({ledger.summary()})")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 
@@ -15,24 +15,54 @@ def generate(
     generator: Annotated[Path, typer.Option(help="directory written by `privret generator train`")],
     data: Annotated[Path, typer.Option("--data", help="BEIR dataset with the public documents")],
     out_dir: Annotated[Path, typer.Option("--out", help="synthetic BEIR dataset to write")],
-    documents: Annotated[str, typer.Option(help="'corpus' (all) or a qrels split name (its documents)")] = "train",
+    documents: Annotated[str, typer.Option(
+        help="'corpus' (every document of --data), a file of public document ids (one per line), or a "
+             "directory written by `privret data select-documents` (DP choice; its ledger is composed in)")]
+    = "corpus",
+    sample: Annotated[Optional[int], typer.Option(help="keep a random subset of this many documents")] = None,
+    sample_seed: Annotated[int, typer.Option(help="seed of --sample")] = 0,
+    blocklist: Annotated[Optional[Path], typer.Option(
+        help="public texts (one per line) never to release; outputs equal to one are dropped")] = None,
     num_queries: Annotated[int, typer.Option(help="queries per document")] = 1,
     top_p: Annotated[float, typer.Option(help="nucleus sampling p")] = 0.8,
     batch_size: Annotated[int, typer.Option()] = 32,
     seed: SeedOpt = 0,
     resume: Annotated[bool, typer.Option(help="continue an interrupted generation")] = False,
 ) -> None:
-    """Sample synthetic queries for public documents; writes a BEIR dataset carrying the ledger."""
-    from privret.data.beir import load_beir
+    """Sample synthetic queries for public documents; writes a BEIR dataset carrying the ledger.
+
+    Never reads private queries: the documents come from a public source or a DP selection, and
+    outputs are filtered only by the public --blocklist."""
+    from privret.data.beir import load_corpus
+    from privret.privacy.ledger import PrivacyLedger
+    from privret.synth.documents import SELECTED_IDS_FILE, DocumentChoice, read_document_ids, sampled
     from privret.synth.generate import GenerateConfig, generate_synthetic
 
-    dataset = load_beir(data)
-    private = set(dataset.queries.values())
+    corpus = load_corpus(data / "corpus.jsonl")
+    selection = None
     if documents == "corpus":
-        docs = list(dataset.corpus.values())
+        ids = list(corpus)
+    elif Path(documents).is_dir():  # a DP selection: its ids, and its ledger to compose
+        selection = PrivacyLedger.load(documents)
+        ids = read_document_ids(Path(documents) / SELECTED_IDS_FILE, corpus)
     else:
-        docs = [dataset.corpus[d] for d in dict.fromkeys(d for q in dataset.split(documents).values() for d in q)]
+        ids = read_document_ids(Path(documents), corpus)
+    docs = [corpus[d] for d in sampled(ids, build_config(DocumentChoice, sample=sample, seed=sample_seed))]
+    blocked = _read_lines(blocklist) if blocklist is not None else []
     cfg = build_config(GenerateConfig, num_queries=num_queries, top_p=top_p, batch_size=batch_size, seed=seed)
-    manifest = generate_synthetic(generator, docs, out_dir, cfg, private_queries=private, resume=resume)
+    manifest = generate_synthetic(generator, docs, out_dir, cfg, blocklist=blocked, document_selection=selection,
+                                  resume=resume)
     out.print(f"{manifest['kept']} synthetic queries for {manifest['documents']} documents in {out_dir} "
-              f"({manifest['dropped_copies_of_private_queries']} copies of private queries dropped)")
+              f"({manifest['dropped_empty']} empty and {manifest['dropped_blocklisted']} blocklisted outputs dropped; "
+              f"{PrivacyLedger.load(out_dir).summary()})")
+
+
+def _read_lines(path: Path) -> list[str]:
+    from privret.errors import InputError
+
+    try:
+        return [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    except FileNotFoundError:
+        raise InputError("not found", path=path, field="--blocklist") from None
+    except UnicodeDecodeError:
+        raise InputError("not valid UTF-8", path=path, field="--blocklist") from None

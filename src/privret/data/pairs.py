@@ -3,9 +3,12 @@
 The privacy unit is what differential privacy protects: two datasets are neighbours when
 they differ by one whole unit. DP-SGD therefore samples and clips *units*, never rows.
 
-* ``query`` (default): all pairs that share a query id or the same query text form one unit
-  (a query with three relevant documents is one unit, not three). Sharing either key merges,
-  which can only make units larger, i.e. the guarantee more conservative.
+* ``query`` (default): all pairs with the same query text (the exact string) form one unit: a
+  query with three relevant documents is one unit, not three, and a text logged under two query
+  ids is one unit too. Query ids play no part. Neighbouring logs differ by every row of one
+  distinct query text, so removing only one of two ids that share a text is *not* a neighbour
+  step (it would change the merged unit's clipped term by up to 2C, a substitution); the unit
+  is the text, and the ledger says so (:data:`UNIT_DEFINITIONS`).
 * ``pair``: each (query, document) row is its own unit (weaker: a query with several
   relevant documents is protected only pair by pair).
 * ``user``: all pairs of one ``user_id`` form a unit (every row must carry a user id).
@@ -27,6 +30,13 @@ class PrivacyUnit(str, Enum):
     query = "query"
     pair = "pair"
     user = "user"
+
+
+UNIT_DEFINITIONS = {
+    PrivacyUnit.query: "all pairs with one distinct query text (exact string; query ids are not used)",
+    PrivacyUnit.pair: "one (query, document) row",
+    PrivacyUnit.user: "all pairs with one user_id",
+}
 
 
 @dataclass(frozen=True)
@@ -90,7 +100,7 @@ def load_pairs_jsonl(path: str | Path, corpus: dict[str, Document] | None = None
 
 
 def group_units(pairs: list[QueryDocPair], unit: PrivacyUnit) -> list[list[int]]:
-    """Row indices of each privacy unit, in order of first appearance."""
+    """Row indices of each privacy unit, in order of first appearance (see :data:`UNIT_DEFINITIONS`)."""
     if unit is PrivacyUnit.pair:
         return [[i] for i in range(len(pairs))]
     if unit is PrivacyUnit.user:
@@ -98,26 +108,10 @@ def group_units(pairs: list[QueryDocPair], unit: PrivacyUnit) -> list[list[int]]
         if missing:
             raise InputError(f"privacy unit 'user' needs a user_id on every pair; pair {missing[0] + 1} has none",
                              field="user_id")
-        keys = [[("user", p.user_id)] for p in pairs]
+        keys = [p.user_id for p in pairs]
     else:
-        keys = [[("text", p.query)] + ([("id", p.query_id)] if p.query_id is not None else []) for p in pairs]
-    # union-find over rows that share any key
-    parent = list(range(len(pairs)))
-
-    def find(i: int) -> int:
-        while parent[i] != i:
-            parent[i] = parent[parent[i]]
-            i = parent[i]
-        return i
-
-    owner: dict[tuple[str, str], int] = {}
-    for i, row_keys in enumerate(keys):
-        for key in row_keys:
-            if key in owner:
-                parent[find(i)] = find(owner[key])
-            else:
-                owner[key] = i
-    groups: dict[int, list[int]] = {}
-    for i in range(len(pairs)):
-        groups.setdefault(find(i), []).append(i)
-    return sorted(groups.values(), key=lambda rows: rows[0])
+        keys = [p.query for p in pairs]
+    groups: dict[str, list[int]] = {}
+    for i, key in enumerate(keys):
+        groups.setdefault(key, []).append(i)
+    return list(groups.values())  # dicts keep insertion order: by first appearance

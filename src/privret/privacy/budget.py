@@ -265,16 +265,17 @@ def compose_ledgers(ledgers: list) -> Composition:
 def run_composition(run_dir: str | Path) -> dict:
     """What releasing every DP model of a pipeline run together costs.
 
-    The releases are the generators (``eps-*/generator``; the synthetic sets and retrievers
-    derived from one carry the same ledger and are post-processing of it, so they are not
-    counted again) and the direct DP retrievers (``direct-*/retriever``).
+    The releases are the DP document selection (``documents``, if any), the generators
+    (``eps-*/generator``; the synthetic sets and retrievers derived from one carry its ledger,
+    composed with the selection's, and are post-processing of them, so they are not counted
+    again) and the direct DP retrievers (``direct-*/retriever``).
     """
     from privret.privacy.ledger import LEDGER_FILE, PrivacyLedger
 
     run_dir = Path(run_dir)
-    paths = sorted(run_dir.glob(f"eps-*/generator/{LEDGER_FILE}")) + sorted(
-        run_dir.glob(f"direct-*/retriever/{LEDGER_FILE}"))
-    ledgers = [(p.parent.parent.name, PrivacyLedger.load(p.parent)) for p in paths]
+    paths = (sorted(run_dir.glob(f"documents/{LEDGER_FILE}")) + sorted(run_dir.glob(f"eps-*/generator/{LEDGER_FILE}"))
+             + sorted(run_dir.glob(f"direct-*/retriever/{LEDGER_FILE}")))
+    ledgers = [(p.relative_to(run_dir).parts[0], PrivacyLedger.load(p.parent)) for p in paths]
     private = [(name, ledger) for name, ledger in ledgers if ledger.is_private]
     result = {"releases": [name for name, _ in private],
               "non_private": [name for name, ledger in ledgers if not ledger.is_private]}

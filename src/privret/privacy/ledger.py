@@ -30,6 +30,14 @@ class PrivacyLedger(BaseModel):
 
     ``epsilon`` is ``inf`` for a non-private reference. ``steps`` counts every noisy update that
     was (or could have been) written to disk; ``epsilon`` is what the accountant charges for them.
+    ``unit_definition`` says in words what one unit is (two logs are neighbours when they differ
+    by one whole unit). ``n_units`` is treated as public: it sets the sample rate q = B / n and
+    the default delta = 1 / (2n), and it is printed here.
+
+    A *composed* ledger (:meth:`compose`) covers several mechanisms run on the same private data
+    (DP fine-tuning plus a DP choice of documents): ``epsilon`` and ``delta`` are then the sums
+    over ``parts`` (basic composition, Dwork and Roth 2014, Theorem 3.16), and the other fields
+    describe ``parts[0]``.
     """
 
     model_config = ConfigDict(ser_json_inf_nan="strings", extra="forbid")
@@ -50,11 +58,28 @@ class PrivacyLedger(BaseModel):
     trainable: str
     data_hash: str
     secure_rng: bool = False
+    unit_definition: str = ""
+    parts: list[PrivacyLedger] = []
     created_at: str = ""
 
     @property
     def is_private(self) -> bool:
         return math.isfinite(self.epsilon)
+
+    def compose(self, *others: PrivacyLedger) -> PrivacyLedger:
+        """This ledger and ``others`` (mechanisms on the same data and unit) as one guarantee.
+
+        Basic composition: epsilons and deltas add. Conservative; an accountant that composes
+        Gaussian mechanisms exactly (the budget registry's) can only give a smaller total.
+        """
+        parts = [part for ledger in (self, *others) for part in (ledger.parts or [ledger])]
+        units = {part.unit for part in parts}
+        if len(units) > 1:
+            raise InputError(f"cannot compose ledgers of different privacy units ({', '.join(sorted(units))})")
+        return self.model_copy(update={
+            "mechanism": " + ".join(part.mechanism for part in parts),
+            "epsilon": sum(part.epsilon for part in parts), "delta": sum(part.delta for part in parts),
+            "parts": parts})
 
     def save(self, directory: str | Path) -> Path:
         stamped = self.model_copy(update={"created_at": self.created_at or datetime.now(timezone.utc).isoformat()})

@@ -1,8 +1,16 @@
 """Write a synthetic BEIR dataset: each public document paired with queries a DP generator wrote.
 
 By the post-processing property of DP, the synthetic set carries the generator's guarantee
-(its ledger is copied into ``manifest.json``). It never contains an original query: outputs
-equal to a private query after normalisation (case, whitespace) are dropped and counted.
+(its ledger is copied into ``manifest.json``), provided nothing here reads the private log: the
+documents are chosen without it (:mod:`privret.synth.documents`) and the outputs are kept,
+dropped, counted and numbered by looking only at the outputs themselves and at public data.
+Dropping an output because it equals a private query would not be post-processing (if x is in
+the log, P[x released] becomes 0; the count and the gaps in the ids publish it too), so
+:func:`generate_synthetic` refuses private text when the generator is DP. Outputs equal to an
+entry of a *public* ``blocklist`` (after normalisation: case, whitespace) and empty outputs are
+dropped; query ids are ``syn-<doc>-<k>`` with k the sample's index, so a gap only ever marks a
+dropped output. The non-private reference (epsilon = inf, no claim) may also drop copies of
+the private queries (``private_copies``).
 
 Generation appends finished batches to ``<out>.partial/generated.jsonl`` (flushed and fsynced),
 so an interrupted run resumes where it stopped; the dataset directory appears only when done.
@@ -22,6 +30,7 @@ import hashlib
 import json
 import os
 import shutil
+from collections.abc import Iterable
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -97,14 +106,31 @@ def _check_meta(partial_dir: Path, meta: dict) -> None:
 
 
 def generate_synthetic(generator_dir: str | Path, documents: list[Document], out_dir: str | Path,
-                       cfg: GenerateConfig, *, private_queries: set[str], resume: bool = False) -> dict:
-    """Generate, filter and write the synthetic dataset; returns the manifest."""
+                       cfg: GenerateConfig, *, blocklist: Iterable[str] = (),
+                       private_copies: Iterable[str] | None = None, document_selection: PrivacyLedger | None = None,
+                       resume: bool = False) -> dict:
+    """Generate, drop empty and blocklisted outputs, and write the synthetic dataset; returns the manifest.
+
+    ``blocklist``: public texts never to release. ``private_copies``: the private queries, accepted
+    only from a non-private generator (its outputs claim no guarantee); with a DP generator it is
+    an error, since the filter would make the release depend on the log outside the mechanism.
+    ``document_selection``: the ledger of a DP choice of ``documents`` (a second mechanism on the
+    same log); the synthetic set's ledger is then the composition of both.
+    """
     out_dir = Path(out_dir)
+    ledger = PrivacyLedger.load(generator_dir)
+    if document_selection is not None:
+        ledger = ledger.compose(document_selection)
+    if private_copies is not None and ledger.is_private:
+        raise InputError("the generator is DP: filtering its outputs by the private queries would leak them "
+                         "(only a public blocklist may filter a DP release)", field="private_copies")
     with RunLock(out_dir, what="synthetic dataset"):
-        return _generate(generator_dir, documents, out_dir, cfg, private_queries=private_queries, resume=resume)
+        return _generate(generator_dir, ledger, documents, out_dir, cfg, blocklist=blocklist,
+                         private_copies=private_copies, resume=resume)
 
 
-def _generate(generator_dir, documents, out_dir: Path, cfg: GenerateConfig, *, private_queries, resume):
+def _generate(generator_dir, ledger: PrivacyLedger, documents, out_dir: Path, cfg: GenerateConfig, *, blocklist,
+              private_copies, resume):
     recover_directory(out_dir)
     partial_dir = out_dir.with_name(out_dir.name + ".partial")
     if out_dir.exists():
@@ -114,7 +140,6 @@ def _generate(generator_dir, documents, out_dir: Path, cfg: GenerateConfig, *, p
     if partial_dir.exists() and not resume:
         raise InputError(f"an interrupted generation is in {partial_dir}; pass --resume to continue it",
                          path=out_dir)
-    ledger = PrivacyLedger.load(generator_dir)
     partial_dir.mkdir(parents=True, exist_ok=True)
     ids = [d.id for d in documents]
     _check_meta(partial_dir, {"generator": str(Path(generator_dir).absolute()), "generator_ledger": ledger.created_at,
@@ -146,25 +171,30 @@ def _generate(generator_dir, documents, out_dir: Path, cfg: GenerateConfig, *, p
     finally:
         os.close(fd)
 
-    private = {normalise(q) for q in private_queries}
+    blocked = {normalise(q) for q in blocklist}
+    copies = {normalise(q) for q in private_copies or ()}
     queries: dict[str, str] = {}
     qrels: dict[str, dict[str, int]] = {}
-    dropped_copies = dropped_empty = 0
+    dropped = {"empty": 0, "blocklisted": 0, "copies_of_private_queries": 0}
     by_id = {d.id: d for d in documents}
     for doc_id, texts in done.items():
         for k, text in enumerate(texts):
             if not text.strip():
-                dropped_empty += 1
-            elif normalise(text) in private:
-                dropped_copies += 1
+                dropped["empty"] += 1
+            elif normalise(text) in blocked:
+                dropped["blocklisted"] += 1
+            elif normalise(text) in copies:
+                dropped["copies_of_private_queries"] += 1
             else:
                 qid = f"syn-{doc_id}-{k}"
                 queries[qid] = text
                 qrels[qid] = {doc_id: 1}
+    if private_copies is None:  # a DP release: nothing was compared with private text, so nothing to count
+        del dropped["copies_of_private_queries"]
     manifest = {"generator": str(generator_dir), "ledger": ledger.model_dump(mode="json"),
                 "config": cfg.model_dump(mode="json"), "documents": len(done),
                 "generated": sum(len(t) for t in done.values()), "kept": len(queries),
-                "dropped_copies_of_private_queries": dropped_copies, "dropped_empty": dropped_empty}
+                **{f"dropped_{reason}": count for reason, count in dropped.items()}}
     corpus = {doc_id: by_id[doc_id] for doc_id in done}
     with atomic_path(out_dir) as staged:  # dataset and ledger appear together
         write_beir(staged, BeirDataset(corpus=corpus, queries=queries, qrels={"train": qrels}), manifest=manifest)

@@ -66,7 +66,7 @@ import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from privret.data.beir import Document
-from privret.data.pairs import PrivacyUnit, TrainingPairs
+from privret.data.pairs import UNIT_DEFINITIONS, PrivacyUnit, TrainingPairs
 from privret.errors import InputError
 from privret.io import atomic_path, write_json_atomic
 from privret.models.encoder import features, load_encoder
@@ -466,7 +466,7 @@ def _train_dp_retriever(pairs: TrainingPairs, out_dir: Path, cfg: DPRetrieverCon
                                   accountant=cfg.accountant),
             steps=done, planned_steps=steps, accountant=cfg.accountant, unit=cfg.unit.value, n_units=n_units,
             n_pairs=len(pairs.pairs), clip_norm=cfg.clip_norm, model=cfg.model, trainable=cfg.trainable,
-            data_hash=data_hash, secure_rng=secure)
+            data_hash=data_hash, secure_rng=secure, unit_definition=UNIT_DEFINITIONS[cfg.unit])
 
     if finished:  # finished earlier: nothing to resume, spend nothing more
         return check_finished(out_dir, expected=ledger(steps), what="a retriever",

@@ -41,7 +41,7 @@ from pathlib import Path
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from privret.data.pairs import PrivacyUnit, TrainingPairs
+from privret.data.pairs import UNIT_DEFINITIONS, PrivacyUnit, TrainingPairs
 from privret.errors import InputError
 from privret.io import atomic_path, write_json_atomic
 from privret.models.generator import QueryGenerator, load_generator
@@ -146,7 +146,7 @@ def _train_generator(pairs: TrainingPairs, out_dir: Path, cfg: GeneratorTrainCon
                              accountant=cfg.accountant if private else "none", unit=cfg.unit.value, n_units=n_units,
                              n_pairs=len(pairs.pairs), clip_norm=cfg.clip_norm if private else math.inf,
                              model=cfg.model, trainable=f"{cfg.trainable}:top{cfg.trained_layers or 'all'}",
-                             data_hash=data_hash, secure_rng=secure)
+                             data_hash=data_hash, secure_rng=secure, unit_definition=UNIT_DEFINITIONS[cfg.unit])
 
     secure = private and cfg.secure_rng
     if (out_dir / "generator.json").exists():  # finished earlier: nothing to resume, spend nothing more

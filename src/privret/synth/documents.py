@@ -1,0 +1,104 @@
+"""Which public documents get synthetic queries, chosen without looking at the private log.
+
+The synthetic set pairs generated queries with documents, so the *set of documents* is released
+with it. Choosing "the documents that have private queries" would release the log's document
+column outside the DP mechanism (a document with one private query reveals that query's unit),
+so every source here is either public or DP:
+
+* ``corpus`` (default): every document of the public corpus;
+* ``list``: the document ids in ``ids_file`` (one per line), a list the user declares public;
+* ``dp-select``: documents chosen from the private log by DP partition selection
+  (:mod:`privret.privacy.partition_selection`); its (epsilon, delta) is composed into the
+  synthetic set's ledger and recorded in the budget registry.
+
+``sample`` then keeps a uniform random subset of that many documents, drawn with ``seed`` from the
+candidates in corpus order: a public random choice that bounds the generation cost.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from privret.data.beir import Document
+from privret.errors import InputError
+from privret.io import write_text_atomic
+from privret.privacy.partition_selection import PartitionSelectionConfig
+
+SELECTED_IDS_FILE = "documents.txt"  # in a selection directory, beside the DP selection's ledger
+REMOVED_SOURCE = ("'training' (the documents of the private pairs) was removed: which documents carry private "
+                  "queries is private, so choosing them that way leaked the log; use 'corpus', a public 'list', "
+                  "or 'dp-select'")
+
+
+class DocumentChoice(BaseModel):
+    """Where the synthetic set's documents come from (see the module docstring)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    source: Literal["corpus", "list", "dp-select"] = "corpus"
+    ids_file: Path | None = Field(None, description="source 'list': public document ids, one per line")
+    sample: int | None = Field(None, gt=0, description="keep a seeded uniform random subset of this many documents")
+    seed: int = 0
+    selection: PartitionSelectionConfig = PartitionSelectionConfig()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_name(cls, value):
+        if value == "training" or (isinstance(value, dict) and value.get("source") == "training"):
+            raise ValueError(REMOVED_SOURCE)
+        return {"source": value} if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _list_has_file(self):
+        if (self.source == "list") != (self.ids_file is not None):
+            raise ValueError("ids_file is required with source 'list', and only then")
+        return self
+
+
+def read_document_ids(path: Path, corpus: dict[str, Document]) -> list[str]:
+    """Ids of a public document list (one per line; blank lines skipped); every id must be in ``corpus``."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        raise InputError("document list not found", path=path) from None
+    except UnicodeDecodeError:
+        raise InputError("document list is not valid UTF-8", path=path) from None
+    ids = []
+    for number, line in enumerate(lines, start=1):
+        doc_id = line.strip()
+        if not doc_id:
+            continue
+        if doc_id not in corpus:
+            raise InputError(f"unknown document id '{doc_id}'", path=path, line=number, field="doc_id")
+        ids.append(doc_id)
+    if not ids:
+        raise InputError("document list is empty", path=path)
+    return list(dict.fromkeys(ids))
+
+
+def public_documents(choice: DocumentChoice, corpus: dict[str, Document]) -> list[Document]:
+    """The documents of a public source (``corpus`` or ``list``), after ``sample``; reads no private data."""
+    if choice.source == "dp-select":
+        raise ValueError("dp-select reads the private log: use privret.privacy.partition_selection")
+    ids = list(corpus) if choice.source == "corpus" else read_document_ids(choice.ids_file, corpus)
+    return [corpus[d] for d in sampled(ids, choice)]
+
+
+def sampled(ids: list[str], choice: DocumentChoice) -> list[str]:
+    """``choice.sample`` of ``ids`` drawn with ``choice.seed``, kept in their original order (all if fewer)."""
+    if choice.sample is None or choice.sample >= len(ids):
+        return ids
+    keep = set(random.Random(choice.seed).sample(range(len(ids)), choice.sample))
+    return [d for i, d in enumerate(ids) if i in keep]
+
+
+def write_selection(directory: Path, ids: list[str], ledger=None) -> None:
+    """A selection directory: ``documents.txt`` (written last, atomically: it marks the selection done)
+    and, for a DP selection, its privacy ledger."""
+    if ledger is not None:
+        ledger.save(directory)
+    write_text_atomic(directory / SELECTED_IDS_FILE, "".join(f"{d}\n" for d in ids))
