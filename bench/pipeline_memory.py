@@ -33,7 +33,7 @@ def wrap(name):
         print(f"[{time.time()-T0:7.1f}s] after {name:20s} rss={rss_mb():7.1f} MB  peak={resource.getrusage(resource.RUSAGE_SELF).ru_maxrss/1024:7.1f} MB  live_models={live_modules()}", flush=True)
         return r
     setattr(P, name, inner)
-for n in ("train_generator", "generate_synthetic", "filter_round_trip", "train_retriever", "train_dp_retriever", "evaluate_retriever"):
+for n in ("train_generator", "generate_synthetic", "filter_round_trip", "train_retriever", "train_dp_retriever", "evaluate_per_query"):
     wrap(n)
 # stage boundaries of the new code (if present)
 if hasattr(P, "release_memory"):

@@ -66,6 +66,9 @@ def test_pipeline_rows_ledgers_and_resume(tiny_config, tmp_path, monkeypatch):
         "epsilon"] == pytest.approx(rows[4]["epsilon"])
     for r in rows:
         assert 0.0 <= r["ndcg@10"] <= 1.0 and r["queries"] == 2
+        per_query = json.loads((run_dir / r["stage"] / "per_query.json").read_text())  # kept for the CI
+        assert sum(m["ndcg@10"] for m in per_query.values()) / 2 == pytest.approx(r["ndcg@10"])
+        assert r["per_query"] == {q: m["ndcg@10"] for q, m in per_query.items()}
     synthetic = load_beir(run_dir / "eps-4" / "synthetic")
     manifest = json.loads((run_dir / "eps-4" / "synthetic" / "manifest.json").read_text())
     assert manifest["ledger"]["epsilon"] == pytest.approx(rows[4]["epsilon"])
@@ -93,7 +96,7 @@ def test_pipeline_rows_ledgers_and_resume(tiny_config, tmp_path, monkeypatch):
                for m in ("batch-clip", "public-negatives")}
     assert trained["batch-clip"]["trainable"] == "top:1" and trained["public-negatives"]["trainable"] == "all"
     for name in ("train_generator", "generate_synthetic", "filter_round_trip", "train_retriever",
-                 "train_dp_retriever", "evaluate_retriever"):
+                 "train_dp_retriever", "evaluate_per_query"):
         monkeypatch.setattr(pipeline, name, must_not_run)
     again = pipeline.run_pipeline(tiny_config, run_dir)
     assert [r["ndcg@10"] for r in again] == [r["ndcg@10"] for r in rows]
@@ -307,7 +310,7 @@ def test_a_changed_retriever_setting_invalidates_only_retriever_stages(small_con
     rows = run_pipeline(changed, run_dir)
     assert len(rows) == 3
     assert json.loads((run_dir / "eps-inf" / "retriever" / "train_config.json").read_text())["batch_size"] == 2
-    _forbid_work(monkeypatch, "train_retriever", "evaluate_retriever")
+    _forbid_work(monkeypatch, "train_retriever", "evaluate_per_query")
     run_pipeline(changed, run_dir)  # and now everything is current
 
 
@@ -322,7 +325,7 @@ def test_legacy_stages_without_records_are_adopted(small_config, tmp_path, monke
     for record in records:  # as an older privret left it
         record.unlink()
     _forbid_work(monkeypatch, "train_generator", "generate_synthetic", "filter_round_trip", "train_retriever",
-                 "train_dp_retriever", "evaluate_retriever")
+                 "train_dp_retriever", "evaluate_per_query")
     again = run_pipeline(small_config, run_dir)
     assert [r["ndcg@10"] for r in again] == [r["ndcg@10"] for r in rows]
     assert sorted(run_dir.rglob("*stage.json")) == records  # adopted: fingerprints recorded now
@@ -409,6 +412,45 @@ def test_interrupted_direct_dp_stage_resumes_with_its_settings_only(small_config
     assert [(r.status, r.steps) for r in budget.releases(ledger.data_hash)] == [("final", ledger.steps)]
     pipeline.run_pipeline(cfg, tmp_path / "run")  # finished: kept as it is
     assert PrivacyLedger.load(stage) == ledger
+
+
+def test_summary_shows_retention_and_the_interval(tmp_path):
+    """Finished metrics stages written by hand (one without per_query.json, as an older privret left it)."""
+    from rich.console import Console
+
+    from privret.pipeline import _evaluate_stage, _stage, summary_markdown, summary_table, write_summary
+
+    run_dir = tmp_path / "run"
+    # directory, label, epsilon, delta, NDCG@10, per-query NDCG@10
+    stages = [("zero_shot", "zero-shot", None, None, 0.375, [0.25, 0.5]),
+              ("original", "original pairs (non-private)", math.inf, 0.0, 0.875, [0.75, 1.0]),
+              ("eps-8", "DP synthetic (epsilon=8)", 8.0, 1e-3, 0.625, [0.5, 0.75]),
+              ("eps-4", "DP synthetic (epsilon=4)", 4.0, 1e-3, 0.5, None)]
+    rows = []
+    for name, label, epsilon, delta, ndcg, per_query in stages:
+        (run_dir / name).mkdir(parents=True)
+        (run_dir / name / "metrics.json").write_text(json.dumps({
+            "row": label, "epsilon": epsilon, "delta": delta, "ndcg@10": ndcg, "recall@10": 0.5, "recall@100": 0.75,
+            "mrr@10": 0.5, "queries": 2}))
+        if per_query is not None:
+            (run_dir / name / "per_query.json").write_text(json.dumps(
+                {q: {"ndcg@10": v} for q, v in zip(("t1", "t2"), per_query)}))
+        rows.append(_evaluate_stage(_stage(run_dir, f"{name}/metrics.json", {}), "no model: the stage is done",
+                                    None, "test", {}))
+    cfg = PipelineConfig(name="fake", dataset=tmp_path, epsilons=[8.0, 4.0])
+    markdown = summary_markdown(rows, cfg)
+    assert "| NDCG@10 | retention | ΔNDCG@10 vs zero-shot [95% CI] | Recall@10 |" in markdown
+    assert "| zero-shot | - | - | 0.3750 | - | - | 0.5000 |" in markdown
+    assert "| original pairs (non-private) | inf | - | 0.8750 | - | +0.5000 [+0.5000, +0.5000] |" in markdown
+    assert "| DP synthetic (epsilon=8) | 8 | 0.001 | 0.6250 | 50.0% | +0.2500 [+0.2500, +0.2500] |" in markdown
+    assert "| DP synthetic (epsilon=4) | 4 | 0.001 | 0.5000 | 25.0% | +0.1250 [-] |" in markdown
+    console = Console(record=True, width=300)
+    console.print(summary_table(rows))
+    table = console.export_text()
+    assert "ΔNDCG@10 vs zero-shot [95% CI]" in table and "50.0%" in table and "+0.1250 [-]" in table
+    write_summary(run_dir, rows, cfg)
+    assert "per_query" not in json.loads((run_dir / "summary.json").read_text())[0]
+    assert "| 50.0% |" in (run_dir / "summary.md").read_text()
 
 
 def test_direct_dp_fingerprint_leaves_out_only_what_changes_nothing_trained():

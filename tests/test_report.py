@@ -41,6 +41,11 @@ def _metrics(path: Path, ndcg: float) -> None:
                                 "mrr@10": ndcg - 0.02, "queries": 300}))
 
 
+def _per_query(path: Path, ndcg: list[float]) -> None:
+    """``per_query.json`` as the pipeline writes it, for queries t1, t2, ..."""
+    path.write_text(json.dumps({f"t{i + 1}": {"ndcg@10": v, "recall@10": v} for i, v in enumerate(ndcg)}))
+
+
 def _jsonl(path: Path, rows: list[dict]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -59,10 +64,15 @@ def write_fake_run(root: Path) -> Path:
                                                  "train_split": "train", "eval_split": "test", "unit": "query"}))
     _metrics(run / "zero_shot" / "metrics.json", 0.40)
     _metrics(run / "original" / "metrics.json", 0.62)
+    # per-query NDCG@10 whose means are the metrics' (eps-3 and the direct rows have none: an older run)
+    _per_query(run / "zero_shot" / "per_query.json", [0.3, 0.5, 0.3, 0.5])
+    _per_query(run / "original" / "per_query.json", [0.52, 0.72, 0.52, 0.72])
     _ledger(math.inf, "none").save(_mk(run / "original" / "retriever"))
     for eps, ndcg in (("inf", 0.58), ("16", 0.55), ("8", 0.52), ("3", 0.47)):
         stage = run / f"eps-{eps}"
         _metrics(stage / "metrics.json", ndcg)
+        if eps != "3":
+            _per_query(stage / "per_query.json", [ndcg - 0.1, ndcg + 0.1, ndcg - 0.07, ndcg + 0.07])
         ledger = _ledger(float(eps), "dp-sgd")
         ledger.save(_mk(stage / "generator"))
         syn = _mk(stage / "synthetic")
@@ -156,6 +166,74 @@ def test_html_is_self_contained_and_private_by_default(fake_run, tmp_path):
     assert PRIVATE_QUERY in page and "synthetic query epsinf about aspirin" in page
 
 
+def test_retention_and_interval_columns(fake_run):
+    """Retention = (row - zero-shot) / (original - zero-shot); the interval only where per_query.json exists."""
+    _, _, markdown = build_report(fake_run)
+    assert "| NDCG@10 | retention | ΔNDCG@10 vs zero-shot [95% CI] | Recall@10 |" in markdown
+    assert "| zero-shot (public encoder) | - | - | - | 0.4000 | - | - | 0.5000 |" in markdown
+    assert "| original pairs (non-private) | ∞ | - | query | 0.6200 | - | +0.2200 [+0.2200, +0.2200] |" in markdown
+    # eps-8: (0.52 - 0.40) / (0.62 - 0.40) = 54.5%; per-query differences 0.12, 0.12, 0.15, 0.09
+    assert re.search(r"\| DP synthetic queries \(ε=8\) \| 8 \| 0.001 \| query \| 0.5200 \| 54.5% \| "
+                     r"\+0.1200 \[\+0.(09|1[0-4])\d\d, \+0.1[0-5]\d\d\] \|", markdown)
+    assert "| DP synthetic queries (ε=3) | 3 | 0.001 | query | 0.4700 | 31.8% | +0.0700 [-] |" in markdown
+    assert "| direct logit-dp (ε=3) | 3 | 0.001 | query | 0.3000 | -45.5% | -0.1000 [-] |" in markdown
+    page = (fake_run / "report.html").read_text()
+    assert "ΔNDCG@10 vs zero-shot [95% CI]" in page and "<td class=\"num\">54.5%</td>" in page
+
+
+def test_plot_draws_the_interval_as_error_bars(fake_run, monkeypatch):
+    from matplotlib.axes import Axes
+
+    from privret.report.plot import privacy_utility_png
+
+    drawn = []
+    real = Axes.errorbar
+
+    def spy(self, x, y, **kwargs):
+        drawn.append((list(x), list(y), kwargs["yerr"]))
+        return real(self, x, y, **kwargs)
+
+    monkeypatch.setattr(Axes, "errorbar", spy)
+    run = collect(fake_run)
+    assert privacy_utility_png(run) is not None
+    assert len(drawn) == 1  # only the DP synthetic rows have per-query scores, and not eps-3
+    x, y, (below, above) = drawn[0]
+    assert x[:2] == [8.0, 16.0] and y[:2] == [0.52, 0.55]
+    low, high = run.versus["eps-8"].ci
+    assert y[0] - below[0] == pytest.approx(0.40 + low) and y[0] + above[0] == pytest.approx(0.40 + high)
+
+
+def test_privacy_utility_json_shape(fake_run, tmp_path):
+    from privret.errors import InputError
+
+    out = tmp_path / "privacy_utility.json"
+    build_report(fake_run, utility_out=out)
+    data = json.loads(out.read_text())
+    assert isinstance(data, list) and len(data) == 1
+    entry = data[0]
+    assert set(entry) == {"dataset", "zero_shot", "original", "rows"}
+    assert entry["dataset"] == "private" and entry["zero_shot"] == {"ndcg10": 0.40} and entry["original"] == {
+        "ndcg10": 0.62}
+    assert [r["name"] for r in entry["rows"]] == ["eps-inf", "eps-16", "eps-8", "eps-3", "eps-8-filtered",
+                                                  "direct-logit-dp-eps-16", "direct-logit-dp-eps-8",
+                                                  "direct-logit-dp-eps-3"]
+    for row in entry["rows"]:
+        assert set(row) == {"name", "epsilon", "ndcg10_mean", "ndcg10_sd", "seeds", "delta_ci95", "retention"}
+        assert isinstance(row["epsilon"], float) and isinstance(row["ndcg10_mean"], float)
+        assert row["ndcg10_sd"] == 0.0 and row["seeds"] == 1
+    eight = entry["rows"][2]
+    assert eight["epsilon"] == 8.0 and eight["ndcg10_mean"] == 0.52
+    assert eight["retention"] == pytest.approx(0.12 / 0.22)
+    assert len(eight["delta_ci95"]) == 2 and 0.09 <= eight["delta_ci95"][0] <= 0.12 <= eight["delta_ci95"][1] <= 0.15
+    assert entry["rows"][3]["delta_ci95"] is None  # eps-3 has no per-query scores
+    assert entry["rows"][0]["epsilon"] == math.inf
+    (fake_run / "zero_shot" / "metrics.json").unlink()
+    (fake_run / "report.html").unlink()
+    with pytest.raises(InputError, match="needs zero_shot/metrics.json"):
+        build_report(fake_run, utility_out=tmp_path / "again.json")
+    assert not (tmp_path / "again.json").exists() and not (fake_run / "report.html").exists()
+
+
 def test_escapes_text_from_the_run(fake_run):
     queries = fake_run / "eps-8" / "synthetic" / "queries.jsonl"
     queries.write_text(queries.read_text().replace("synthetic query eps8 about aspirin",
@@ -172,13 +250,19 @@ def test_bad_metrics_file_is_one_clear_error(fake_run):
     with pytest.raises(InputError, match=r"eps-8/metrics.json:1: malformed JSON"):
         build_report(fake_run)
     assert not (fake_run / "report.html").exists()
+    (fake_run / "eps-8" / "metrics.json").write_text(json.dumps({"ndcg@10": 0.52}))
+    (fake_run / "eps-8" / "per_query.json").write_text(json.dumps({"t1": 0.42}))  # not {qid: {metric: value}}
+    with pytest.raises(InputError, match=r"eps-8/per_query.json, field 'ndcg@10': expected \{query id"):
+        build_report(fake_run)
 
 
 def test_cli_report_exit_codes(fake_run, tmp_path):
-    ok = subprocess.run([sys.executable, "-m", "privret.cli", "report", str(fake_run)], capture_output=True,
-                        text=True, timeout=300)
+    utility = tmp_path / "privacy_utility.json"
+    ok = subprocess.run([sys.executable, "-m", "privret.cli", "report", str(fake_run), "--utility-json", str(utility)],
+                        capture_output=True, text=True, timeout=300)
     assert ok.returncode == 0, ok.stderr
     assert "DP synthetic queries (ε=16)" in ok.stdout and (fake_run / "report.html").is_file()
+    assert json.loads(utility.read_text())[0]["dataset"] == "private"
     bad = subprocess.run([sys.executable, "-m", "privret.cli", "report", str(tmp_path / "missing")],
                          capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "run directory not found" in bad.stderr

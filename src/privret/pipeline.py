@@ -14,7 +14,8 @@ Layout of ``RUN_DIR``::
     eps-<e>-filtered/retriever/, eps-<e>-filtered/metrics.json
     direct-<method>-eps-<e>/retriever/   (direct DP training on the original pairs, with its ledger)
     direct-<method>-eps-<e>/metrics.json
-    summary.json, summary.md       (the seed's Table 3 layout)
+    <row>/per_query.json           (beside each metrics.json: each test query's metrics, for the CI)
+    summary.json, summary.md       (the seed's Table 3 layout, with retention and the CI against zero-shot)
     cache/embeddings/<key>.npy     (the public zero-shot encoder's corpus embeddings, see below)
 
 Each stage writes its output atomically, so a finished stage is skipped on re-run and an
@@ -71,7 +72,8 @@ from privret.config import PipelineConfig
 from privret.data.beir import BeirDataset, load_beir
 from privret.data.pairs import UNIT_DEFINITIONS, PrivacyUnit, TrainingPairs, pairs_from_beir
 from privret.errors import InputError
-from privret.evaluate.retrieval import evaluate_retriever
+from privret.evaluate.retrieval import evaluate_per_query, mean_metrics
+from privret.evaluate.statistics import EXPLANATION, PER_QUERY_FILE, versus_zero_shot
 from privret.io import file_sha256, write_json_atomic, write_text_atomic
 from privret.models.encoder import load_encoder
 from privret.privacy import budget as budget_registry
@@ -361,19 +363,30 @@ def release_memory() -> None:
 
 def _evaluate_stage(stage: Stage, model_name: str, dataset: BeirDataset, split: str, extra: dict, *,
                     cache_dir: Path | None = None) -> dict:
-    """Metrics of a retriever, unless done; ``cache_dir`` only for a public encoder (privacy)."""
+    """Metrics of a retriever, unless done; ``cache_dir`` only for a public encoder (privacy).
+
+    Writes the means to ``metrics.json`` and, first, each query's metrics to ``per_query.json`` beside it.
+    The row returned adds ``stage`` (the directory) and ``per_query`` (NDCG@10 per query id; None for a
+    stage evaluated by an older privret, without ``per_query.json``) for the summary's statistics.
+    """
     path = stage.output
+    per_query_path = path.with_name(PER_QUERY_FILE)
     if path.exists():
-        return json.loads(path.read_text())
-    started = time.time()
-    model = load_encoder(model_name)
-    metrics = evaluate_retriever(model, dataset.corpus, dataset.queries, dataset.split(split), cache_dir=cache_dir)
-    del model
-    result = {**extra, **metrics, "eval_seconds": round(time.time() - started, 1)}
-    write_json_atomic(path, result)
-    write_record(stage)
-    release_memory()
-    return result
+        result = json.loads(path.read_text())
+        per_query = json.loads(per_query_path.read_text()) if per_query_path.exists() else None
+    else:
+        started = time.time()
+        model = load_encoder(model_name)
+        per_query = evaluate_per_query(model, dataset.corpus, dataset.queries, dataset.split(split),
+                                       cache_dir=cache_dir)
+        del model
+        result = {**extra, **mean_metrics(per_query), "eval_seconds": round(time.time() - started, 1)}
+        write_json_atomic(per_query_path, per_query)  # before metrics.json, which marks the stage done
+        write_json_atomic(path, result)
+        write_record(stage)
+        release_memory()
+    ndcg = None if per_query is None else {q: v["ndcg@10"] for q, v in per_query.items()}
+    return {**result, "stage": path.parent.name, "per_query": ndcg}
 
 
 def _exclusive_run_dir(run):
@@ -551,31 +564,42 @@ def _fmt_eps(value) -> str:
     return "inf" if math.isinf(value) else f"{value:.3g}"
 
 
-def summary_table(rows: list[dict]) -> Table:
-    table = Table(title="Retrieval on the evaluation split (seed Table 3 layout)")
-    for column in ("training data", "epsilon", "delta", "NDCG@10", "Recall@10", "Recall@100", "MRR@10"):
-        table.add_column(column, justify="left" if column == "training data" else "right")
+SUMMARY_COLUMNS = ("training data", "epsilon", "delta", "NDCG@10", "retention", "ΔNDCG@10 vs zero-shot [95% CI]",
+                   "Recall@10", "Recall@100", "MRR@10")
+
+
+def _summary_cells(rows: list[dict]) -> list[list[str]]:
+    """The cells of :data:`SUMMARY_COLUMNS` for each row of :func:`run_pipeline`."""
+    versus = versus_zero_shot({r["stage"]: (r["ndcg@10"], r["per_query"]) for r in rows})
+    cells = []
     for r in rows:
-        table.add_row(r["row"], _fmt_eps(r["epsilon"]), "-" if r["delta"] in (None, 0.0) else f"{r['delta']:.2g}",
-                      f"{r['ndcg@10']:.4f}", f"{r['recall@10']:.4f}", f"{r['recall@100']:.4f}", f"{r['mrr@10']:.4f}")
+        against = versus[r["stage"]]
+        cells.append([r["row"], _fmt_eps(r["epsilon"]), "-" if r["delta"] in (None, 0.0) else f"{r['delta']:.2g}",
+                      f"{r['ndcg@10']:.4f}", against.retention_text(), against.delta_text(),
+                      f"{r['recall@10']:.4f}", f"{r['recall@100']:.4f}", f"{r['mrr@10']:.4f}"])
+    return cells
+
+
+def summary_table(rows: list[dict]) -> Table:
+    table = Table(title="Retrieval on the evaluation split (seed Table 3 layout)", caption=EXPLANATION)
+    for column in SUMMARY_COLUMNS:
+        table.add_column(column, justify="left" if column == "training data" else "right")
+    for cells in _summary_cells(rows):
+        table.add_row(*cells)
     return table
 
 
 def summary_markdown(rows: list[dict], cfg: PipelineConfig) -> str:
-    lines = [f"# {cfg.name}: retrieval on `{cfg.eval_split}`", "",
-             "| training data | epsilon | delta | NDCG@10 | Recall@10 | Recall@100 | MRR@10 |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
-    for r in rows:
-        delta = "-" if r["delta"] in (None, 0.0) else f"{r['delta']:.2g}"
-        lines.append(f"| {r['row']} | {_fmt_eps(r['epsilon'])} | {delta} | {r['ndcg@10']:.4f} | "
-                     f"{r['recall@10']:.4f} | {r['recall@100']:.4f} | {r['mrr@10']:.4f} |")
-    lines += ["", "Each DP row's (epsilon, delta) holds for that row alone, per privacy unit "
+    lines = [f"# {cfg.name}: retrieval on `{cfg.eval_split}`", "", "| " + " | ".join(SUMMARY_COLUMNS) + " |",
+             "|---|" + "---:|" * (len(SUMMARY_COLUMNS) - 1)]
+    lines += ["| " + " | ".join(cells) + " |" for cells in _summary_cells(rows)]
+    lines += ["", EXPLANATION, "", "Each DP row's (epsilon, delta) holds for that row alone, per privacy unit "
               f"'{cfg.unit.value}'; releasing several rows trained on the same data composes their budgets."]
     return "\n".join(lines) + "\n"
 
 
 def write_summary(run_dir: Path, rows: list[dict], cfg: PipelineConfig) -> None:
-    write_json_atomic(run_dir / "summary.json", rows)
+    write_json_atomic(run_dir / "summary.json", [{k: v for k, v in r.items() if k != "per_query"} for r in rows])
     joint = run_composition(run_dir)  # what releasing every row together costs (docs/reliability.md)
     write_json_atomic(run_dir / "budget.json", joint)
     write_text_atomic(run_dir / "summary.md", summary_markdown(rows, cfg) + "\n" + run_composition_sentence(joint) + "\n")

@@ -17,11 +17,17 @@ def report(
     show_private_queries: Annotated[bool, typer.Option(
         help="also show original (private) queries and the non-private generator's examples")] = False,
     examples: Annotated[int, typer.Option(help="documents in the example-queries table")] = 3,
+    utility_json: Annotated[Optional[Path], typer.Option(
+        "--utility-json", help="also write NDCG@10, retention and the CI against zero-shot per row as JSON "
+        "(the layout of bench/results/privacy_utility.json); needs the zero-shot and original rows")] = None,
 ) -> None:
-    """One self-contained HTML report (plot, tables, examples, ledgers) + a Markdown summary."""
+    """One self-contained HTML report (plot, tables, examples, ledgers) + a Markdown summary; --utility-json adds
+    the privacy-utility JSON."""
     from privret.report import build_report
 
-    html_path, md_path, markdown = build_report(run_dir, out=out_file, show_private_queries=show_private_queries,
-                                                examples=examples)
+    html_path, md_path, markdown = build_report(run_dir, out=out_file, utility_out=utility_json,
+                                                show_private_queries=show_private_queries, examples=examples)
     typer.echo(markdown)
     out.print(f"report: {html_path.resolve()}  (Markdown: {md_path.resolve()})")
+    if utility_json is not None:
+        out.print(f"privacy-utility JSON: {utility_json.resolve()}")

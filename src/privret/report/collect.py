@@ -3,6 +3,8 @@
 Required: at least one ``metrics.json`` row. Everything else is optional and shown when present:
 
 * ``zero_shot/metrics.json``, ``original/metrics.json``: the references (horizontal lines);
+* ``<row>/per_query.json`` beside a ``metrics.json``: per-query NDCG@10, for the paired bootstrap
+  interval against zero-shot (:mod:`privret.evaluate.statistics`; "-" without it);
 * ``eps-<e>/metrics.json`` + ``eps-<e>/generator/privacy_ledger.json`` (DP synthetic queries),
   ``eps-<e>/synthetic/`` (examples, ``manifest.json``), ``eps-<e>/timing.json``;
 * ``direct-<method>-eps-<e>/metrics.json`` with a ledger in ``retriever/`` or beside the metrics
@@ -24,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from privret.errors import InputError
+from privret.evaluate.statistics import PER_QUERY_FILE, Versus, versus_zero_shot
 
 LEDGER_FILE = "privacy_ledger.json"
 _EPS_DIR = re.compile(r"^eps-(?P<eps>inf|[0-9.eE+-]+?)(?P<filtered>-filtered)?$")
@@ -42,6 +45,7 @@ class Row:
     ledger: dict | None = None
     ledger_source: str | None = None
     timing: dict = field(default_factory=dict)
+    per_query: dict[str, float] | None = None  # NDCG@10 per test query, when the run kept it
 
 
 @dataclass
@@ -65,6 +69,7 @@ class RunData:
     zero_shot_datasets: list[dict]
     examples: Examples | None
     notes: list[str] = field(default_factory=list)
+    versus: dict[str, Versus] = field(default_factory=dict)  # row key -> retention and CI against zero-shot
 
 
 def read_json(path: Path):
@@ -159,6 +164,7 @@ def collect(run_dir: str | Path, *, show_private_queries: bool = False, examples
     stages.sort(key=lambda r: (not r.method.startswith("dp-synthetic"), r.method, -r.epsilon if r.epsilon is not None else 0))
     rows += stages
     for r in rows:
+        r.per_query = _per_query(run_dir / r.key / PER_QUERY_FILE)
         if r.method not in ("zero-shot",) and r.ledger is None:
             notes.append(f"{r.key}: no privacy ledger found")
     if not rows:
@@ -166,7 +172,19 @@ def collect(run_dir: str | Path, *, show_private_queries: bool = False, examples
     return RunData(run_dir=run_dir, name=str(config.get("name") or run_dir.name), config=config, rows=rows,
                    similarity=_similarity(run_dir), canaries=_canaries(run_dir),
                    zero_shot_datasets=_zero_shot_datasets(run_dir),
-                   examples=_examples(run_dir, config, stages, show_private_queries, examples), notes=notes)
+                   examples=_examples(run_dir, config, stages, show_private_queries, examples), notes=notes,
+                   versus=versus_zero_shot({r.key: (r.metrics["ndcg@10"], r.per_query) for r in rows}))
+
+
+def _per_query(path: Path) -> dict[str, float] | None:
+    """NDCG@10 per query id from a ``per_query.json``; None when the file is absent (an older run)."""
+    if not path.is_file():
+        return None
+    data = read_json(path)
+    try:
+        return {str(qid): float(m["ndcg@10"]) for qid, m in data.items()}
+    except (AttributeError, KeyError, TypeError, ValueError):
+        raise InputError("expected {query id: {'ndcg@10': number, ...}}", path=path, field="ndcg@10") from None
 
 
 def _timing(stage: Path) -> dict:

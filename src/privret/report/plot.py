@@ -3,6 +3,10 @@
 Rendered with matplotlib's Agg backend (no display) to PNG bytes, which the HTML inlines as a
 ``data:`` URI. epsilon is on a log axis; ``inf`` (a non-private run of a method) is drawn at a
 separate position at the right end, labelled "∞" and separated by a break in the line.
+
+Error bars (NDCG@10 only) show each row's 95% paired bootstrap interval of its difference to
+zero-shot (:mod:`privret.evaluate.statistics`), drawn around the point: a bar that clears the
+zero-shot line is a gain the test queries support. Rows without per-query scores get no bar.
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ from __future__ import annotations
 import io
 import math
 
+from privret.evaluate.statistics import Versus
 from privret.report.collect import RunData, method_label
 
 METRIC = "ndcg@10"
@@ -26,6 +31,14 @@ def epsilon_ticks(epsilons) -> dict[float, str]:
     return ticks
 
 
+def _bar(versus: Versus, value: float) -> tuple[float, float] | None:
+    """The interval of the difference to zero-shot, placed around the row's NDCG@10 ``value``."""
+    if versus.ci is None:
+        return None
+    low, high = versus.ci
+    return value - versus.delta + low, value - versus.delta + high
+
+
 def privacy_utility_png(run: RunData, *, metric: str = METRIC, width: float = 8.0, height: float = 4.8,
                         dpi: int = 110) -> bytes | None:
     """PNG bytes of the plot, or None when there is no private row to plot."""
@@ -34,38 +47,44 @@ def privacy_utility_png(run: RunData, *, metric: str = METRIC, width: float = 8.
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt
 
-    series: dict[str, list[tuple[float, float]]] = {}
+    series: dict[str, list[tuple[float, float, tuple[float, float] | None]]] = {}  # (epsilon, value, bar)
     for r in run.rows:
         if r.method in ("zero-shot", "original") or r.epsilon is None or metric not in r.metrics:
             continue
-        series.setdefault(r.method, []).append((r.epsilon, float(r.metrics[metric])))
+        value = float(r.metrics[metric])
+        bar = _bar(run.versus[r.key], value) if metric == METRIC else None
+        series.setdefault(r.method, []).append((r.epsilon, value, bar))
     references = [(r.label, float(r.metrics[metric]), style) for r, style in
                   ((r, ("--", "#555555") if r.method == "zero-shot" else (":", "#000000")) for r in run.rows)
                   if r.method in ("zero-shot", "original") and metric in r.metrics]
     if not series and not references:
         return None
-    finite = [e for pts in series.values() for e, _ in pts if math.isfinite(e)]
+    finite = [e for pts in series.values() for e, _, _ in pts if math.isfinite(e)]
     lo, hi = (min(finite), max(finite)) if finite else (1.0, 10.0)
     inf_x = hi * 4 if finite else 10.0
 
     fig, ax = plt.subplots(figsize=(width, height), dpi=dpi)
     for i, (method, points) in enumerate(sorted(series.items())):
         colour = _COLOURS[i % len(_COLOURS)]
-        points.sort()
-        fin = [(e, v) for e, v in points if math.isfinite(e)]
-        inf = [(inf_x, v) for e, v in points if not math.isfinite(e)]
+        points.sort(key=lambda p: p[0])
+        fin = [(e, v, bar) for e, v, bar in points if math.isfinite(e)]
+        inf = [(inf_x, v, bar) for e, v, bar in points if not math.isfinite(e)]
         if fin:
-            ax.plot([e for e, _ in fin], [v for _, v in fin], marker="o", color=colour, linewidth=2,
+            ax.plot([e for e, _, _ in fin], [v for _, v, _ in fin], marker="o", color=colour, linewidth=2,
                     label=method_label(method))
         if inf:
-            ax.plot([x for x, _ in inf], [v for _, v in inf], marker="s", linestyle="none", color=colour,
+            ax.plot([x for x, _, _ in inf], [v for _, v, _ in inf], marker="s", linestyle="none", color=colour,
                     label=None if fin else method_label(method))
+        bars = [(x, v, bar) for x, v, bar in fin + inf if bar is not None]
+        if bars:
+            ax.errorbar([x for x, _, _ in bars], [v for _, v, _ in bars], fmt="none", ecolor=colour, capsize=3,
+                        yerr=[[v - lo for _, v, (lo, _) in bars], [hi - v for _, v, (_, hi) in bars]])
     for label, value, (style, colour) in references:
         ax.axhline(value, linestyle=style, color=colour, linewidth=1.5, label=f"{label}: {value:.3f}")
     ax.set_xscale("log")
     labels = {**epsilon_ticks(finite), inf_x: "∞"}
     ticks = [t for t in labels if t != inf_x]
-    if any(not math.isfinite(e) for pts in series.values() for e, _ in pts):
+    if any(not math.isfinite(e) for pts in series.values() for e, _, _ in pts):
         ticks.append(inf_x)
         ax.axvline(math.sqrt(hi * inf_x), color="#dddddd", linewidth=1)
     if ticks:

@@ -1,4 +1,4 @@
-"""HTML (self-contained) and Markdown renderings of a run's results.
+"""HTML (self-contained) and Markdown renderings of a run's results, and its privacy-utility JSON.
 
 The HTML page loads nothing: its style sheet is inline, the plot is a ``data:image/png;base64``
 URI, there is no script, no font, no link to any other file. Every text taken from the run
@@ -11,11 +11,15 @@ import base64
 import html
 import math
 from datetime import datetime, timezone
+from pathlib import Path
 
+from privret.errors import InputError
+from privret.evaluate.statistics import EXPLANATION, ORIGINAL, ZERO_SHOT, mean_sd
 from privret.report.collect import Row, RunData
 from privret.report.plot import method_label, privacy_utility_png
 
-RETRIEVAL_METRICS = ("ndcg@10", "recall@10", "recall@100", "mrr@10")
+RETRIEVAL_HEADERS = ["training data", "ε", "δ", "unit", "NDCG@10", "retention", "ΔNDCG@10 vs zero-shot [95% CI]",
+                     "Recall@10", "Recall@100", "MRR@10"]
 LEDGER_FIELDS = ("mechanism", "epsilon", "delta", "unit", "n_units", "n_pairs", "noise_multiplier", "sample_rate",
                  "steps", "clip_norm", "accountant", "model", "trainable", "data_hash", "created_at")
 
@@ -76,8 +80,10 @@ def _table(headers: list[str], rows: list[list[str]], numeric: set[int] | None =
 def _retrieval_rows(run: RunData) -> list[list[str]]:
     out = []
     for r in run.rows:
-        out.append([_e(r.label), _eps(r.epsilon), _delta(r), _e(_unit(r))]
-                   + [_num(r.metrics.get(m)) for m in RETRIEVAL_METRICS])
+        versus = run.versus[r.key]
+        out.append([_e(r.label), _eps(r.epsilon), _delta(r), _e(_unit(r)), _num(r.metrics.get("ndcg@10")),
+                    versus.retention_text(), versus.delta_text()]
+                   + [_num(r.metrics.get(m)) for m in ("recall@10", "recall@100", "mrr@10")])
     return out
 
 
@@ -228,8 +234,8 @@ def render_html(run: RunData) -> str:
     else:
         sections.append("<p>No rows to plot.</p>")
     sections += ["<h2 id='retrieval'>Retrieval (seed Table 3 layout)</h2>",
-                 _table(["training data", "ε", "δ", "unit"] + [m.upper() for m in RETRIEVAL_METRICS],
-                        _retrieval_rows(run), {1, 2, 4, 5, 6, 7})]
+                 _table(RETRIEVAL_HEADERS, _retrieval_rows(run), set(range(1, len(RETRIEVAL_HEADERS))) - {3}),
+                 f"<p class='muted'>{_e(EXPLANATION)}</p>"]
     if run.zero_shot_datasets:
         sections += ["<h2 id='zero-shot'>Zero-shot across datasets (seed Table 5 layout)</h2>",
                      _zero_shot_section(run)]
@@ -252,12 +258,10 @@ def render_html(run: RunData) -> str:
 
 
 def render_markdown(run: RunData) -> str:
-    lines = [f"# privret report: {run.name}", "", "## Retrieval", "",
-             "| training data | ε | δ | unit | NDCG@10 | Recall@10 | Recall@100 | MRR@10 |",
-             "|---|---:|---:|---|---:|---:|---:|---:|"]
-    for r in run.rows:
-        lines.append(f"| {r.label} | {_eps(r.epsilon)} | {_delta(r)} | {_unit(r)} | "
-                     + " | ".join(_num(r.metrics.get(m)) for m in RETRIEVAL_METRICS) + " |")
+    lines = [f"# privret report: {run.name}", "", "## Retrieval", "", "| " + " | ".join(RETRIEVAL_HEADERS) + " |",
+             "|---|---:|---:|---|" + "---:|" * (len(RETRIEVAL_HEADERS) - 4)]
+    lines += ["| " + " | ".join(html.unescape(c) for c in row) + " |" for row in _retrieval_rows(run)]
+    lines += ["", EXPLANATION]
     for result in run.zero_shot_datasets:
         names = list(result["datasets"])
         lines += ["", f"## Zero-shot NDCG@10 across datasets ({result['file']})", "",
@@ -284,4 +288,34 @@ def render_markdown(run: RunData) -> str:
     return "\n".join(lines) + "\n"
 
 
-__all__ = ["render_html", "render_markdown", "method_label"]
+def privacy_utility(run: RunData) -> dict:
+    """The run as one dataset's object of ``bench/results/privacy_utility.json``::
+
+        {"dataset": name, "zero_shot": {"ndcg10": float}, "original": {"ndcg10": float},
+         "rows": [{"name", "epsilon", "ndcg10_mean", "ndcg10_sd", "seeds", "delta_ci95": [lo, hi], "retention"}]}
+
+    One row per trained row other than the references, named by its directory (``eps-8``,
+    ``direct-logit-dp-eps-8``); ``epsilon`` is its ledger's (``Infinity`` when non-private). A run
+    directory holds one training seed per row, so for now every row has ``seeds`` 1 and
+    ``ndcg10_sd`` 0.0 (:func:`~privret.evaluate.statistics.mean_sd` of one value). ``delta_ci95`` is
+    the paired bootstrap interval of its NDCG@10 minus zero-shot's (null without per-query scores);
+    ``retention`` is null where undefined. ``dataset`` is the name of the run's dataset directory.
+    """
+    rows = {r.key: r for r in run.rows}
+    for key in (ZERO_SHOT, ORIGINAL):
+        if key not in rows:
+            raise InputError(f"the privacy-utility JSON needs {key}/metrics.json", path=run.run_dir)
+    out = []
+    for r in run.rows:
+        if r.key in (ZERO_SHOT, ORIGINAL):
+            continue
+        mean, sd = mean_sd([float(r.metrics["ndcg@10"])])
+        versus = run.versus[r.key]
+        out.append({"name": r.key, "epsilon": r.epsilon, "ndcg10_mean": mean, "ndcg10_sd": sd, "seeds": 1,
+                    "delta_ci95": None if versus.ci is None else list(versus.ci), "retention": versus.retention})
+    return {"dataset": Path(str(run.config.get("dataset") or run.name)).name,
+            "zero_shot": {"ndcg10": float(rows[ZERO_SHOT].metrics["ndcg@10"])},
+            "original": {"ndcg10": float(rows[ORIGINAL].metrics["ndcg@10"])}, "rows": out}
+
+
+__all__ = ["privacy_utility", "render_html", "render_markdown", "method_label"]

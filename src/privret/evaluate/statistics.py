@@ -1,0 +1,105 @@
+"""How much of the possible gain a private retriever keeps, and how sure we are of it.
+
+Every retrieval table compares a row with two references on NDCG@10: *zero-shot* (the untrained
+public encoder, :data:`ZERO_SHOT`) and *original* (the non-private retriever trained on the original
+private pairs, :data:`ORIGINAL`).
+
+* **Retention** (:func:`retention`) = (row - zero-shot) / (original - zero-shot): 1 keeps all of
+  the gain of training on the private pairs, 0 none of it, below 0 is worse than not training.
+  Undefined when original <= zero-shot (there is no gain to keep) and for the two references.
+* **Delta NDCG@10 against zero-shot** with a 95% confidence interval from a paired bootstrap over
+  the test queries (:func:`paired_bootstrap_ci`): the queries are resampled with replacement, the
+  same resample for both systems, and the interval is the percentile interval of the resampled mean
+  differences. It needs per-query NDCG@10 of both systems on the same queries (``per_query.json``);
+  without it the interval is unknown (shown as "-"), never invented.
+* Over several training seeds, :func:`mean_sd` gives the mean and the sample standard deviation.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+ZERO_SHOT, ORIGINAL = "zero_shot", "original"  # the references' directory names in a run directory
+PER_QUERY_FILE = "per_query.json"  # beside each metrics.json of a run directory: {qid: {metric: value}}
+RESAMPLES, SEED, LEVEL = 10_000, 0, 0.95  # every table's bootstrap
+EXPLANATION = ("Retention = (NDCG@10 - zero-shot) / (original - zero-shot), where original is the non-private "
+               "retriever trained on the original pairs. ΔNDCG@10 vs zero-shot: the row's mean minus zero-shot's, "
+               f"with its {LEVEL:.0%} confidence interval in brackets (paired bootstrap over the test queries, "
+               f'{RESAMPLES:,} resamples, percentile interval). "-": undefined, or no per-query scores '
+               "(per_query.json) to resample.")
+
+
+def retention(score: float, zero_shot: float, original: float) -> float | None:
+    """(score - zero_shot) / (original - zero_shot); None when original <= zero_shot."""
+    if original <= zero_shot:
+        return None
+    return (score - zero_shot) / (original - zero_shot)
+
+
+def paired_bootstrap_ci(a: Sequence[float], b: Sequence[float], *, resamples: int = RESAMPLES, seed: int = SEED,
+                        level: float = LEVEL) -> tuple[float, float]:
+    """Percentile interval at ``level`` of mean(b - a) over the queries, by a paired bootstrap.
+
+    ``a[i]`` and ``b[i]`` are the two systems' scores on query ``i``. Each of ``resamples`` draws
+    picks n query indices uniformly with replacement and takes mean(b[idx] - a[idx]); the bounds are
+    the (1 - level)/2 and (1 + level)/2 quantiles of these means. Deterministic for a given ``seed``.
+    """
+    diff = np.asarray(b, dtype=np.float64) - np.asarray(a, dtype=np.float64)
+    if diff.ndim != 1 or diff.size == 0:
+        raise ValueError("need one score per query for each system, on at least one query")
+    rng = np.random.default_rng(seed)
+    step = max(1, 2**22 // diff.size)  # resamples per batch: about 32 MB of indices
+    means = np.concatenate([diff[rng.integers(0, diff.size, size=(min(step, resamples - lo), diff.size))].mean(axis=1)
+                            for lo in range(0, resamples, step)])
+    low, high = np.quantile(means, [(1 - level) / 2, (1 + level) / 2])
+    return float(low), float(high)
+
+
+def mean_sd(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation (n - 1 in the denominator) of per-seed scores; sd 0.0 for one seed."""
+    if not values:
+        raise ValueError("no values")
+    mean = sum(values) / len(values)
+    if len(values) == 1:
+        return mean, 0.0
+    return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
+
+
+@dataclass(frozen=True)
+class Versus:
+    """One row against the references (see the module docstring)."""
+
+    delta: float | None  # the row's NDCG@10 minus zero-shot's; None for zero-shot itself or without zero-shot
+    ci: tuple[float, float] | None  # 95% paired bootstrap interval of delta; None without per-query scores
+    retention: float | None
+
+    def delta_text(self) -> str:
+        if self.delta is None:
+            return "-"
+        interval = "-" if self.ci is None else f"{self.ci[0]:+.4f}, {self.ci[1]:+.4f}"
+        return f"{self.delta:+.4f} [{interval}]"
+
+    def retention_text(self) -> str:
+        return "-" if self.retention is None else f"{self.retention:.1%}"
+
+
+def versus_zero_shot(rows: Mapping[str, tuple[float, Mapping[str, float] | None]]) -> dict[str, Versus]:
+    """Each row (key -> (NDCG@10, per-query NDCG@10 or None)) against the references :data:`ZERO_SHOT`
+    and :data:`ORIGINAL` among them. The interval needs both per-query tables on the same queries."""
+    zero, zero_queries = rows.get(ZERO_SHOT, (None, None))
+    original = rows.get(ORIGINAL, (None, None))[0]
+    out = {}
+    for key, (score, queries) in rows.items():
+        if zero is None or key == ZERO_SHOT:
+            out[key] = Versus(None, None, None)
+            continue
+        ci = None
+        if queries is not None and zero_queries is not None and queries.keys() == zero_queries.keys():
+            ci = paired_bootstrap_ci([zero_queries[q] for q in queries], list(queries.values()))
+        kept = retention(score, zero, original) if original is not None and key != ORIGINAL else None
+        out[key] = Versus(score - zero, ci, kept)
+    return out
