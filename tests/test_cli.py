@@ -125,7 +125,11 @@ def test_offline_hub_id_says_how_to_get_it(tmp_path, monkeypatch):
 
 def test_json_metrics_output(tmp_path, toy_beir, tiny_bert_dir):
     out = tmp_path / "m.json"
-    result = run_cli("evaluate", "--model", str(tiny_bert_dir), "--data", str(toy_beir), "--json", str(out))
+    per_query = tmp_path / "q.json"
+    result = run_cli("evaluate", "--model", str(tiny_bert_dir), "--data", str(toy_beir), "--json", str(out),
+                     "--per-query", str(per_query))
     assert result.returncode == 0, result.stderr
     metrics = json.loads(out.read_text())
     assert set(metrics) >= {"ndcg@10", "recall@10", "recall@100", "mrr@10"} and metrics["queries"] == 2
+    each = json.loads(per_query.read_text())
+    assert len(each) == 2 and metrics["ndcg@10"] == pytest.approx(sum(v["ndcg@10"] for v in each.values()) / 2)

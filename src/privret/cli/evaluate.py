@@ -27,6 +27,9 @@ def evaluate(
     label: Annotated[Optional[list[str]], typer.Option(help="row name per --model in the --datasets table")] = None,
     split: Annotated[str, typer.Option(help="qrels split to evaluate on")] = "test",
     json_out: Annotated[Optional[Path], typer.Option("--json", help="also write the metrics here")] = None,
+    per_query_out: Annotated[Optional[Path], typer.Option(
+        "--per-query", help="--data: also write each query's metrics here ({qid: {metric: value}}, for paired CIs)")]
+    = None,
     cache_dir: Annotated[Optional[Path], typer.Option(
         help="reuse or store corpus embeddings here (a .npy per model weights and corpus); they reveal what "
              "the model does, so keep them where the model may be kept")] = None,
@@ -62,12 +65,13 @@ def evaluate(
     from rich.table import Table
 
     from privret.data.beir import load_beir
-    from privret.evaluate.retrieval import METRICS, evaluate_retriever
+    from privret.evaluate.retrieval import METRICS, evaluate_per_query, mean_metrics
     from privret.models.encoder import load_encoder
 
     dataset = load_beir(data, splits=[split])
-    metrics = evaluate_retriever(load_encoder(model[0]), dataset.corpus, dataset.queries, dataset.split(split),
-                                 cache_dir=cache_dir)
+    per_query = evaluate_per_query(load_encoder(model[0]), dataset.corpus, dataset.queries, dataset.split(split),
+                                   cache_dir=cache_dir)
+    metrics = mean_metrics(per_query)
     table = Table(title=f"{model[0]} on {data.name}/{split} ({metrics['queries']} queries)")
     for m in METRICS:
         table.add_column(m, justify="right")
@@ -75,6 +79,8 @@ def evaluate(
     out.print(table)
     if json_out is not None:
         write_json_atomic(json_out, metrics)
+    if per_query_out is not None:
+        write_json_atomic(per_query_out, per_query)
 
 
 @app.command("similarity")
