@@ -18,8 +18,9 @@ from privret.privacy.ledger import PrivacyLedger
 from privret.privacy.logit_dp import contrastive_factor
 from privret.train import dp_retriever as dptrain
 from privret.train.dp_retriever import (NORM_MARGIN, DPRetrieverConfig, Mechanism, StepBatch, _encode, _grads,
-                                        _masked_logits, _norm, build_batch, clipped_sum, dp_step, make_trainable,
-                                        negative_pool, plan, public_negative_losses, sensitivity, train_dp_retriever)
+                                        _masked_logits, _norm, build_batch, clipped_sum, dp_step,
+                                        false_negative_mask, make_trainable, negative_pool, plan,
+                                        public_negative_losses, sensitivity, train_dp_retriever)
 
 torch.set_num_threads(1)
 
@@ -99,7 +100,7 @@ def _reference(method, model, params, batch, cfg):
     if method == "public-negatives":
         with torch.no_grad():
             e_n = _encode(model, [n.full_text for n in batch.negatives], 32)
-        losses = public_negative_losses(e_q, e_d, e_n, cfg.tau)
+        losses = public_negative_losses(e_q, e_d, e_n, cfg.tau, mask=false_negative_mask(batch))
         total = [torch.zeros_like(p) for p in params]
         for k in range(batch.n_units):
             g = _grads(losses[u == k].sum(), params, retain=True)
@@ -151,7 +152,7 @@ def test_public_negatives_book_keeping_equals_brute_force_for_every_trainable(sp
     e_q, e_d = _encode(model, batch.queries, 32), _encode(model, batch.docs, 32)
     with torch.no_grad():
         e_n = _encode(model, [n.full_text for n in batch.negatives], 32)
-    losses = public_negative_losses(e_q, e_d, e_n, 0.5)
+    losses = public_negative_losses(e_q, e_d, e_n, 0.5, mask=false_negative_mask(batch))
     per_unit = [_grads(losses[batch.unit_of_row == k].sum(), params, retain=True) for k in range(batch.n_units)]
     norms = torch.stack([_norm(g) for g in per_unit])
     clip = float((norms.min() * norms.max()).sqrt())
@@ -394,6 +395,36 @@ def test_public_negatives_unit_term_independent_of_another_units_inline_document
     _, both = released(with_v, [0, 1])
     change = _norm([x - y for x, y in zip(both, term_u)]).item()
     assert 0 < change <= cfg.clip_norm * (1 + 1e-4)
+
+
+def test_public_negative_equal_to_a_positive_is_masked_for_that_unit_only(tiny, pool, tiny_bert_dir):
+    """Unit 3 (rows d3, d3b) draws its own d3 (same id) and unit 5 draws a copy of its d5 (other id, same
+    text): each row's loss is the cross entropy without its unit's copies, the other row keeps them."""
+    model, params = tiny
+    cfg = _cfg("public-negatives", tiny_bert_dir)
+    batch = _batch(pool, [3, 5], "public-negatives")
+    rows, negs = pool
+    text = {r[3]: r[2] for r in rows}
+    batch.negatives = [negs[0], Document("d3", "", text["d3"]), negs[1], Document("copy", "", text["d5"])]
+    excluded = {0: {1}, 1: {3}}  # batch unit -> negatives that are its positives
+    e_q, e_d = _encode(model, batch.queries, 32), _encode(model, batch.docs, 32)
+    e_n = _encode(model, [n.full_text for n in batch.negatives], 32)
+    by_hand, unmasked = [], []
+    for i, u in enumerate(batch.unit_of_row.tolist()):
+        kept = [j for j in range(len(batch.negatives)) if j not in excluded[u]]
+        logits = torch.cat([(e_q[i] @ e_d[i]).view(1), e_q[i] @ e_n[kept].T]) / cfg.tau
+        by_hand.append(torch.logsumexp(logits, 0) - logits[0])
+        full = torch.cat([(e_q[i] @ e_d[i]).view(1), e_q[i] @ e_n.T]) / cfg.tau
+        unmasked.append(torch.logsumexp(full, 0) - full[0])
+    by_hand, unmasked = torch.stack(by_hand), torch.stack(unmasked)
+    assert (unmasked - by_hand).min() > 1e-3  # every row loses a negative: the check bites
+    assert false_negative_mask(batch).tolist() == [[False, True, False, False]] * 2 + [[False, False, False, True]]
+    losses = public_negative_losses(e_q, e_d, e_n, cfg.tau, mask=false_negative_mask(batch))
+    assert torch.allclose(losses, by_hand, atol=1e-5)
+    got, stats = clipped_sum("public-negatives", model, params, batch, cfg)
+    assert stats["loss"] == pytest.approx(by_hand.mean().item(), abs=1e-5)
+    ref = _reference("public-negatives", model, params, batch, cfg)  # -inf logits: still the exact clipped sum
+    assert all(torch.allclose(g, r, atol=1e-6, rtol=1e-4) for g, r in zip(got, ref))
 
 
 # -- crash safety and resumption (docs/reliability.md) ------------------------------------------------------------

@@ -26,7 +26,10 @@ steps. The noisy sum, divided by the expected batch q N, goes to Adam. Logits ar
 * ``public-negatives``: unit u's loss is its own pairs against ``public_negatives`` documents drawn
   uniformly from the public corpus (``public_corpus``, required; documents that came inline with the
   private pairs, ``TrainingPairs.inline_doc_ids``, are never in the pool), independently of the
-  private data, embedded without gradient (constants for the step). The loss decomposes per unit, so ordinary per-unit clipping applies: **Delta = C**, independent of
+  private data, embedded without gradient (constants for the step). In a row's softmax a sampled
+  negative that is one of the positive documents of the row's unit (same id or identical text) is
+  masked out (:func:`false_negative_mask`), a function of u's own pairs and the public sample only.
+  The loss decomposes per unit, so ordinary per-unit clipping applies: **Delta = C**, independent of
   the batch. It protects the same unit as the others (a query with all its clicked documents, a pair,
   or a user); the public documents themselves are not protected (they are public by assumption).
   Cost: one backward pass to the layer outputs (per-unit ghost norms), then the clipped sum by
@@ -282,7 +285,7 @@ def _public_negatives(model, params, batch, cfg):
     tracker = GhostNorms(model)
     try:
         e_q, e_d = _encode_tracked(tracker, model, batch, cfg)
-        losses = public_negative_losses(e_q, e_d, e_n, cfg.tau)
+        losses = public_negative_losses(e_q, e_d, e_n, cfg.tau, mask=false_negative_mask(batch))
         cot = torch.autograd.grad(losses.sum(), [e_q, e_d], retain_graph=True)
         u = batch.unit_of_row
         sq = tracker.group_sq_norms([e_q, e_d], list(cot), {"q": u, "d": u}, batch.n_units, keep_deltas=True)
@@ -297,11 +300,30 @@ def _public_negatives(model, params, batch, cfg):
     return out, {"loss": losses.mean().item(), "clipped": (norms > cfg.clip_norm).float().mean().item()}
 
 
-def public_negative_losses(e_q: torch.Tensor, e_d: torch.Tensor, e_n: torch.Tensor,
-                           temperature: float) -> torch.Tensor:
-    """Row i: -log softmax([cos(q_i, d_i), cos(q_i, n_1..n_M)] / t)[0]; negatives are constants."""
+def false_negative_mask(batch: StepBatch) -> torch.Tensor:
+    """[rows x negatives], True where public negative j is one of the positive documents of row i's unit
+    (the same document id or identical text): that negative is no negative for the row.
+
+    Row i's mask is a function of its own unit's pairs and the step's public sample only, so masking
+    keeps each unit's loss independent of the other units (Delta = C still holds)."""
+    units = batch.unit_of_row.tolist()
+    ids: list[set[str]] = [set() for _ in range(batch.n_units)]
+    texts: list[set[str]] = [set() for _ in range(batch.n_units)]
+    for u, doc_id, text in zip(units, batch.doc_ids, batch.docs):
+        ids[u].add(doc_id)
+        texts[u].add(text)
+    return torch.tensor([[n.id in ids[u] or n.full_text in texts[u] for n in batch.negatives] for u in units],
+                        dtype=torch.bool)
+
+
+def public_negative_losses(e_q: torch.Tensor, e_d: torch.Tensor, e_n: torch.Tensor, temperature: float, *,
+                           mask: torch.Tensor) -> torch.Tensor:
+    """Row i: l_i = -log( e^{s_i} / (e^{s_i} + sum_{j: not mask_ij} e^{s_ij}) ), s_i = cos(q_i, d_i) / t,
+    s_ij = cos(q_i, n_j) / t: the positive against the public negatives n_1..n_M (constants: no gradient)
+    that ``mask`` (:func:`false_negative_mask`) does not exclude for row i."""
     pos = (e_q * e_d).sum(dim=1, keepdim=True)
-    logits = torch.cat([pos, e_q @ e_n.detach().T], dim=1) / temperature
+    neg = (e_q @ e_n.detach().T).masked_fill(mask.to(e_q.device), float("-inf"))
+    logits = torch.cat([pos, neg], dim=1) / temperature
     return F.cross_entropy(logits, torch.zeros(len(e_q), dtype=torch.long, device=e_q.device), reduction="none")
 
 
