@@ -64,7 +64,7 @@ def _worker(args: dict, queue) -> None:
             rows.append(p)
         if len(rows) == n:
             break
-    negatives = [d.full_text for d in list(pairs.corpus.values())[:args["negatives"]]]
+    negatives = list(pairs.corpus.values())[:args["negatives"]]
     batch = StepBatch(queries=[r.query for r in rows], docs=[pairs.corpus[r.doc_id].full_text for r in rows],
                       unit_of_row=torch.arange(len(rows)), doc_ids=[r.doc_id for r in rows], n_units=len(rows),
                       negatives=negatives)

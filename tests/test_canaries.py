@@ -115,6 +115,8 @@ def test_canaries_and_their_privacy_units():
         canaries[0].secret
     training = C.insert_canaries(pairs, canaries)
     assert len(training.pairs) == len(pairs.pairs) + 3 * (1 + 10)
+    # the canaries' own random documents are private (never public negatives), the corpus ones are not
+    assert training.inline_doc_ids == {c.document.id for c in canaries if c.kind == "random-string"}
     # unit=query: the 10 copies of a canary are ONE unit; unit=pair: ten
     by_query = training.units("query")
     by_pair = training.units("pair")

@@ -86,6 +86,19 @@ def test_generator_train_passes_checkpoint_every(toy_beir, tmp_path, monkeypatch
     assert seen["cfg"].checkpoint_every == 3
 
 
+def test_public_negatives_needs_a_public_corpus(tmp_path):
+    """--dp public-negatives on a pairs file with inline (private) documents and no --data: exit 2, one line
+    saying what to pass, nothing written."""
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text("".join(json.dumps({"query": f"what {w}", "doc": f"{w} document"}) + "\n"
+                             for w in ("cell", "gene", "drug")))
+    result = run_cli("retriever", "train", "--pairs", str(pairs), "--out", str(tmp_path / "r"),
+                     "--dp", "public-negatives")
+    assert result.returncode == 2 and "field '--data'" in result.stderr and "pass --data DIR" in result.stderr
+    assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "r").exists()
+
+
 def test_pipeline_config_errors(tmp_path):
     config = tmp_path / "bad.yaml"
     config.write_text("name: x\ndataset: data\nepsilons: [8, -3]\n")

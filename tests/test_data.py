@@ -90,6 +90,7 @@ def test_pairs_jsonl_both_forms_and_units(tmp_path, toy_beir):
     ]) + "\n")
     tp = load_pairs_jsonl(path, ds.corpus)
     assert len(tp.pairs) == 3 and tp.pairs[2].doc_id in tp.corpus
+    assert tp.inline_doc_ids == {tp.pairs[2].doc_id}  # private: the public corpus's d1, d5 are not listed
     assert tp.units("query") == [[0, 1], [2]]
     assert tp.units("user") == [[0, 2], [1]]
     assert tp.units("pair") == [[0], [1], [2]]

@@ -18,8 +18,9 @@ from privret.privacy.ledger import PrivacyLedger
 from privret.privacy.logit_dp import contrastive_factor
 from privret.train import dp_retriever as dptrain
 from privret.train.dp_retriever import (NORM_MARGIN, DPRetrieverConfig, Mechanism, StepBatch, _encode, _grads,
-                                        _masked_logits, _norm, build_batch, clipped_sum, dp_step, make_trainable,
-                                        plan, public_negative_losses, sensitivity, train_dp_retriever)
+                                        _masked_logits, _norm, build_batch, clipped_sum, dp_step,
+                                        false_negative_mask, make_trainable, negative_pool, plan,
+                                        public_negative_losses, sensitivity, train_dp_retriever)
 
 torch.set_num_threads(1)
 
@@ -38,11 +39,11 @@ def pool():
         rows.append((u, q, _text(gen, 5 + u % 4), f"d{u}"))
         if u == 3:
             rows.append((u, q, _text(gen, 6), "d3b"))
-    negatives = [_text(gen, 6) for _ in range(6)]
+    negatives = [Document(f"n{k}", "", _text(gen, 6)) for k in range(6)]
     return rows, negatives
 
 
-def _batch(pool, units: list[int], method: str, negatives=True) -> StepBatch:
+def _batch(pool, units: list[int], method: str) -> StepBatch:
     rows, negs = pool
     chosen = [r for u in units for r in rows if r[0] == u]
     if method == "logit-dp":  # one row per unit
@@ -56,7 +57,7 @@ def _batch(pool, units: list[int], method: str, negatives=True) -> StepBatch:
     return StepBatch(queries=[r[1] for r in chosen], docs=[r[2] for r in chosen],
                      unit_of_row=torch.tensor([index[r[0]] for r in chosen], dtype=torch.long),
                      doc_ids=[r[3] for r in chosen], n_units=len(units),
-                     negatives=negs if (negatives and method == "public-negatives") else None)
+                     negatives=negs if method == "public-negatives" else None)
 
 
 @pytest.fixture(scope="module")
@@ -98,8 +99,8 @@ def _reference(method, model, params, batch, cfg):
         return total
     if method == "public-negatives":
         with torch.no_grad():
-            e_n = _encode(model, batch.negatives, 32)
-        losses = public_negative_losses(e_q, e_d, e_n, cfg.tau)
+            e_n = _encode(model, [n.full_text for n in batch.negatives], 32)
+        losses = public_negative_losses(e_q, e_d, e_n, cfg.tau, mask=false_negative_mask(batch))
         total = [torch.zeros_like(p) for p in params]
         for k in range(batch.n_units):
             g = _grads(losses[u == k].sum(), params, retain=True)
@@ -150,8 +151,8 @@ def test_public_negatives_book_keeping_equals_brute_force_for_every_trainable(sp
     batch = _batch(pool, [0, 3, 5, 7, 8], "public-negatives")
     e_q, e_d = _encode(model, batch.queries, 32), _encode(model, batch.docs, 32)
     with torch.no_grad():
-        e_n = _encode(model, batch.negatives, 32)
-    losses = public_negative_losses(e_q, e_d, e_n, 0.5)
+        e_n = _encode(model, [n.full_text for n in batch.negatives], 32)
+    losses = public_negative_losses(e_q, e_d, e_n, 0.5, mask=false_negative_mask(batch))
     per_unit = [_grads(losses[batch.unit_of_row == k].sum(), params, retain=True) for k in range(batch.n_units)]
     norms = torch.stack([_norm(g) for g in per_unit])
     clip = float((norms.min() * norms.max()).sqrt())
@@ -261,8 +262,8 @@ def test_build_batch_caps_units_and_takes_one_row_per_unit_for_logit_dp(tiny_ber
     b = build_batch(pairs, units, [3], cfg, rng, None, cap=None)
     assert b.n_units == 1 and len(b.queries) == 2 and b.unit_of_row.tolist() == [0, 0]
     cfg = _cfg("public-negatives", tiny_bert_dir, public_negatives=5)
-    b = build_batch(pairs, units, [0, 1], cfg, rng, ["d10", "d11"], cap=None)
-    assert len(b.negatives) == 5 and set(b.negatives) <= {"document " + WORDS[10], "document " + WORDS[11]}
+    b = build_batch(pairs, units, [0, 1], cfg, rng, [pairs.corpus["d10"], pairs.corpus["d11"]], cap=None)
+    assert len(b.negatives) == 5 and {n.id for n in b.negatives} <= {"d10", "d11"}
 
 
 def test_config_rejects_bad_options(tiny_bert_dir):
@@ -287,7 +288,7 @@ def test_train_dp_retriever_end_to_end(method, tmp_path, tiny_bert_dir):
     pairs = _pairs()
     cfg = _cfg(method, tiny_bert_dir, epsilon=8.0, epochs=1.0, batch_size=4, learning_rate=1e-3,
                trainable="lora" if method == "logit-dp" else "top:1", lora_rank=2)
-    ledger = train_dp_retriever(pairs, tmp_path / "r", cfg, data_hash="h")
+    ledger = train_dp_retriever(pairs, tmp_path / "r", cfg, data_hash="h", public_corpus=pairs.corpus)
     assert ledger.epsilon <= 8.0 + 0.05 and ledger.mechanism == f"direct-{method}"
     assert ledger.steps == math.ceil(1 / (4 / 10)) and ledger.unit == "query" and ledger.n_units == 10
     assert PrivacyLedger.load(tmp_path / "r") .epsilon == ledger.epsilon
@@ -299,23 +300,131 @@ def test_train_dp_retriever_end_to_end(method, tmp_path, tiny_bert_dir):
         train_dp_retriever(pairs, tmp_path / "r", cfg, data_hash="h")
 
 
-def test_cli_dp_flag(tmp_path, tiny_bert_dir):
+def _pairs_file(tmp_path, rows: list[dict]):
+    path = tmp_path / "pairs.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+INLINE_ROWS = [{"query": f"what {w}", "doc": f"document about {w}"} for w in WORDS[:8]]
+
+
+def test_cli_dp_flag_draws_negatives_from_data_never_from_inline_pairs(tmp_path, toy_beir, tiny_bert_dir,
+                                                                       monkeypatch):
+    """--pairs with inline documents (private) plus --data (public corpus): every sampled negative of every
+    step is a --data document, none an inline one (the pool had 6 public and 8 inline documents before)."""
     from typer.testing import CliRunner
 
     from privret.cli import app
+    from privret.data.beir import load_corpus
 
-    rows = [{"query": f"what {w}", "doc": f"document about {w}"} for w in WORDS[:8]]
-    pairs_file = tmp_path / "pairs.jsonl"
-    pairs_file.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    sampled = []
+    build = dptrain.build_batch
+
+    def spy(*a, **k):
+        batch = build(*a, **k)
+        sampled.extend(batch.negatives)
+        return batch
+
+    monkeypatch.setattr(dptrain, "build_batch", spy)
+    pairs_file = _pairs_file(tmp_path, INLINE_ROWS + [{"query": "what aspirin", "doc_id": "d1"}])
     runner = CliRunner()
-    res = runner.invoke(app, ["retriever", "train", "--pairs", str(pairs_file), "--out", str(tmp_path / "o"),
-                              "--model", str(tiny_bert_dir), "--dp", "public-negatives", "--epsilon", "8",
-                              "--batch-size", "3", "--trainable", "top:1"])
+    res = runner.invoke(app, ["retriever", "train", "--pairs", str(pairs_file), "--data", str(toy_beir),
+                              "--out", str(tmp_path / "o"), "--model", str(tiny_bert_dir), "--dp", "public-negatives",
+                              "--epsilon", "8", "--batch-size", "3", "--trainable", "top:1"])
     assert res.exit_code == 0, res.output
     assert PrivacyLedger.load(tmp_path / "o").mechanism == "direct-public-negatives"
+    public = {d.full_text for d in load_corpus(toy_beir / "corpus.jsonl").values()}
+    assert len(sampled) >= 3 * 32 and {n.full_text for n in sampled} <= public
+    assert not {n.full_text for n in sampled} & {r["doc"] for r in INLINE_ROWS}
     res = runner.invoke(app, ["retriever", "train", "--pairs", str(pairs_file), "--out", str(tmp_path / "o2"),
                               "--model", str(tiny_bert_dir), "--dp", "bogus"])
     assert res.exit_code != 0 and not (tmp_path / "o2").exists()
+
+
+# -- public-negatives: the pool is public, a unit's loss is its own ---------------------------------------------
+
+
+def test_public_negatives_refuses_inline_pairs_without_a_public_corpus(tmp_path, tiny_bert_dir):
+    from privret.data.pairs import load_pairs_jsonl
+
+    pairs = load_pairs_jsonl(_pairs_file(tmp_path, INLINE_ROWS))
+    assert pairs.inline_doc_ids == set(pairs.corpus)
+    cfg = _cfg("public-negatives", tiny_bert_dir, trainable="top:1")
+    for public in (None, pairs.corpus):  # no corpus; the private file's own documents
+        with pytest.raises(InputError, match="public_corpus") as err:
+            train_dp_retriever(pairs, tmp_path / "r", cfg, data_hash="h", public_corpus=public)
+        assert "\n" not in str(err.value)
+    assert not (tmp_path / "r").exists()
+
+
+def test_public_negative_pool_leaves_out_inline_documents_of_a_mixed_corpus(tmp_path):
+    from privret.data.pairs import load_pairs_jsonl
+
+    public = {f"p{k}": Document(f"p{k}", "", f"public {w}") for k, w in enumerate(WORDS[:3])}
+    rows = INLINE_ROWS + [{"query": "what p", "doc_id": "p0"}, {"query": "same text", "doc": "public the"}]
+    pairs = load_pairs_jsonl(_pairs_file(tmp_path, rows), public)
+    mixed = pairs.corpus  # public + inline, what the CLI passes
+    assert len(mixed) == 3 + 9 and len(pairs.inline_doc_ids) == 9
+    assert [d.id for d in negative_pool(pairs, mixed)] == list(public)
+    assert [d.id for d in negative_pool(pairs, public)] == list(public)  # a public corpus is used whole
+
+
+def test_public_negatives_unit_term_independent_of_another_units_inline_document(tmp_path, tiny, tiny_bert_dir):
+    """Unit u's clipped term, with the same random draws, is the same whether or not unit v (whose document
+    is inline in the pairs file) is in the data; adding v changes the released sum by v's term, <= C."""
+    from privret.data.pairs import load_pairs_jsonl
+
+    model, params = tiny
+    cfg = _cfg("public-negatives", tiny_bert_dir, public_negatives=8)
+    public = {f"p{k}": Document(f"p{k}", "", f"public {w} {w}") for k, w in enumerate(WORDS[10:14])}
+    u_rows = [{"query": "what cell", "doc": "cells of the brain"}, {"query": "what cell", "doc_id": "p1"}]
+    v_row = {"query": "why gene", "doc": "genes of mice increase memory"}
+    without_v = load_pairs_jsonl(_pairs_file(tmp_path, u_rows), public)
+    with_v = load_pairs_jsonl(_pairs_file(tmp_path, u_rows + [v_row]), public)
+
+    def released(pairs, chosen):
+        batch = build_batch(pairs, pairs.units("query"), chosen, cfg, torch.Generator().manual_seed(3),
+                            negative_pool(pairs, pairs.corpus), cap=None)
+        return batch, clipped_sum("public-negatives", model, params, batch, cfg)[0]
+
+    batch_a, term_u = released(without_v, [0])
+    batch_b, term_u_again = released(with_v, [0])
+    assert [n.id for n in batch_a.negatives] == [n.id for n in batch_b.negatives]
+    assert all(torch.equal(x, y) for x, y in zip(term_u, term_u_again))
+    _, both = released(with_v, [0, 1])
+    change = _norm([x - y for x, y in zip(both, term_u)]).item()
+    assert 0 < change <= cfg.clip_norm * (1 + 1e-4)
+
+
+def test_public_negative_equal_to_a_positive_is_masked_for_that_unit_only(tiny, pool, tiny_bert_dir):
+    """Unit 3 (rows d3, d3b) draws its own d3 (same id) and unit 5 draws a copy of its d5 (other id, same
+    text): each row's loss is the cross entropy without its unit's copies, the other row keeps them."""
+    model, params = tiny
+    cfg = _cfg("public-negatives", tiny_bert_dir)
+    batch = _batch(pool, [3, 5], "public-negatives")
+    rows, negs = pool
+    text = {r[3]: r[2] for r in rows}
+    batch.negatives = [negs[0], Document("d3", "", text["d3"]), negs[1], Document("copy", "", text["d5"])]
+    excluded = {0: {1}, 1: {3}}  # batch unit -> negatives that are its positives
+    e_q, e_d = _encode(model, batch.queries, 32), _encode(model, batch.docs, 32)
+    e_n = _encode(model, [n.full_text for n in batch.negatives], 32)
+    by_hand, unmasked = [], []
+    for i, u in enumerate(batch.unit_of_row.tolist()):
+        kept = [j for j in range(len(batch.negatives)) if j not in excluded[u]]
+        logits = torch.cat([(e_q[i] @ e_d[i]).view(1), e_q[i] @ e_n[kept].T]) / cfg.tau
+        by_hand.append(torch.logsumexp(logits, 0) - logits[0])
+        full = torch.cat([(e_q[i] @ e_d[i]).view(1), e_q[i] @ e_n.T]) / cfg.tau
+        unmasked.append(torch.logsumexp(full, 0) - full[0])
+    by_hand, unmasked = torch.stack(by_hand), torch.stack(unmasked)
+    assert (unmasked - by_hand).min() > 1e-3  # every row loses a negative: the check bites
+    assert false_negative_mask(batch).tolist() == [[False, True, False, False]] * 2 + [[False, False, False, True]]
+    losses = public_negative_losses(e_q, e_d, e_n, cfg.tau, mask=false_negative_mask(batch))
+    assert torch.allclose(losses, by_hand, atol=1e-5)
+    got, stats = clipped_sum("public-negatives", model, params, batch, cfg)
+    assert stats["loss"] == pytest.approx(by_hand.mean().item(), abs=1e-5)
+    ref = _reference("public-negatives", model, params, batch, cfg)  # -inf logits: still the exact clipped sum
+    assert all(torch.allclose(g, r, atol=1e-6, rtol=1e-4) for g, r in zip(got, ref))
 
 
 # -- crash safety and resumption (docs/reliability.md) ------------------------------------------------------------
@@ -513,9 +622,7 @@ def test_secure_rng_direct_dp_draws_noise_and_sampling_from_the_csprng(tmp_path,
 
 def _cli_batch_clip_args(tmp_path, tiny_bert_dir) -> list[str]:
     """``retriever train --dp batch-clip`` on 10 pairs written to tmp_path/pairs.jsonl: 5 steps into tmp_path/o."""
-    rows = [{"query": f"what {w}", "doc": f"document about {w}"} for w in WORDS[:10]]
-    pairs_file = tmp_path / "pairs.jsonl"
-    pairs_file.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    pairs_file = _pairs_file(tmp_path, [{"query": f"what {w}", "doc": f"document about {w}"} for w in WORDS[:10]])
     return ["retriever", "train", "--pairs", str(pairs_file), "--out", str(tmp_path / "o"), "--model",
             str(tiny_bert_dir), "--dp", "batch-clip", "--epsilon", "8", "--batch-size", "4", "--epochs", "2",
             "--trainable", "top:1"]

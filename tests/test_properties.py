@@ -159,6 +159,7 @@ def test_pairs_jsonl(scratch, data):
     pairs = _outcome("pairs JSONL", lambda: load_pairs_jsonl(path, corpus))
     if pairs is not None:
         assert pairs.pairs and all(p.doc_id in pairs.corpus for p in pairs.pairs)
+        assert pairs.inline_doc_ids == set(pairs.corpus) - {"d1"}  # whatever came inline, never the given d1
 
 
 # --- pipeline YAML --------------------------------------------------------------------------------

@@ -50,7 +50,8 @@ def retriever_train(
     max_batch_units: Annotated[Optional[int], typer.Option(help="--dp: cap K on units per step")] = None,
     trainable: Annotated[str, typer.Option(help="--dp: all, top:K or lora")] = "all",
     lora_rank: Annotated[int, typer.Option(help="--dp: LoRA rank")] = 8,
-    public_negatives: Annotated[int, typer.Option(help="--dp public-negatives: negatives per step")] = 32,
+    public_negatives: Annotated[int, typer.Option(
+        help="--dp public-negatives: negatives per step, drawn from --data's corpus")] = 32,
     spreadout_weight: Annotated[float, typer.Option(help="--dp logit-dp: spreadout regulariser weight")] = 0.0,
     accountant: Annotated[str, typer.Option(help=f"--dp: {ACCOUNTANT_HELP}")] = "prv",
     resume: ResumeOpt = False,
@@ -72,12 +73,16 @@ def retriever_train(
 
         if dp not in METHODS:
             raise InputError(f"unknown method '{dp}' (choose from {', '.join(METHODS)})", field="--dp")
+        if dp == "public-negatives" and data is None:
+            raise InputError("--dp public-negatives draws its negatives from a public corpus: pass --data DIR (its "
+                             "corpus.jsonl); documents given inline in --pairs are private", field="--data")
         dp_cfg = build_config(DPRetrieverConfig, method=dp, model=model, epsilon=epsilon, delta=delta, unit=unit,
                               clip_norm=clip_norm, batch_size=batch_size, max_batch_units=max_batch_units,
                               epochs=epochs, learning_rate=learning_rate, temperature=temperature,
                               spreadout_weight=spreadout_weight, trainable=trainable, lora_rank=lora_rank,
                               public_negatives=public_negatives, accountant=accountant, seed=seed,
                               checkpoint_every=checkpoint_every, secure_rng=secure_rng)
+        # --data's corpus plus any documents inline in --pairs: train_dp_retriever leaves the inline ones out
         ledger = train_dp_retriever(training, out_dir, dp_cfg, data_hash=data_hash, public_corpus=training.corpus,
                                     budget=policy, resume=resume)
         out.print(f"retriever written to {out_dir} ({ledger.summary()}, {dp})")

@@ -17,7 +17,7 @@ they differ by one whole unit. DP-SGD therefore samples and clips *units*, never
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 
@@ -49,10 +49,16 @@ class QueryDocPair:
 
 @dataclass
 class TrainingPairs:
-    """Private training pairs over a public corpus."""
+    """Private training pairs over a public corpus.
+
+    ``inline_doc_ids``: the documents of ``corpus`` that came with the private pairs themselves (given
+    inline in a pairs file, or inserted canaries) rather than from a public corpus. They are private:
+    never public negatives.
+    """
 
     pairs: list[QueryDocPair]
     corpus: dict[str, Document]
+    inline_doc_ids: frozenset[str] = field(default_factory=frozenset)
 
     def units(self, unit: PrivacyUnit | str) -> list[list[int]]:
         return group_units(self.pairs, PrivacyUnit(unit))
@@ -75,9 +81,11 @@ def inline_doc_id(text: str) -> str:
 def load_pairs_jsonl(path: str | Path, corpus: dict[str, Document] | None = None) -> TrainingPairs:
     """Read ``{"query", "doc_id"}`` or ``{"query", "doc"}`` lines (optional ``user_id``, ``query_id``).
 
-    ``doc_id`` rows need ``corpus``; inline ``doc`` rows add their document to the corpus.
+    ``doc_id`` rows need ``corpus``; inline ``doc`` rows add their document to the corpus and, unless
+    ``corpus`` already holds it, to ``inline_doc_ids`` (a document of the private file, not public).
     """
     corpus = dict(corpus or {})
+    inline: set[str] = set()
     pairs: list[QueryDocPair] = []
     for line, obj in read_jsonl(path):
         query = require_text(obj, "query", path=path, line=line)
@@ -88,7 +96,9 @@ def load_pairs_jsonl(path: str | Path, corpus: dict[str, Document] | None = None
         elif "doc" in obj:
             text = require_text(obj, "doc", path=path, line=line)
             doc_id = inline_doc_id(text)
-            corpus.setdefault(doc_id, Document(doc_id, "", text))
+            if doc_id not in corpus:
+                corpus[doc_id] = Document(doc_id, "", text)
+                inline.add(doc_id)
         else:
             raise InputError("missing (need 'doc_id' or 'doc')", path=path, line=line, field="doc_id")
         user_id = require_text(obj, "user_id", path=path, line=line) if "user_id" in obj else None
@@ -96,7 +106,7 @@ def load_pairs_jsonl(path: str | Path, corpus: dict[str, Document] | None = None
         pairs.append(QueryDocPair(query=query, doc_id=doc_id, query_id=query_id, user_id=user_id))
     if not pairs:
         raise InputError("no pairs", path=path)
-    return TrainingPairs(pairs=pairs, corpus=corpus)
+    return TrainingPairs(pairs=pairs, corpus=corpus, inline_doc_ids=frozenset(inline))
 
 
 def group_units(pairs: list[QueryDocPair], unit: PrivacyUnit) -> list[list[int]]:

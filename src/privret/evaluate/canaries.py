@@ -246,13 +246,14 @@ def make_canaries(pairs: TrainingPairs, *, trial: int, repetitions: tuple[int, .
 def insert_canaries(pairs: TrainingPairs, canaries: list[Canary]) -> TrainingPairs:
     """The private pairs plus every canary with ``repetitions > 0``, each copy a separate row with
     the canary's own query id (so under unit ``query`` the copies form one unit, distinct from the
-    source query's unit)."""
+    source query's unit). Canary documents new to the corpus are private, like inline ones."""
     corpus = dict(pairs.corpus)
     rows = list(pairs.pairs)
     for c in canaries:
         corpus.setdefault(c.document.id, c.document)
         rows += [QueryDocPair(query=c.query(), doc_id=c.document.id, query_id=c.key)] * c.repetitions
-    return TrainingPairs(pairs=rows, corpus=corpus)
+    return TrainingPairs(pairs=rows, corpus=corpus,
+                         inline_doc_ids=pairs.inline_doc_ids | (corpus.keys() - pairs.corpus.keys()))
 
 
 # -- scoring ---------------------------------------------------------------------------------
@@ -386,7 +387,8 @@ def subsample_pairs(pairs: TrainingPairs, n: int | None, seed: int) -> TrainingP
     if n is None or n >= len(pairs.pairs):
         return pairs
     keep = sorted(random.Random(f"privret-subsample/{seed}").sample(range(len(pairs.pairs)), n))
-    return TrainingPairs(pairs=[pairs.pairs[i] for i in keep], corpus=pairs.corpus)
+    return TrainingPairs(pairs=[pairs.pairs[i] for i in keep], corpus=pairs.corpus,
+                         inline_doc_ids=pairs.inline_doc_ids)
 
 
 def _trial_result(generator, canaries: list[Canary], cfg: CanaryAuditConfig) -> list[dict]:

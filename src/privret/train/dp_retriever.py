@@ -24,14 +24,17 @@ steps. The noisy sum, divided by the expected batch q N, goes to Adam. Logits ar
   is smaller). No false-negative masking: masking would shrink rows and break the constants.
   Cost: n backward passes without weight gradients (per-side pair norms, exact) plus one backward of F.
 * ``public-negatives``: unit u's loss is its own pairs against ``public_negatives`` documents drawn
-  uniformly from the public corpus, independently of the private data, embedded without gradient
-  (constants for the step). The loss decomposes per unit, so ordinary per-unit clipping applies:
-  **Delta = C**, independent of the batch. It protects the same unit as the others (a query with all
-  its clicked documents, a pair, or a user); the public documents themselves are not protected (they
-  are public by assumption). Cost: one backward pass to the layer outputs (per-unit ghost norms),
-  then the clipped sum by book-keeping (one weighted contraction per layer from the same output
-  gradients, :meth:`GhostNorms.weighted_grads`; no second backward), plus a no-grad forward of the
-  negatives.
+  uniformly from the public corpus (``public_corpus``, required; documents that came inline with the
+  private pairs, ``TrainingPairs.inline_doc_ids``, are never in the pool), independently of the
+  private data, embedded without gradient (constants for the step). In a row's softmax a sampled
+  negative that is one of the positive documents of the row's unit (same id or identical text) is
+  masked out (:func:`false_negative_mask`), a function of u's own pairs and the public sample only.
+  The loss decomposes per unit, so ordinary per-unit clipping applies: **Delta = C**, independent of
+  the batch. It protects the same unit as the others (a query with all its clicked documents, a pair,
+  or a user); the public documents themselves are not protected (they are public by assumption).
+  Cost: one backward pass to the layer outputs (per-unit ghost norms), then the clipped sum by
+  book-keeping (one weighted contraction per layer from the same output gradients,
+  :meth:`GhostNorms.weighted_grads`; no second backward), plus a no-grad forward of the negatives.
 
 Trainable parameters (``trainable``): ``all`` (every encoder parameter except the position embeddings,
 which broadcast over the batch and cannot be clipped per sample, and the unused pooler), ``top:K``
@@ -173,14 +176,15 @@ def sensitivity(cfg: DPRetrieverConfig) -> tuple[float, int | None]:
 
 @dataclass
 class StepBatch:
-    """Rows of the sampled units: texts, the unit (0..m-1) and document id of each row."""
+    """Rows of the sampled units: texts, the unit (0..m-1) and document id of each row; for
+    public-negatives the step's sample of public negatives."""
 
     queries: list[str]
     docs: list[str]
     unit_of_row: torch.Tensor
     doc_ids: list[str]
     n_units: int
-    negatives: list[str] | None = None
+    negatives: list[Document] | None = None
 
 
 def _encode(model, texts: list[str], max_length: int) -> torch.Tensor:
@@ -277,11 +281,11 @@ def _logit_dp(model, params, batch, cfg):
 
 def _public_negatives(model, params, batch, cfg):
     with torch.no_grad():
-        e_n = _encode(model, batch.negatives, cfg.max_doc_tokens) if batch.negatives else None
+        e_n = _encode(model, [d.full_text for d in batch.negatives], cfg.max_doc_tokens)
     tracker = GhostNorms(model)
     try:
         e_q, e_d = _encode_tracked(tracker, model, batch, cfg)
-        losses = public_negative_losses(e_q, e_d, e_n, cfg.tau)
+        losses = public_negative_losses(e_q, e_d, e_n, cfg.tau, mask=false_negative_mask(batch))
         cot = torch.autograd.grad(losses.sum(), [e_q, e_d], retain_graph=True)
         u = batch.unit_of_row
         sq = tracker.group_sq_norms([e_q, e_d], list(cot), {"q": u, "d": u}, batch.n_units, keep_deltas=True)
@@ -296,12 +300,30 @@ def _public_negatives(model, params, batch, cfg):
     return out, {"loss": losses.mean().item(), "clipped": (norms > cfg.clip_norm).float().mean().item()}
 
 
-def public_negative_losses(e_q: torch.Tensor, e_d: torch.Tensor, e_n: torch.Tensor | None,
-                           temperature: float) -> torch.Tensor:
-    """Row i: -log softmax([cos(q_i, d_i), cos(q_i, n_1..n_M)] / t)[0]; negatives are constants."""
+def false_negative_mask(batch: StepBatch) -> torch.Tensor:
+    """[rows x negatives], True where public negative j is one of the positive documents of row i's unit
+    (the same document id or identical text): that negative is no negative for the row.
+
+    Row i's mask is a function of its own unit's pairs and the step's public sample only, so masking
+    keeps each unit's loss independent of the other units (Delta = C still holds)."""
+    units = batch.unit_of_row.tolist()
+    ids: list[set[str]] = [set() for _ in range(batch.n_units)]
+    texts: list[set[str]] = [set() for _ in range(batch.n_units)]
+    for u, doc_id, text in zip(units, batch.doc_ids, batch.docs):
+        ids[u].add(doc_id)
+        texts[u].add(text)
+    return torch.tensor([[n.id in ids[u] or n.full_text in texts[u] for n in batch.negatives] for u in units],
+                        dtype=torch.bool)
+
+
+def public_negative_losses(e_q: torch.Tensor, e_d: torch.Tensor, e_n: torch.Tensor, temperature: float, *,
+                           mask: torch.Tensor) -> torch.Tensor:
+    """Row i: l_i = -log( e^{s_i} / (e^{s_i} + sum_{j: not mask_ij} e^{s_ij}) ), s_i = cos(q_i, d_i) / t,
+    s_ij = cos(q_i, n_j) / t: the positive against the public negatives n_1..n_M (constants: no gradient)
+    that ``mask`` (:func:`false_negative_mask`) does not exclude for row i."""
     pos = (e_q * e_d).sum(dim=1, keepdim=True)
-    cols = [pos] if e_n is None else [pos, e_q @ e_n.detach().T]
-    logits = torch.cat(cols, dim=1) / temperature
+    neg = (e_q @ e_n.detach().T).masked_fill(mask.to(e_q.device), float("-inf"))
+    logits = torch.cat([pos, neg], dim=1) / temperature
     return F.cross_entropy(logits, torch.zeros(len(e_q), dtype=torch.long, device=e_q.device), reduction="none")
 
 
@@ -367,8 +389,10 @@ def plan(cfg: DPRetrieverConfig, n_units: int) -> tuple[float, int, float, Mecha
 
 
 def build_batch(pairs: TrainingPairs, units: list[list[int]], chosen: list[int], cfg: DPRetrieverConfig,
-                rng: torch.Generator | SecureRandom, public_ids: list[str] | None, cap: int | None) -> StepBatch:
-    """Rows of the chosen units: truncated to ``cap`` units (uniformly), one random row each for logit-dp."""
+                rng: torch.Generator | SecureRandom, public: list[Document] | None, cap: int | None) -> StepBatch:
+    """Rows of the chosen units: truncated to ``cap`` units (uniformly), one random row each for logit-dp;
+    for public-negatives ``cfg.public_negatives`` documents drawn uniformly (with replacement) from
+    ``public`` (:func:`negative_pool`), whatever the private data."""
     if cap is not None and len(chosen) > cap:
         keep = _permutation(len(chosen), rng)[:cap].sort().values.tolist()
         chosen = [chosen[k] for k in keep]
@@ -381,10 +405,8 @@ def build_batch(pairs: TrainingPairs, units: list[list[int]], chosen: list[int],
         owner += [k] * len(unit_rows)
     chosen_pairs = [pairs.pairs[r] for r in rows]
     negatives = None
-    if cfg.method == "public-negatives" and public_ids:
-        pick = _randint(len(public_ids), cfg.public_negatives, rng).tolist()
-        negatives = [pairs.corpus[public_ids[i]].full_text if public_ids[i] in pairs.corpus else public_ids[i]
-                     for i in pick]
+    if cfg.method == "public-negatives":
+        negatives = [public[i] for i in _randint(len(public), cfg.public_negatives, rng).tolist()]
     return StepBatch(queries=[p.query for p in chosen_pairs],
                      docs=[pairs.corpus[p.doc_id].full_text for p in chosen_pairs],
                      unit_of_row=torch.tensor(owner, dtype=torch.long), doc_ids=[p.doc_id for p in chosen_pairs],
@@ -416,12 +438,12 @@ def dp_step(model, params: list[torch.Tensor], batch: StepBatch, cfg: DPRetrieve
 
 
 def train_dp_retriever(pairs: TrainingPairs, out_dir: str | Path, cfg: DPRetrieverConfig, *, data_hash: str,
-                       public_corpus: dict[str, Document] | list[str] | None = None,
+                       public_corpus: dict[str, Document] | None = None,
                        budget: budget_registry.BudgetPolicy | None = None, resume: bool = False) -> PrivacyLedger:
     """Train ``cfg.model`` on ``pairs`` with ``cfg.method``; save a SentenceTransformer + ledger (atomic).
 
-    ``public_corpus`` (ids of ``pairs.corpus`` or raw texts) is where public-negatives draws its
-    negatives; default: the whole ``pairs.corpus`` (documents are public by assumption).
+    ``public_corpus`` (required for public-negatives) is where public-negatives draws its negatives,
+    less ``pairs.inline_doc_ids`` (:func:`negative_pool`).
     The release is recorded in the dataset's budget registry (:mod:`privret.privacy.budget`, cap
     check with ``budget``) with all its planned steps before any update can reach disk, and again
     when done. ``resume``: continue an interrupted run in ``out_dir`` (see the module docstring);
@@ -430,6 +452,25 @@ def train_dp_retriever(pairs: TrainingPairs, out_dir: str | Path, cfg: DPRetriev
     with RunLock(out_dir, what="retriever directory"):
         return _train_dp_retriever(pairs, Path(out_dir), cfg, data_hash=data_hash, public_corpus=public_corpus,
                                    budget=budget, resume=resume)
+
+
+def negative_pool(pairs: TrainingPairs, public_corpus: dict[str, Document] | None) -> list[Document]:
+    """The documents public-negatives draws from: ``public_corpus`` less ``pairs.inline_doc_ids``.
+
+    Delta = C needs the negatives to be independent of the private data. Documents that came inline with
+    the private pairs are private (one unit's own document), so they are left out even when
+    ``public_corpus`` is a mix (such as ``pairs.corpus``); ``inline_doc_ids`` holds only documents the
+    public corpus did not already have, so the pool of a genuinely public corpus does not depend on the
+    private pairs. There is no fallback to ``pairs.corpus``: without a public corpus there is no pool.
+    """
+    if public_corpus is None:
+        raise InputError("public-negatives needs a public corpus to draw negatives from (the documents of the "
+                         "private pairs are not public)", field="public_corpus")
+    pool = [doc for doc_id, doc in public_corpus.items() if doc_id not in pairs.inline_doc_ids]
+    if not pool:
+        raise InputError("public-negatives needs a public corpus with documents that did not come inline with "
+                         "the private pairs", field="public_corpus")
+    return pool
 
 
 def resume_settings(cfg: DPRetrieverConfig) -> dict:
@@ -471,17 +512,7 @@ def _train_dp_retriever(pairs: TrainingPairs, out_dir: Path, cfg: DPRetrieverCon
     if finished:  # finished earlier: nothing to resume, spend nothing more
         return check_finished(out_dir, expected=ledger(steps), what="a retriever",
                               keys=FINISHED_KEYS + ("mechanism",))
-    public_ids: list[str] | None = None
-    if cfg.method == "public-negatives":
-        if public_corpus is None:
-            public_ids = list(pairs.corpus)
-        elif isinstance(public_corpus, dict):
-            pairs = TrainingPairs(pairs=pairs.pairs, corpus={**public_corpus, **pairs.corpus})
-            public_ids = list(public_corpus)
-        else:
-            public_ids = list(public_corpus)
-        if not public_ids:
-            raise InputError("public-negatives needs a non-empty public corpus", field="public_corpus")
+    public = negative_pool(pairs, public_corpus) if cfg.method == "public-negatives" else None
 
     torch.manual_seed(cfg.seed)
     model = load_encoder(cfg.model, max_seq_length=cfg.max_doc_tokens)
@@ -515,7 +546,7 @@ def _train_dp_retriever(pairs: TrainingPairs, out_dir: Path, cfg: DPRetrieverCon
         task = progress.add_task(f"DP retriever ({cfg.method}, epsilon={cfg.epsilon:g})", total=steps,
                                  completed=start_step)
         for step in range(start_step, steps):
-            batch = build_batch(pairs, units, sampler.sample(), cfg, rng, public_ids, mech.cap)
+            batch = build_batch(pairs, units, sampler.sample(), cfg, rng, public, mech.cap)
             stats = dp_step(model, params, batch, cfg, mech, expected, rng)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
