@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -130,3 +131,24 @@ def write_tiny_t5(directory: Path, *, seed: int = 0) -> Path:
 @pytest.fixture(scope="session")
 def tiny_t5_dir(tmp_path_factory) -> Path:
     return write_tiny_t5(tmp_path_factory.mktemp("tiny-t5"))
+
+
+def record_updates(monkeypatch, trainer, chosen: list[int]) -> list[list[torch.Tensor]]:
+    """Make the DP steps of ``trainer`` (the module :mod:`privret.train.generator` or
+    :mod:`privret.train.dp_retriever`) exact and observable: its sampler returns the units ``chosen`` at
+    every step, its DP noise is zero (so the noise calibration, slow for tiny n, is skipped: sigma = 1), and
+    the gradients every Adam step is about to apply are recorded (the returned list gets one list of
+    tensors per step, in the optimizer's parameter order)."""
+    monkeypatch.setattr(trainer, "calibrate_noise", lambda **plan: 1.0)
+    monkeypatch.setattr(trainer, "PoissonUnitSampler",
+                        lambda n_units, sample_rate, rng: SimpleNamespace(sample=lambda: list(chosen)))
+    monkeypatch.setattr(trainer, "noise_like", lambda tensor, std, rng: torch.zeros_like(tensor, dtype=torch.float32))
+    applied: list[list[torch.Tensor]] = []
+    adam_step = torch.optim.Adam.step
+
+    def recording_step(self, *args, **kwargs):
+        applied.append([p.grad.detach().clone() for group in self.param_groups for p in group["params"]])
+        return adam_step(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.optim.Adam, "step", recording_step)
+    return applied

@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from helpers import record_updates
 from privret.data.beir import Document
 from privret.data.pairs import QueryDocPair, TrainingPairs
 from privret.models.generator import load_generator
@@ -112,6 +113,37 @@ def test_noise_std_is_sigma_times_clip_norm(tiny_setup):
     # the sample std of N normals has relative standard error 1/sqrt(2N): allow 5 of them
     assert noise.std().item() == pytest.approx(sigma * clip, rel=5 / math.sqrt(2 * noise.numel()))
     assert abs(noise.mean().item()) < 4 * sigma * clip / math.sqrt(noise.numel())
+
+
+def test_training_loop_divides_the_clipped_sum_by_the_expected_batch(tiny_llama_dir, tmp_path, monkeypatch):
+    """In a real training run the gradient Adam applies is (sum of clipped unit gradients) / (q n), the
+    expected batch, a constant: not the realised batch (3 units, 6 rows here; q n = 4) nor n (8). Noise is
+    zero and the batch fixed so the update is exact; the clipped sums are the ones the step computed (their
+    values are checked against brute force in test_dp_step_equals_brute_force_per_unit_clipping)."""
+    pairs = toy_pairs()
+    units = pairs.units("query")
+    chosen = [0, 6, 7]
+    assert [len(units[u]) for u in chosen] == [3, 2, 1]
+    applied = record_updates(monkeypatch, gtrain, chosen)
+    clipped, clip_units = [], gtrain.clip_units
+
+    def recording_clip(*args, **kwargs):
+        sums, norms = clip_units(*args, **kwargs)
+        clipped.append(sums)
+        return sums, norms
+
+    monkeypatch.setattr(gtrain, "clip_units", recording_clip)
+    cfg = GeneratorTrainConfig(model=str(tiny_llama_dir), epsilon=8.0, batch_size=4, epochs=1, trained_layers=1,
+                               lora_rank=4, bf16=False, physical_batch=3)
+    train_generator(pairs, tmp_path / "gen", cfg, data_hash="abc")
+    expected_batch = cfg.batch_size / len(units) * len(units)
+    per_step = len(micro_batches(units, chosen, cfg.physical_batch))
+    assert len(applied) == 2 and len(clipped) == 2 * per_step and per_step == 2
+    for step, grads in enumerate(applied):
+        groups = clipped[step * per_step:(step + 1) * per_step]
+        for k, grad in enumerate(grads):
+            torch.testing.assert_close(grad, sum(g[k] for g in groups) / expected_batch, rtol=1e-5, atol=1e-9)
+        assert max(g.abs().max().item() for g in grads) > 0
 
 
 @pytest.mark.parametrize("epsilon, q, steps", [(8.0, 0.08, 40), (3.0, 0.05, 60), (1.0, 0.2, 10), (16.0, 0.01, 300)])

@@ -9,7 +9,7 @@ import shutil
 import pytest
 import torch
 
-from helpers import WORDS
+from helpers import WORDS, record_updates
 from privret.data.beir import Document
 from privret.data.pairs import QueryDocPair, TrainingPairs
 from privret.errors import InputError
@@ -298,6 +298,34 @@ def test_train_dp_retriever_end_to_end(method, tmp_path, tiny_bert_dir):
     assert emb.shape[0] == 1
     with pytest.raises(InputError, match="already exists"):
         train_dp_retriever(pairs, tmp_path / "r", cfg, data_hash="h")
+
+
+def test_training_loop_divides_the_clipped_sum_by_the_expected_batch(tmp_path, tiny_bert_dir, monkeypatch):
+    """In a real training run the gradient Adam applies is s(batch) / (q N), the expected batch, a constant:
+    not the realised batch (5 units, 6 rows here; q N = 4) nor N (10). Noise is zero and the batch fixed so
+    the update is exact; s(batch) is the clipped sum the step computed (checked against brute force in
+    test_released_gradient_equals_brute_force)."""
+    pairs = _pairs()
+    units = pairs.units("query")
+    chosen = [1, 3, 5, 7, 8]
+    assert sum(len(units[u]) for u in chosen) == 6
+    applied = record_updates(monkeypatch, dptrain, chosen)
+    clipped, clipped_sum_of = [], dptrain.clipped_sum
+
+    def recording_sum(*args, **kwargs):
+        summed, stats = clipped_sum_of(*args, **kwargs)
+        clipped.append(summed)
+        return summed, stats
+
+    monkeypatch.setattr(dptrain, "clipped_sum", recording_sum)
+    cfg = _cfg("batch-clip", tiny_bert_dir, epochs=1.0, batch_size=4, trainable="top:1")
+    train_dp_retriever(pairs, tmp_path / "r", cfg, data_hash="h")
+    expected_batch = cfg.batch_size / len(units) * len(units)
+    assert len(applied) == len(clipped) == 3
+    for grads, summed in zip(applied, clipped):
+        for grad, s in zip(grads, summed, strict=True):
+            torch.testing.assert_close(grad, s / expected_batch, rtol=1e-5, atol=1e-9)
+        assert max(g.abs().max().item() for g in grads) > 0
 
 
 def _pairs_file(tmp_path, rows: list[dict]):

@@ -2,25 +2,43 @@
 
 On a terminal they are live bars. When output goes to a file (batch jobs, CI, ``nohup``) a live
 bar never refreshes, so each task instead logs a plain line at most every 30 seconds.
+
+Training loops pass per-step statistics of the private batch (loss, clipped fraction) as ``stats``.
+Those are not differentially private: they are shown in the live bar on a terminal and nowhere else,
+never in a plain log line or the final render written to a file (see :meth:`Progress.update`).
 """
 
 from __future__ import annotations
 
 import time
 
-from rich.progress import BarColumn, MofNCompleteColumn, TaskID, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, ProgressColumn, Task, TaskID, TextColumn, TimeElapsedColumn
 from rich.progress import Progress as RichProgress
+from rich.progress import TimeRemainingColumn
+from rich.text import Text
 
 LOG_EVERY_SECONDS = 30.0
 
 
+class _StatsColumn(ProgressColumn):
+    """A task's terminal-only statistics (empty when there are none)."""
+
+    def render(self, task: Task) -> Text:
+        return Text(task.fields.get("stats", ""))
+
+
 class Progress(RichProgress):
-    def __init__(self) -> None:
+    def __init__(self, console: Console | None = None) -> None:
         super().__init__(TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                         TimeElapsedColumn(), TimeRemainingColumn())
+                         TimeElapsedColumn(), TimeRemainingColumn(), _StatsColumn(), console=console)
         self._last_log: dict[TaskID, float] = {}
 
-    def update(self, task_id: TaskID, **kwargs) -> None:  # advance() also ends up here via _log
+    def update(self, task_id: TaskID, *, stats: str | None = None, **kwargs) -> None:
+        """Rich's update. ``stats``: non-DP statistics of the private data, kept (and shown by the last
+        column) only when the console is a terminal, so no file or log ever receives them."""
+        if stats is not None and self.console.is_terminal:
+            kwargs["stats"] = stats
         super().update(task_id, **kwargs)
         self._log(task_id)
 

@@ -223,7 +223,13 @@ def _norm(grads: list[torch.Tensor]) -> torch.Tensor:
 
 def clipped_sum(method: str, model, params: list[torch.Tensor], batch: StepBatch, cfg: DPRetrieverConfig,
                 ) -> tuple[list[torch.Tensor], dict]:
-    """The method's clipped gradient sum s(batch) (before noise) and step statistics."""
+    """The method's clipped gradient sum s(batch) (before noise) and step statistics.
+
+    The statistics (``loss``: mean loss of the batch; ``clipped``: fraction of clipped units, pairs or
+    batches) are computed from the private batch without noise, so they are **not DP**: they may be shown
+    on a live terminal (:class:`privret.progress.Progress` ``stats``) and must never be written to a file,
+    a log or a report.
+    """
     if not batch.queries:
         return [torch.zeros_like(p) for p in params], {"loss": float("nan")}
     if method == "naive":
@@ -429,7 +435,8 @@ def _randint(high: int, size: int, rng: torch.Generator | SecureRandom) -> torch
 
 def dp_step(model, params: list[torch.Tensor], batch: StepBatch, cfg: DPRetrieverConfig, mech: Mechanism,
             expected_batch: float, rng: torch.Generator | SecureRandom) -> dict:
-    """Set ``p.grad = (s(batch) + N(0, (sigma Delta)^2)) / (q N)`` for every trainable parameter."""
+    """Set ``p.grad = (s(batch) + N(0, (sigma Delta)^2)) / (q N)`` for every trainable parameter; return
+    the step statistics of :func:`clipped_sum` (not DP: terminal display only)."""
     summed, stats = clipped_sum(cfg.method, model, params, batch, cfg)
     for p, g in zip(params, summed):
         noisy = g.float() + noise_like(g, mech.noise_std, rng)
@@ -550,7 +557,7 @@ def _train_dp_retriever(pairs: TrainingPairs, out_dir: Path, cfg: DPRetrieverCon
             stats = dp_step(model, params, batch, cfg, mech, expected, rng)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-            progress.update(task, advance=1, description=f"DP retriever ({cfg.method}) loss={stats['loss']:.3f}")
+            progress.update(task, advance=1, stats=f"loss={stats['loss']:.3f}")  # not DP: terminal only
             if (step + 1) % cfg.checkpoint_every == 0 and step + 1 < steps:
                 account.persist(step + 1)
                 _save_checkpoint(ckpt_dir, named, optimizer, ledger(account.total(step + 1)), step=step + 1,

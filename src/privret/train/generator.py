@@ -196,7 +196,7 @@ def _train_generator(pairs: TrainingPairs, out_dir: Path, cfg: GeneratorTrainCon
                             rng) if private else _plain_step(generator, loss_module, items, units, chosen, params)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-            progress.update(task, advance=1, description=f"training generator (epsilon={cfg.epsilon:g}) loss={loss:.3f}")
+            progress.update(task, advance=1, stats=f"loss={loss:.3f}")  # not DP: terminal only
             if (step + 1) % cfg.checkpoint_every == 0 and step + 1 < steps:
                 persist(step + 1)
                 _save_checkpoint(ckpt_dir, params, optimizer, ledger(total(step + 1)), step=step + 1,
@@ -223,6 +223,12 @@ def _rows_of(units, group):
 
 def _dp_step(generator: QueryGenerator, loss_module, items, units, chosen, params, cfg, sigma, expected_batch,
              rng) -> float:
+    """Set ``p.grad = (sum_u clip_C(G_u) + N(0, sigma^2 C^2)) / expected_batch`` over the chosen units ``u``.
+
+    Returns the mean per-example loss of the batch, computed without noise: **not DP**. It may be shown on
+    a live terminal (:class:`privret.progress.Progress` ``stats``) and must never be written to a file, a
+    log or a report.
+    """
     names = list(params)
     total = {n: torch.zeros_like(p, dtype=torch.float32) for n, p in params.items()}
     losses = []
