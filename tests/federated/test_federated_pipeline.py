@@ -92,6 +92,10 @@ def test_dp_flag_records_a_finite_epsilon(side, fed_dir, tiny_encoder, tmp_path)
     ledger = json.loads((tmp_path / "dp" / "privacy_ledger.json").read_text())
     assert ledger["unit"] == "client" and ledger["steps"] == 1 and ledger["clip_norm"] == 0.5
     assert 0 < float(ledger["epsilon"]) < float("inf") and side in ledger["mechanism"]
+    # the clients' local losses are not DP: under DP-FedAvg they never leave the client, nor reach a file
+    for path in (tmp_path / "dp" / "state.json", tmp_path / "dp" / "results.json"):
+        rounds = json.loads(path.read_text()).get("history") or json.loads(path.read_text())["rounds"]
+        assert [r["train_loss"] for r in rounds] == [None]
 
 
 def test_baselines_run_per_client(fed_dir, tiny_encoder):

@@ -157,8 +157,9 @@ def _train(msg, context):
             model, client, questions, negatives, optimizer=optimizer, batch_size=cfg.batch_size,
             temperature=cfg.temperature, max_query_tokens=cfg.max_query_tokens,
             max_sentence_tokens=cfg.max_sentence_tokens, rng=rng, bf16=cfg.bf16))
-    metrics = {WEIGHT_KEY: len(questions), DP_WEIGHT_KEY: 1.0, "loss": stats[-1]["loss"],
-               "steps": sum(s["steps"] for s in stats)}
+    metrics = {WEIGHT_KEY: len(questions), DP_WEIGHT_KEY: 1.0, "steps": sum(s["steps"] for s in stats)}
+    if cfg.dp == "none":  # under DP-FedAvg the local loss is not DP: it never leaves the client
+        metrics["loss"] = stats[-1]["loss"]
     return Message(RecordDict({"arrays": _arrays(model), "metrics": _metric_record(metrics)}), reply_to=msg)
 
 
