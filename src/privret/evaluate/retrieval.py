@@ -27,6 +27,7 @@ import torch
 
 from privret.data.beir import Document, Qrels
 from privret.io import atomic_path
+from privret.models.device import bf16_autocast, native_bf16
 from privret.models.encoder import features
 from privret.progress import Progress
 
@@ -37,12 +38,14 @@ METRICS = ("ndcg@10", "recall@10", "recall@100", "mrr@10")
 
 @torch.no_grad()
 def encode(model, texts: list[str], *, batch_size: int = 64, progress=None, bf16: bool = True) -> np.ndarray:
-    """float32 array of L2-normalised embeddings; texts are sorted by length to cut padding."""
+    """float32 array of L2-normalised embeddings; texts are sorted by length to cut padding.
+
+    ``bf16``: autocast where the device runs bf16 natively (:func:`privret.models.device.native_bf16`)."""
     order = np.argsort([-len(t) for t in texts])
     out = np.zeros((len(texts), model.get_embedding_dimension()), dtype=np.float32)
     for lo in range(0, len(texts), batch_size):
         idx = order[lo: lo + batch_size]
-        with torch.autocast(model.device.type, dtype=torch.bfloat16, enabled=bf16):
+        with bf16_autocast(model.device, bf16):
             emb = model(features(model, [texts[i] for i in idx]))["sentence_embedding"].float()
         out[idx] = torch.nn.functional.normalize(emb, dim=-1).cpu().numpy()
         if progress is not None:
@@ -105,6 +108,7 @@ def corpus_embeddings(model, corpus: dict[str, Document], *, batch_size: int = 6
     """
     doc_ids = list(corpus)
     shape = (len(doc_ids), model.get_embedding_dimension())
+    bf16 = bf16 and native_bf16(model.device)  # the format the embeddings are computed in is part of the key
     path = None
     if cache_dir is not None:
         path = Path(cache_dir) / f"{corpus_cache_key(model, corpus, bf16=bf16)}.npy"

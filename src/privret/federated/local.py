@@ -27,6 +27,7 @@ import torch
 from privret.data.fed_squad import ClientData, Question
 from privret.evaluate.retrieval import encode, retrieval_metrics
 from privret.federated.negatives import sample_excluding, top_k_excluding
+from privret.models.device import bf16_autocast
 from privret.models.encoder import embed, in_batch_softmax_loss
 
 LEVELS = ("sentence", "passage")
@@ -86,7 +87,7 @@ def train_dual_encoder_epoch(model, client: ClientData, questions: list[Question
         taken = set().union(*(gold[i] for i in batch))
         positives = [_positive(index, questions[i]) for i in batch]
         extra = list(dict.fromkeys(n for i in batch for n in negatives[i] if n not in taken))
-        with torch.autocast(model.device.type, dtype=torch.bfloat16, enabled=bf16):
+        with bf16_autocast(model.device, bf16):
             q = embed(model, [questions[i].text for i in batch], max_length=max_query_tokens)
             d = embed(model, [client.sentences[j] for j in positives + extra], max_length=max_sentence_tokens)
             loss = in_batch_softmax_loss(q.float(), d.float(), temperature)
@@ -119,7 +120,7 @@ def train_query_encoder_epoch(query_model, client: ClientData, questions: list[Q
     for batch in disjoint_batches(gold, batch_size, rng):
         taken = set().union(*(gold[i] for i in batch))
         positives = [_positive(index, questions[i]) for i in batch]
-        with torch.autocast(query_model.device.type, dtype=torch.bfloat16, enabled=bf16):
+        with bf16_autocast(query_model.device, bf16):
             q = embed(query_model, [questions[i].text for i in batch], max_length=max_query_tokens).float()
         extra: list[int] = []
         if n_negatives:

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from privret.data.pairs import TrainingPairs
 from privret.errors import InputError
 from privret.io import atomic_path, write_json_atomic
+from privret.models.device import bf16_autocast
 from privret.models.encoder import embed, in_batch_softmax_loss, load_encoder
 from privret.models.registry import DEFAULT_ENCODER
 from privret.privacy.ledger import PrivacyLedger
@@ -79,7 +80,7 @@ def train_retriever(pairs: TrainingPairs, out_dir: str | Path, cfg: RetrieverTra
             rows = [pairs.pairs[i] for i in batch]
             queries = [r.query for r in rows]
             same_query = torch.tensor([[a == b for b in queries] for a in queries])
-            with torch.autocast(model.device.type, dtype=torch.bfloat16, enabled=cfg.bf16):
+            with bf16_autocast(model.device, cfg.bf16):
                 q = embed(model, queries, max_length=cfg.max_query_tokens)
                 d = embed(model, [pairs.corpus[r.doc_id].full_text for r in rows], max_length=cfg.max_doc_tokens)
                 loss = in_batch_softmax_loss(q.float(), d.float(), cfg.temperature, same_query.to(q.device))
