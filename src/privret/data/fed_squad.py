@@ -125,7 +125,13 @@ def _unit(seed: int, key: str) -> float:
     return int(hashlib.sha256(f"{seed}:{key}".encode()).hexdigest()[:15], 16) / 16 ** 15
 
 
-def _load_squad(path: Path) -> list[dict]:
+def article_order(articles: list[dict], seed: int) -> list[dict]:
+    """``articles`` sorted by ``sha256(seed:title)``: a seeded order independent of the file's."""
+    return sorted(articles, key=lambda a: hashlib.sha256(f"{seed}:{a['title']}".encode()).hexdigest())
+
+
+def load_squad(path: Path) -> list[dict]:
+    """The articles of a SQuAD-format file, validated (InputError naming file, line or field)."""
     if not path.is_file():
         raise InputError("file not found", path=path)
     try:
@@ -177,8 +183,8 @@ def build_fed_squad(squad_json: str | Path, out_dir: str | Path, *, n_clients: i
         raise InputError("must be in (0, 1)", field="test_fraction")
     if out_dir.exists() and not overwrite:
         raise InputError("already exists (remove it or choose another output)", path=out_dir)
-    articles = _load_squad(squad_json)
-    order = sorted(articles, key=lambda a: hashlib.sha256(f"{seed}:{a['title']}".encode()).hexdigest())
+    articles = load_squad(squad_json)
+    order = article_order(articles, seed)
     sizes = client_sizes(len(order), n_clients)
     clients, dropped, lo = [], 0, 0
     for c, size in enumerate(sizes):
