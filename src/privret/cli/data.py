@@ -105,3 +105,25 @@ def data_select_documents(
     write_selection(out_dir, ids, ledger)
     out.print(f"{len(ids)} documents selected (threshold {selection_threshold(cfg, ledger.delta):.3g} units per "
               f"document) in {out_dir} ({ledger.summary()})")
+
+
+@app.command("squad-beir")
+def data_squad_beir(
+    squad: Annotated[Path, typer.Option(help="SQuAD-format JSON (e.g. ../shared/data/squad/squad-v1.1-dev-40.json)")],
+    out_dir: Annotated[Path, typer.Option("--out", help="BEIR directory to write (must not exist)")],
+    test_articles: Annotated[int, typer.Option(help="articles whose questions form the test split")] = 8,
+    seed: Annotated[int, typer.Option(help="seed of the article order (sha256(seed:title))")] = 0,
+) -> None:
+    """SQuAD as a BEIR dataset: a larger private query log, split by article.
+
+    The corpus is every paragraph (id ARTICLE-PARAGRAPH, positions in the
+    file); a question's one relevant document is its own paragraph. Articles
+    are ordered by sha256(seed:title), whatever the file's order: the first
+    --test-articles give the test queries, the questions of all the others
+    are the train qrels (the private log). No article is in both splits."""
+    from privret.data.squad_beir import build_squad_beir
+
+    manifest = build_squad_beir(squad, out_dir, test_articles=test_articles, seed=seed)
+    splits = ", ".join(f"{name}: {len(s['articles'])} articles, {s['queries']} queries"
+                       for name, s in manifest["splits"].items())
+    out.print(f"{manifest['documents']} documents; {splits}; written to {out_dir}")

@@ -1,0 +1,80 @@
+"""SQuAD as a BEIR dataset: a larger private query log (question -> the paragraph it was asked on).
+
+Rules (deterministic; the file is read and validated by :func:`privret.data.fed_squad.load_squad`):
+
+* **Corpus.** Every paragraph of every article, in file order. Its id is
+  ``<article index>-<paragraph index>`` (0-based positions in the file), its title the article
+  title with ``_`` read as a space, its text the paragraph.
+* **Queries.** Every question; its id is the SQuAD question id (unique, else an input error), its
+  text the question. A question marked ``is_impossible`` (SQuAD 2.0) has no answer in its
+  paragraph and is left out (counted in the manifest).
+* **Split by article.** Articles are ordered by ``sha256(seed:title)``
+  (:func:`~privret.data.fed_squad.article_order`, so the file's order does not matter); the first
+  ``test_articles`` of that order are the test articles, all others the training articles. The
+  questions of training articles form the ``train`` qrels (the private log), those of test
+  articles the ``test`` qrels: no article has questions in both. Each question has one judgement,
+  its own paragraph, score 1.
+
+The output directory is written atomically, with a ``manifest.json`` (source hash, parameters,
+the articles of each split, counts). Privacy assumption: the paragraphs are public documents; the
+questions of the training articles stand for a private query log.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from privret.data.beir import BeirDataset, Document, Qrels, write_beir
+from privret.data.fed_squad import article_order, load_squad
+from privret.errors import InputError
+from privret.io import file_sha256
+
+FORMAT_VERSION = 1
+
+
+def split_articles(articles: list[dict], test_articles: int, seed: int) -> dict[str, str]:
+    """Article title -> ``"train"`` or ``"test"``: the first ``test_articles`` in seeded order are test."""
+    if not 1 <= test_articles < len(articles):
+        raise InputError(f"must be between 1 and {len(articles) - 1} (the file has {len(articles)} articles)",
+                         field="test_articles")
+    order = article_order(articles, seed)
+    return {art["title"]: "test" if rank < test_articles else "train" for rank, art in enumerate(order)}
+
+
+def build_squad_beir(squad_json: str | Path, out_dir: str | Path, *, test_articles: int = 8,
+                     seed: int = 0) -> dict:
+    """Convert a SQuAD-format file into a BEIR directory ``out_dir`` (atomic); returns the manifest."""
+    squad_json, out_dir = Path(squad_json), Path(out_dir)
+    if out_dir.exists():
+        raise InputError("already exists (remove it or choose another output)", path=out_dir)
+    articles = load_squad(squad_json)
+    split_of = split_articles(articles, test_articles, seed)
+    corpus: dict[str, Document] = {}
+    queries: dict[str, str] = {}
+    qrels: dict[str, Qrels] = {"train": {}, "test": {}}
+    impossible = 0
+    for a_i, art in enumerate(articles):
+        for p_i, par in enumerate(art["paragraphs"]):
+            doc_id = f"{a_i}-{p_i}"
+            corpus[doc_id] = Document(doc_id, art["title"].replace("_", " "), par["context"])
+            for q_i, qa in enumerate(par["qas"]):
+                if qa.get("is_impossible"):
+                    impossible += 1
+                    continue
+                if qa["id"] in queries:
+                    raise InputError(f"duplicate question id '{qa['id']}'", path=squad_json,
+                                     field=f"data[{a_i}].paragraphs[{p_i}].qas[{q_i}].id")
+                queries[qa["id"]] = qa["question"]
+                qrels[split_of[art["title"]]][qa["id"]] = {doc_id: 1}
+    manifest = {
+        "format_version": FORMAT_VERSION, "source": str(squad_json), "source_sha256": file_sha256(squad_json),
+        "seed": seed, "test_articles": test_articles,
+        "rules": {"corpus": "every paragraph; id <article index>-<paragraph index> in file order",
+                  "split": "articles in sha256(seed:title) order; the first test_articles are test",
+                  "qrels": "question -> its own paragraph, score 1; is_impossible questions left out"},
+        "documents": len(corpus), "impossible_questions_left_out": impossible,
+        "splits": {name: {"articles": sorted(t for t, s in split_of.items() if s == name),
+                          "queries": len(qrels[name])} for name in ("train", "test")},
+    }
+    write_beir(out_dir, BeirDataset(corpus=corpus, queries=queries, qrels=qrels), manifest)
+    return manifest
