@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ from privret.data.beir import load_beir
 from privret.data.squad_beir import build_squad_beir
 from privret.errors import InputError
 
+REPO = Path(__file__).resolve().parents[1]
 REAL_SQUAD = SHARED_DATA / "squad" / "squad-v1.1-dev-40.json"
 
 
@@ -120,6 +122,21 @@ def test_cli_data_squad_beir(tmp_path):
     assert json.loads((tmp_path / "beir" / "manifest.json").read_text())["seed"] == 3
     res = runner.invoke(app, ["data", "squad-beir", "--squad", str(squad), "--out", str(tmp_path / "beir")])
     assert isinstance(res.exception, InputError) and "already exists" in res.exception.message
+
+
+def test_squad_config_loads_once_the_dataset_exists(tmp_path):
+    from privret.config import load_config
+
+    config = tmp_path / "repo" / "configs" / "squad.yaml"
+    config.parent.mkdir(parents=True)
+    shutil.copy(REPO / "configs" / "squad.yaml", config)
+    build_squad_beir(_write(tmp_path, _squad()), tmp_path / "repo" / "runs" / "squad-beir", test_articles=2)
+    cfg = load_config(config)
+    assert cfg.dataset == (tmp_path / "repo" / "runs" / "squad-beir").resolve()
+    ds = load_beir(cfg.dataset, [cfg.train_split, cfg.eval_split])
+    assert ds.qrels["train"] and ds.qrels["test"]
+    assert cfg.synthetic_documents.source == "corpus" and cfg.synthetic_documents.sample
+    assert cfg.epsilons == [float("inf"), 8, 3]
 
 
 @pytest.mark.integration
