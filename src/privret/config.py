@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from privret.data.pairs import PrivacyUnit
 from privret.errors import InputError
@@ -25,6 +26,45 @@ class GeneratorStage(GeneratorTrainConfig):
     """Generator settings shared by every epsilon of the grid (epsilon itself comes from the grid)."""
 
     epsilon: float = Field(math.inf, exclude=True)
+    warm_start: Literal["public-pairs"] | None = Field(
+        None, description="start DP fine-tuning from the public-pairs row's generator (public_rows.public_pairs)")
+
+
+class PublicExample(BaseModel):
+    """One public (document, query) pair shown to the prompted generator."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    doc: str = Field(min_length=1)
+    query: str = Field(min_length=1)
+
+
+class PublicRows(BaseModel):
+    """Rows made without any private data (epsilon = 0; :mod:`privret.train.public`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    prompted: bool = Field(False, description="row public-prompted: the untrained generator, few-shot prompted")
+    public_pairs: Path | None = Field(
+        None, description="public pairs JSONL ({query, doc}); row public-pairs: the generator fine-tuned on it "
+                          "without DP")
+    examples: int = Field(3, gt=0, le=32, description="few-shot examples: the first k pairs of public_pairs")
+    public_examples: list[PublicExample] = Field(
+        default_factory=list, description="few-shot examples given here (used instead of public_pairs')")
+
+    @model_validator(mode="after")
+    def _examples_have_a_source(self):
+        if self.prompted and not self.public_examples and self.public_pairs is None:
+            raise ValueError("public_rows.prompted needs public_rows.public_examples or public_rows.public_pairs")
+        return self
+
+    def few_shot(self) -> list[tuple[str, str]]:
+        """The prompted row's examples: ``public_examples``, else the first ``examples`` pairs of ``public_pairs``."""
+        from privret.train.public import examples_from_pairs
+
+        if self.public_examples:
+            return [(e.doc, e.query) for e in self.public_examples]
+        return examples_from_pairs(self.public_pairs, self.examples)
 
 
 class DirectDPGrid(BaseModel):
@@ -83,6 +123,7 @@ class PipelineConfig(BaseModel):
     direct_dp: DirectDPGrid = DirectDPGrid()
     synthetic_filter: RoundTripFilterConfig | None = Field(
         None, description="also train on the round-trip-filtered synthetic set (extra rows eps-<e>-filtered)")
+    public_rows: PublicRows = Field(PublicRows(), description="rows without private data (epsilon = 0)")
 
     @field_validator("epsilons")
     @classmethod
@@ -92,9 +133,19 @@ class PipelineConfig(BaseModel):
                 raise ValueError(f"every epsilon must be > 0 or inf, got {eps}")
         return values
 
+    @model_validator(mode="after")
+    def _public_rows_are_public(self):
+        if self.generator.warm_start == "public-pairs" and self.public_rows.public_pairs is None:
+            raise ValueError("generator.warm_start: public-pairs needs public_rows.public_pairs")
+        rows = self.public_rows
+        if (rows.prompted or rows.public_pairs is not None) and self.synthetic_documents.source == "dp-select":
+            raise ValueError("public_rows need public documents: with synthetic_documents dp-select their documents "
+                             "would come from the private log (use corpus or list)")
+        return self
+
     def generator_config(self, epsilon: float) -> GeneratorTrainConfig:
-        return GeneratorTrainConfig(**{**self.generator.model_dump(exclude={"epsilon"}), "epsilon": epsilon,
-                                       "unit": self.unit})
+        return GeneratorTrainConfig(**{**self.generator.model_dump(exclude={"epsilon", "warm_start"}),
+                                       "epsilon": epsilon, "unit": self.unit})
 
 
 MAX_CONFIG_BYTES = 1 << 20  # a pipeline config is a few hundred bytes; PyYAML is slow on megabytes
@@ -152,6 +203,9 @@ def load_config(path: str | Path) -> PipelineConfig:
             raise InputError(first["msg"], path=path, field=f"direct_dp.{section}.{name}") from None
     if not config.dataset.is_absolute():
         config.dataset = (path.parent / config.dataset).resolve()
+    public_pairs = config.public_rows.public_pairs
+    if public_pairs is not None and not public_pairs.is_absolute():
+        config.public_rows.public_pairs = (path.parent / public_pairs).resolve()
     ids_file = config.synthetic_documents.ids_file
     if ids_file is not None and not ids_file.is_absolute():
         config.synthetic_documents.ids_file = (path.parent / ids_file).resolve()

@@ -6,7 +6,13 @@ Layout of ``RUN_DIR``::
     documents/documents.txt        (the documents to write queries for; with dp-select, its ledger beside it)
     original/retriever/            (SentenceTransformer + ledger: non-private)
     original/metrics.json
-    eps-<e>/generator/             (fine-tuned generator + privacy ledger)
+    public-prompted/               (with ``public_rows.prompted``: no private data, epsilon 0; the untrained
+                                    generator with public few-shot examples; generator/, synthetic/, retriever/,
+                                    metrics.json as for eps-<e>)
+    public-pairs/                  (with ``public_rows.public_pairs``: no private data, epsilon 0; the generator
+                                    fine-tuned without DP on the public pairs; same layout)
+    eps-<e>/generator/             (fine-tuned generator + privacy ledger; with ``generator.warm_start:
+                                    public-pairs``, started from public-pairs/generator)
     eps-<e>/synthetic/             (BEIR dataset + manifest carrying the ledger)
     eps-<e>/retriever/
     eps-<e>/metrics.json
@@ -76,6 +82,7 @@ from privret.evaluate.retrieval import evaluate_per_query, mean_metrics
 from privret.evaluate.statistics import EXPLANATION, PER_QUERY_FILE, versus_zero_shot
 from privret.io import file_sha256, write_json_atomic, write_text_atomic
 from privret.models.encoder import load_encoder
+from privret.models.generator import GENERATOR_FILE
 from privret.privacy import budget as budget_registry
 from privret.privacy.budget import BudgetPolicy, run_composition, run_composition_sentence
 from privret.privacy.ledger import PrivacyLedger, has_ledger
@@ -87,12 +94,14 @@ from privret.synth.filter import filter_round_trip
 from privret.synth.generate import generate_synthetic
 from privret.train.dp_retriever import MECHANISM_FILE, DPRetrieverConfig, resume_settings, train_dp_retriever
 from privret.train.generator import train_generator
+from privret.train.public import examples_hash, train_public_generator, write_prompted_generator
 from privret.train.retriever import train_retriever
 
 console = Console(stderr=True)
 
 STAGE_FILE = "stage.json"
 DOCUMENTS_STAGE = "documents"
+PUBLIC_ROWS = {"public-prompted": "no private data (prompted)", "public-pairs": "no private data (public pairs)"}
 STAGE_FORMAT = 1
 EMBEDDING_CACHE = Path("cache") / "embeddings"  # in the run directory: public encoders only
 
@@ -182,16 +191,24 @@ def plan_stages(cfg: PipelineConfig, run_dir: Path, *, data_hash: str, evaluatio
         "synthetic_documents": choice.model_dump(mode="json", exclude={"ids_file"}), "corpus": corpus,
         "ids_file": file_sha256(choice.ids_file) if choice.ids_file is not None else None,
         **(train if choice.source == "dp-select" else {})})
+    public = cfg.public_rows
+    if public.prompted:
+        generator = plan.add("public-prompted/generator", {"prompted": cfg.generator.model_dump(
+            mode="json", include={"model", "max_doc_tokens", "max_query_tokens"}), "unit": cfg.unit.value,
+            "public_data_hash": examples_hash(public.few_shot())}, done=GENERATOR_FILE)
+        _plan_synthetic_row(plan, "public-prompted", generator, documents, cfg, {}, metrics)
+    warm_start = None
+    if public.public_pairs is not None:
+        warm_start = plan.add("public-pairs/generator", {"generator": cfg.generator_config(math.inf).model_dump(
+            mode="json"), "public_pairs": file_sha256(public.public_pairs)}, done=GENERATOR_FILE, resumable=True)
+        _plan_synthetic_row(plan, "public-pairs", warm_start, documents, cfg, {}, metrics)
+    warm = {"warm_start": cfg.generator.warm_start} if cfg.generator.warm_start else {}
     for epsilon in cfg.epsilons:
         label = eps_label(epsilon)
         generator = plan.add(f"eps-{label}/generator", {"generator": cfg.generator_config(epsilon).model_dump(
-            mode="json"), **train}, done="generator.json", resumable=True,
+            mode="json"), **train, **warm}, after=(warm_start,) if warm else (), done=GENERATOR_FILE, resumable=True,
             legacy_settings=("train_config.json", None, "generator"))
-        synthetic = plan.add(f"eps-{label}/synthetic", {"generate": cfg.generate.model_dump(mode="json"), **train},
-                             after=(generator, documents), legacy_settings=("manifest.json", "config", "generate"))
-        trained = plan.add(f"eps-{label}/retriever", {"retriever": retriever}, after=(synthetic,),
-                           legacy_settings=("train_config.json", None, "retriever"))
-        plan.add(f"eps-{label}/metrics.json", metrics, after=(trained,))
+        synthetic = _plan_synthetic_row(plan, f"eps-{label}", generator, documents, cfg, train, metrics)
         if cfg.synthetic_filter is not None:
             filtered = plan.add(f"eps-{label}-filtered/synthetic", {
                 "synthetic_filter": cfg.synthetic_filter.model_dump(mode="json"), "corpus": corpus},
@@ -207,6 +224,20 @@ def plan_stages(cfg: PipelineConfig, run_dir: Path, *, data_hash: str, evaluatio
                 **train}, done=MECHANISM_FILE, resumable=True, legacy_settings=("train_config.json", None, "direct_dp"))
             plan.add(f"{name}/metrics.json", metrics, after=(trained,))
     return plan
+
+
+def _plan_synthetic_row(plan: StagePlan, row: str, generator: Stage, documents: Stage, cfg: PipelineConfig,
+                        data: dict, metrics: dict) -> Stage:
+    """The stages of ``row`` after its generator: synthetic set, retriever, metrics; returns the synthetic set's.
+
+    ``data``: what the synthetic set's fingerprint adds about the private data (nothing for a public row).
+    """
+    synthetic = plan.add(f"{row}/synthetic", {"generate": cfg.generate.model_dump(mode="json"), **data},
+                         after=(generator, documents), legacy_settings=("manifest.json", "config", "generate"))
+    trained = plan.add(f"{row}/retriever", {"retriever": cfg.retriever.model_dump(mode="json")}, after=(synthetic,),
+                       legacy_settings=("train_config.json", None, "retriever"))
+    plan.add(f"{row}/metrics.json", metrics, after=(trained,))
+    return synthetic
 
 
 def direct_dp_fingerprint(cfg: DPRetrieverConfig) -> dict:
@@ -439,6 +470,15 @@ def run_pipeline(cfg: PipelineConfig, run_dir: str | Path, *, budget: BudgetPoli
                                 {"row": "original pairs (non-private)", "epsilon": math.inf, "delta": 0.0}))
 
     documents, selection = _synthetic_documents(stages[DOCUMENTS_STAGE], cfg, dataset, pairs, data_hash, budget)
+    public = cfg.public_rows
+    if public.prompted:
+        rows.append(_public_row(stages, "public-prompted", lambda out: write_prompted_generator(
+            cfg.generator.model, public.few_shot(), out, unit=unit, max_doc_tokens=cfg.generator.max_doc_tokens,
+            max_query_tokens=cfg.generator.max_query_tokens), documents, dataset, cfg))
+    if public.public_pairs is not None:
+        rows.append(_public_row(stages, "public-pairs", lambda out: train_public_generator(
+            public.public_pairs, out, cfg.generator_config(math.inf), resume=True), documents, dataset, cfg))
+    warm_start = run_dir / "public-pairs" / "generator" if cfg.generator.warm_start else None
     for epsilon in cfg.epsilons:
         label = eps_label(epsilon)
         stage = run_dir / f"eps-{label}"
@@ -448,7 +488,7 @@ def run_pipeline(cfg: PipelineConfig, run_dir: str | Path, *, budget: BudgetPoli
             started = time.time()
             write_record(stages[f"eps-{label}/generator"])  # pins an interrupted run to these settings
             train_generator(pairs, stage / "generator", cfg.generator_config(epsilon), data_hash=data_hash,
-                            resume=True, budget=budget)
+                            resume=True, budget=budget, warm_start=warm_start)
             write_record(stages[f"eps-{label}/generator"])  # the finished directory replaced the one holding it
             timing["generator_seconds"] = round(time.time() - started, 1)
             release_memory()
@@ -502,6 +542,38 @@ def run_pipeline(cfg: PipelineConfig, run_dir: str | Path, *, budget: BudgetPoli
                                                          "epsilon": ledger.epsilon, "delta": ledger.delta}))
     write_summary(run_dir, rows, cfg)
     return rows
+
+
+def _public_row(stages: dict[str, Stage], name: str, make_generator, documents: list, dataset: BeirDataset,
+                cfg: PipelineConfig) -> dict:
+    """A row without private data (:mod:`privret.train.public`), unless done; its summary row (epsilon 0).
+
+    Nothing here reads the private log: ``make_generator(directory)`` writes the generator from public data
+    only, its queries are written for the public ``documents``, and ``dataset`` serves the evaluation split.
+    """
+    generator = stages[f"{name}/generator"]
+    row = generator.output.parent
+    console.rule(PUBLIC_ROWS[name])
+    timing = {}
+    if not generator.done.exists():
+        started = time.time()
+        if generator.resumable:
+            write_record(generator)  # pins an interrupted run to these settings
+        make_generator(generator.output)
+        write_record(generator)
+        timing["generator_seconds"] = round(time.time() - started, 1)
+        release_memory()
+    if not (row / "synthetic").exists():
+        started = time.time()
+        generate_synthetic(generator.output, documents, row / "synthetic", cfg.generate, resume=True)
+        write_record(stages[f"{name}/synthetic"])
+        timing["generate_seconds"] = round(time.time() - started, 1)
+        release_memory()
+    timing.update(_train_on_synthetic(stages[f"{name}/retriever"], row / "synthetic", cfg))
+    _add_timing(row, timing)
+    ledger = PrivacyLedger.load(row / "synthetic")
+    return _evaluate_stage(stages[f"{name}/metrics.json"], str(row / "retriever"), dataset, cfg.eval_split,
+                           {"row": PUBLIC_ROWS[name], "epsilon": ledger.epsilon, "delta": ledger.delta})
 
 
 def _train_on_synthetic(record: Stage, synthetic_dir: Path, cfg: PipelineConfig) -> dict:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -34,8 +35,15 @@ app = typer.Typer(help="DP fine-tuning of the query generator.", no_args_is_help
 def generator_train(
     out_dir: Annotated[Path, typer.Option("--out", help="output directory (generator + privacy ledger)")],
     data: DataOpt = None, split: SplitOpt = "train", pairs: PairsOpt = None,
+    public_pairs: Annotated[Optional[Path], typer.Option(
+        "--public-pairs", help="train on these PUBLIC pairs ({query, doc} JSONL) without DP instead of private "
+                               "data: a generator with no private data (epsilon 0 ledger)")] = None,
+    warm_start: Annotated[Optional[Path], typer.Option(
+        "--warm-start", help="start from this generator, which must have been made from public data only "
+                             "(--public-pairs)")] = None,
     model: Annotated[str, typer.Option(help=MODEL_HELP)] = "smollm2-135m",
-    epsilon: Annotated[float, typer.Option(help="target epsilon; 'inf' for non-private")] = 8.0,
+    epsilon: Annotated[Optional[float], typer.Option(
+        help="target epsilon (default 8); 'inf' for non-private; not with --public-pairs")] = None,
     delta: Annotated[Optional[float], typer.Option(help=DELTA_HELP)] = None,
     unit: Annotated[str, typer.Option(help=UNIT_HELP)] = "query",
     fine_tuning: dict = None,  # --clip-norm ... --max-doc-tokens, see @generator_training_options
@@ -47,13 +55,27 @@ def generator_train(
     budget_cap: BudgetCapOpt = None,
     allow_over_budget: AllowOverOpt = False,
 ) -> None:
-    """DP fine-tune a generator on document -> query pairs (DP-Adam, per-unit clipping, Poisson)."""
-    from privret.train.generator import GeneratorTrainConfig, train_generator
+    """DP fine-tune a generator on document -> query pairs (DP-Adam, per-unit clipping, Poisson).
 
-    policy = budget_policy(budget_cap, allow_over_budget)
-    training, data_hash = training_pairs(data, split, pairs)
-    cfg = build_config(GeneratorTrainConfig, model=model, epsilon=epsilon, delta=delta, unit=unit, **fine_tuning,
-                       accountant=accountant, seed=seed, checkpoint_every=checkpoint_every,
-                       secure_rng=secure_rng)
-    ledger = train_generator(training, out_dir, cfg, data_hash=data_hash, resume=resume, budget=policy)
+    With --public-pairs, fine-tune it without DP on public pairs instead: no private data is read.
+    """
+    from privret.errors import InputError
+    from privret.train.generator import GeneratorTrainConfig, train_generator
+    from privret.train.public import train_public_generator
+
+    if public_pairs is not None and any(v is not None for v in (epsilon, data, pairs, warm_start)):
+        raise InputError("--public-pairs trains without DP on public data only; drop --epsilon, --data, --pairs and "
+                         "--warm-start",
+                         field="--public-pairs")
+    values = dict(model=model, delta=delta, unit=unit, **fine_tuning, accountant=accountant, seed=seed,
+                  checkpoint_every=checkpoint_every, secure_rng=secure_rng)
+    if public_pairs is not None:
+        cfg = build_config(GeneratorTrainConfig, epsilon=math.inf, **values)
+        ledger = train_public_generator(public_pairs, out_dir, cfg, resume=resume)
+    else:
+        policy = budget_policy(budget_cap, allow_over_budget)
+        training, data_hash = training_pairs(data, split, pairs)
+        cfg = build_config(GeneratorTrainConfig, epsilon=8.0 if epsilon is None else epsilon, **values)
+        ledger = train_generator(training, out_dir, cfg, data_hash=data_hash, resume=resume, budget=policy,
+                                 warm_start=warm_start)
     out.print(f"generator written to {out_dir}: {ledger.summary()}")

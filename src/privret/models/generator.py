@@ -7,6 +7,15 @@ Two model families sit behind one interface, :class:`QueryGenerator`:
   mean cross-entropy of the *query tokens only*;
 * seq2seq models (T5 family): input ``generate_query: <document>``, target the query (seed 4.1).
 
+A causal generator may carry *few-shot examples* (``examples``: public (document, query) pairs)
+that are put in every prompt before the document: earlier user/assistant turns under a chat
+template, else ``Document: ... Query: ...`` lines. They are saved with the generator. Without
+examples (every fine-tuned generator) the prompt is exactly the zero-shot one.
+
+A generator fine-tuned from a *warm start* (another saved generator, see
+:func:`privret.train.generator.train_generator`) keeps a copy of it in ``warm_start/``; loading
+applies the warm start first, then the generator's own weights.
+
 Training reads batches through :meth:`QueryGenerator.loss_module`, an ``nn.Module`` that maps a
 padded batch to one loss per example (what per-example gradient hooks need).
 
@@ -31,6 +40,7 @@ from privret.models.loading import load_pretrained
 
 INSTRUCTION = "Write a short search query that this document answers."
 GENERATOR_FILE = "generator.json"
+WARM_START_DIR = "warm_start"
 
 
 @dataclass
@@ -59,6 +69,7 @@ class QueryGenerator:
         self.max_query_tokens = max_query_tokens
         self.trained_layers = trained_layers
         self.trainable = "none"
+        self.examples: list[tuple[str, str]] = []  # few-shot (document, query) pairs shown in every prompt
         self.device = _device()
         # bf16 autocast (and bf16 activation cache) where native: ~2-3x faster on AMX CPUs and GPUs, far slower elsewhere
         self.bf16 = bf16 and native_bf16(self.device)
@@ -142,14 +153,17 @@ class QueryGenerator:
 
     # -- persistence -----------------------------------------------------------------------
     def save(self, directory: Path) -> None:
-        """Write the fine-tuned generator (LoRA: adapter only, merged at load) as safetensors."""
+        """Write the fine-tuned generator (LoRA: adapter only, merged at load) as safetensors; an untrained
+        one (``trainable == "none"``, e.g. few-shot prompted) as its settings only."""
         directory.mkdir(parents=True, exist_ok=True)
-        self.model.save_pretrained(directory / ("adapter" if self.trainable == "lora" else "model"),
-                                   safe_serialization=True)
+        if self.trainable != "none":
+            self.model.save_pretrained(directory / ("adapter" if self.trainable == "lora" else "model"),
+                                       safe_serialization=True)
         self.tokenizer.save_pretrained(directory / "tokenizer")
         meta = {"base_model": self.name, "kind": self.kind, "trainable": self.trainable,
                 "max_doc_tokens": self.max_doc_tokens, "max_query_tokens": self.max_query_tokens,
-                "trained_layers": self.trained_layers}
+                "trained_layers": self.trained_layers,
+                **({"examples": [list(pair) for pair in self.examples]} if self.examples else {})}
         (directory / GENERATOR_FILE).write_text(json.dumps(meta, indent=2) + "\n")
 
 
@@ -230,11 +244,17 @@ class CausalQueryGenerator(QueryGenerator):
         return list(range(self.first_trained_layer, self.num_layers))
 
     def prompt(self, doc: str) -> str:
+        """The instruction, the few-shot examples (if any) and ``doc``, ready for the query to follow."""
+        shots = [(self.truncate_doc(d), q) for d, q in self.examples]
         doc = self.truncate_doc(doc)
         if self.tokenizer.chat_template:
-            messages = [{"role": "system", "content": INSTRUCTION}, {"role": "user", "content": doc}]
+            messages = [{"role": "system", "content": INSTRUCTION}]
+            for shot_doc, shot_query in shots:
+                messages += [{"role": "user", "content": shot_doc}, {"role": "assistant", "content": shot_query}]
+            messages.append({"role": "user", "content": doc})
             return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        return f"{INSTRUCTION}\nDocument: {doc}\nQuery:"
+        shown = "".join(f"Document: {shot_doc}\nQuery: {shot_query}\n" for shot_doc, shot_query in shots)
+        return f"{INSTRUCTION}\n{shown}Document: {doc}\nQuery:"
 
     def example(self, doc: str, query: str) -> Example:
         prompt_ids = self.tokenizer(self.prompt(doc), add_special_tokens=False).input_ids
@@ -397,12 +417,21 @@ def load_generator(name: str, *, max_doc_tokens: int = 128, max_query_tokens: in
     return load_pretrained(name, build)
 
 
-def load_trained_generator(directory: str | Path) -> QueryGenerator:
-    """Load what :meth:`QueryGenerator.save` wrote (LoRA adapters are merged for fast sampling)."""
+def load_trained_generator(directory: str | Path, **settings) -> QueryGenerator:
+    """Load what :meth:`QueryGenerator.save` wrote (LoRA adapters are merged for fast sampling).
+
+    ``settings`` (``max_doc_tokens``, ``max_query_tokens``, ``trained_layers``, ``bf16``) replace the saved
+    ones: to train further from this generator (a warm start) with other settings.
+    """
     directory = Path(directory)
     meta = json.loads((directory / GENERATOR_FILE).read_text())
-    generator = load_generator(meta["base_model"], max_doc_tokens=meta["max_doc_tokens"],
-                               max_query_tokens=meta["max_query_tokens"], trained_layers=meta["trained_layers"])
+    settings = {"max_doc_tokens": meta["max_doc_tokens"], "max_query_tokens": meta["max_query_tokens"],
+                "trained_layers": meta["trained_layers"], **settings}
+    if (directory / WARM_START_DIR).is_dir():
+        generator = load_trained_generator(directory / WARM_START_DIR, **settings)
+    else:
+        generator = load_generator(meta["base_model"], **settings)
+    generator.examples = [(doc, query) for doc, query in meta.get("examples", [])]
     if meta["trainable"] == "lora":
         from peft import PeftModel
 

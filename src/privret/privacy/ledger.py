@@ -17,6 +17,7 @@ from privret.errors import InputError
 from privret.io import write_text_atomic
 
 LEDGER_FILE = "privacy_ledger.json"
+PUBLIC_MECHANISMS = ("public-prompted", "public-pairs")  # models made from public data only
 
 
 def has_ledger(location: str | Path) -> bool:
@@ -38,11 +39,16 @@ class PrivacyLedger(BaseModel):
     (DP fine-tuning plus a DP choice of documents): ``epsilon`` and ``delta`` are then the sums
     over ``parts`` (basic composition, Dwork and Roth 2014, Theorem 3.16), and the other fields
     describe ``parts[0]``.
+
+    A *public* ledger (:meth:`public`) belongs to a model made without any private data (a public
+    generator prompted with public examples, or fine-tuned on public pairs): epsilon = delta = 0,
+    since its output does not depend on the private log at all. ``provenance`` names what such a
+    model read instead (``public_data_hash``), and, for a DP model started from one, that warm start.
     """
 
     model_config = ConfigDict(ser_json_inf_nan="strings", extra="forbid")
 
-    mechanism: str  # "dp-sgd", a direct-retriever DP method, or "none"
+    mechanism: str  # "dp-sgd", a direct-retriever DP method, "none", or one of PUBLIC_MECHANISMS
     epsilon: float
     delta: float
     noise_multiplier: float
@@ -60,11 +66,31 @@ class PrivacyLedger(BaseModel):
     secure_rng: bool = False
     unit_definition: str = ""
     parts: list[PrivacyLedger] = []
+    provenance: dict = {}
     created_at: str = ""
+
+    @classmethod
+    def public(cls, mechanism: str, *, model: str, public_data_hash: str, unit: str, n_units: int = 0,
+               n_pairs: int = 0, steps: int = 0, planned_steps: int = 0, sample_rate: float = 0.0,
+               trainable: str = "none", provenance: dict | None = None) -> PrivacyLedger:
+        """The ledger of a model that read no private data (``mechanism`` one of :data:`PUBLIC_MECHANISMS`);
+        ``provenance`` adds to ``{"public_data_hash": public_data_hash}``."""
+        if mechanism not in PUBLIC_MECHANISMS:
+            raise ValueError(f"not a public mechanism: {mechanism}")
+        return cls(mechanism=mechanism, epsilon=0.0, delta=0.0, noise_multiplier=0.0, sample_rate=sample_rate,
+                   steps=steps, planned_steps=planned_steps, accountant="none", unit=unit, n_units=n_units,
+                   n_pairs=n_pairs, clip_norm=math.inf, model=model, trainable=trainable, data_hash="",
+                   unit_definition="no private data was read",
+                   provenance={"public_data_hash": public_data_hash, **(provenance or {})})
 
     @property
     def is_private(self) -> bool:
         return math.isfinite(self.epsilon)
+
+    @property
+    def is_public(self) -> bool:
+        """Made from public data only: epsilon = delta = 0 with a public mechanism."""
+        return self.epsilon == 0.0 and self.delta == 0.0 and self.mechanism in PUBLIC_MECHANISMS
 
     def compose(self, *others: PrivacyLedger) -> PrivacyLedger:
         """This ledger and ``others`` (mechanisms on the same data and unit) as one guarantee.
@@ -98,6 +124,8 @@ class PrivacyLedger(BaseModel):
             raise InputError(f"unreadable ledger: {str(err).splitlines()[0]}", path=path) from None
 
     def summary(self) -> str:
+        if self.is_public:
+            return f"no private data ({self.mechanism}, public data sha256 {self.provenance['public_data_hash'][:12]})"
         if not self.is_private:
             return f"non-private (epsilon = inf), unit={self.unit}, n={self.n_units}"
         return (f"({self.epsilon:.3g}, {self.delta:.2g})-DP per {self.unit}, sigma={self.noise_multiplier:.3g}, "

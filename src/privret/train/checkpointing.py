@@ -56,10 +56,10 @@ CHECKPOINT_DIR = "checkpoint"
 
 # Ledger fields a checkpoint must share with the run resuming it (the privacy plan and the data).
 PLAN_KEYS = ("noise_multiplier", "sample_rate", "planned_steps", "unit", "n_units", "clip_norm", "data_hash",
-             "model", "trainable", "delta", "accountant")
+             "model", "trainable", "delta", "accountant", "provenance")
 # Ledger fields a finished output must share with a run pointed at it again.
 FINISHED_KEYS = ("noise_multiplier", "sample_rate", "planned_steps", "unit", "n_units", "clip_norm", "data_hash",
-                 "model", "delta")
+                 "model", "delta", "provenance")
 
 
 # --- the step log -------------------------------------------------------------------------------

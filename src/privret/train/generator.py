@@ -30,12 +30,25 @@ sampler's RNG state with the checkpoint, so a resumed run equals an uninterrupte
 
 Each private run is also recorded in the dataset's budget registry
 (:mod:`privret.privacy.budget`) before its first update can reach disk, with a cap check.
+
+``public=True`` marks ``pairs`` as public data (``data_hash`` is then its hash): the run is
+non-private training on data that holds nothing of the private log, so its ledger is a public
+one (epsilon = 0, mechanism ``public-pairs``; :meth:`PrivacyLedger.public`) and nothing is
+recorded in the budget registry.
+
+**Warm start.** ``warm_start`` (a saved generator) replaces the pretrained ``cfg.model`` as the
+starting point. DP-SGD's guarantee holds for any starting point that does not depend on the
+private log, so only a public warm start (a public ledger) is accepted; one trained on private
+data would make the released model depend on the log outside the accounted mechanism. The
+ledger records its provenance (mechanism, model, public data hash) and a copy of it is saved in
+``warm_start/`` of the output (see :mod:`privret.models.generator`).
 """
 
 from __future__ import annotations
 
 import math
 import os
+import shutil
 from pathlib import Path
 
 import torch
@@ -44,7 +57,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from privret.data.pairs import UNIT_DEFINITIONS, PrivacyUnit, TrainingPairs
 from privret.errors import InputError
 from privret.io import atomic_path, write_json_atomic
-from privret.models.generator import QueryGenerator, load_generator
+from privret.models.generator import WARM_START_DIR, QueryGenerator, load_generator, load_trained_generator
 from privret.models.registry import DEFAULT_GENERATOR
 from privret.privacy import budget as budget_registry
 from privret.privacy.accounting import calibrate_noise, check_budget, default_delta, spent_epsilon
@@ -109,26 +122,47 @@ def micro_batches(units: list[list[int]], chosen: list[int], max_rows: int) -> l
     return groups
 
 
+def warm_start_provenance(directory: str | Path, model: str) -> dict:
+    """What a DP ledger records of a warm start; refuses one that is not public (see the module docstring)."""
+    directory = Path(directory)
+    ledger = PrivacyLedger.load(directory)
+    if not ledger.is_public:
+        raise InputError(f"the warm start's ledger is not public ({ledger.mechanism}, epsilon = {ledger.epsilon:g}): "
+                         "starting DP training from a model trained on the private data would void the guarantee",
+                         path=directory, field="warm_start")
+    if ledger.model != model:
+        raise InputError(f"the warm start was made from {ledger.model}, not from the model {model}", path=directory,
+                         field="warm_start")
+    return {"mechanism": ledger.mechanism, "model": ledger.model, "trainable": ledger.trainable,
+            "public_data_hash": ledger.provenance["public_data_hash"]}
+
+
 def train_generator(pairs: TrainingPairs, out_dir: str | Path, cfg: GeneratorTrainConfig, *,
-                    data_hash: str, resume: bool = False,
-                    budget: budget_registry.BudgetPolicy | None = None) -> PrivacyLedger:
-    """Fine-tune ``cfg.model`` on ``pairs`` into ``out_dir``; returns the ledger.
+                    data_hash: str, resume: bool = False, budget: budget_registry.BudgetPolicy | None = None,
+                    public: bool = False, warm_start: str | Path | None = None) -> PrivacyLedger:
+    """Fine-tune ``cfg.model`` (or the public generator ``warm_start``) on ``pairs`` into ``out_dir``; returns
+    the ledger.
 
     ``budget``: cap and registry location for the dataset's budget registry (default: record
-    in ``$PRIVRET_BUDGET_DIR``, no cap).
+    in ``$PRIVRET_BUDGET_DIR``, no cap). ``public``: ``pairs`` are public data (see the module docstring).
     """
+    if public and math.isfinite(cfg.epsilon):
+        raise InputError("public pairs are trained on without DP; the epsilon must be inf", field="epsilon")
     with RunLock(out_dir, what="generator directory"):
-        return _train_generator(pairs, Path(out_dir), cfg, data_hash=data_hash, resume=resume, budget=budget)
+        return _train_generator(pairs, Path(out_dir), cfg, data_hash=data_hash, resume=resume, budget=budget,
+                                public=public, warm_start=Path(warm_start) if warm_start is not None else None)
 
 
 def _train_generator(pairs: TrainingPairs, out_dir: Path, cfg: GeneratorTrainConfig, *, data_hash: str,
-                     resume: bool, budget: budget_registry.BudgetPolicy | None) -> PrivacyLedger:
+                     resume: bool, budget: budget_registry.BudgetPolicy | None, public: bool,
+                     warm_start: Path | None) -> PrivacyLedger:
     from opacus import GradSampleModule
 
     units = pairs.units(cfg.unit)
     n_units = len(units)
     sample_rate, steps, delta, sigma = _plan(cfg, n_units)
     private = math.isfinite(cfg.epsilon)
+    provenance = {"warm_start": warm_start_provenance(warm_start, cfg.model)} if warm_start is not None else {}
     ckpt_dir = out_dir / CHECKPOINT_DIR
     log_path = out_dir / STEP_LOG
     recover_directory(out_dir)
@@ -139,21 +173,32 @@ def _train_generator(pairs: TrainingPairs, out_dir: Path, cfg: GeneratorTrainCon
         raise InputError("holds an interrupted run; pass --resume to continue it", path=out_dir)
 
     def ledger(done: int) -> PrivacyLedger:
+        trainable = f"{cfg.trainable}:top{cfg.trained_layers or 'all'}"
+        if public:
+            return PrivacyLedger.public("public-pairs", model=cfg.model, public_data_hash=data_hash,
+                                        unit=cfg.unit.value, n_units=n_units, n_pairs=len(pairs.pairs), steps=done,
+                                        planned_steps=steps, sample_rate=sample_rate, trainable=trainable,
+                                        provenance=provenance)
         eps = (spent_epsilon(noise_multiplier=sigma, sample_rate=sample_rate, steps=done, delta=delta,
                              accountant=cfg.accountant) if private else math.inf)
         return PrivacyLedger(mechanism="dp-sgd" if private else "none", epsilon=eps, delta=delta if private else 0.0,
                              noise_multiplier=sigma, sample_rate=sample_rate, steps=done, planned_steps=steps,
                              accountant=cfg.accountant if private else "none", unit=cfg.unit.value, n_units=n_units,
                              n_pairs=len(pairs.pairs), clip_norm=cfg.clip_norm if private else math.inf,
-                             model=cfg.model, trainable=f"{cfg.trainable}:top{cfg.trained_layers or 'all'}",
-                             data_hash=data_hash, secure_rng=secure, unit_definition=UNIT_DEFINITIONS[cfg.unit])
+                             model=cfg.model, trainable=trainable, data_hash=data_hash, secure_rng=secure,
+                             unit_definition=UNIT_DEFINITIONS[cfg.unit], provenance=provenance)
 
     secure = private and cfg.secure_rng
     if (out_dir / "generator.json").exists():  # finished earlier: nothing to resume, spend nothing more
         return _finished(out_dir, expected=ledger(steps))
     torch.manual_seed(cfg.seed)
-    generator = load_generator(cfg.model, max_doc_tokens=cfg.max_doc_tokens, max_query_tokens=cfg.max_query_tokens,
-                               trained_layers=cfg.trained_layers, bf16=cfg.bf16)
+    settings = dict(max_doc_tokens=cfg.max_doc_tokens, max_query_tokens=cfg.max_query_tokens,
+                    trained_layers=cfg.trained_layers, bf16=cfg.bf16)
+    if warm_start is not None:
+        generator = load_trained_generator(warm_start, **settings)
+        generator.examples = []  # fine-tuning always uses the zero-shot prompt
+    else:
+        generator = load_generator(cfg.model, **settings)
     generator.make_trainable(cfg.trainable, lora_rank=cfg.lora_rank, lora_alpha=2 * cfg.lora_rank)
     params = generator.trainable_parameters()
     optimizer = torch.optim.Adam(params.values(), lr=cfg.learning_rate)
@@ -205,6 +250,8 @@ def _train_generator(pairs: TrainingPairs, out_dir: Path, cfg: GeneratorTrainCon
     persist(steps)
     with atomic_path(out_dir) as staged:
         generator.save(staged)
+        if warm_start is not None:  # loading this generator applies the warm start first
+            shutil.copytree(warm_start, staged / WARM_START_DIR)
         final.save(staged)
         write_json_atomic(staged / "train_config.json", cfg.model_dump(mode="json"))
     if private:

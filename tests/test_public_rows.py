@@ -1,0 +1,197 @@
+"""Rows without private data (epsilon = 0): prompted and public-pairs generators, and the public warm start."""
+
+from __future__ import annotations
+
+import builtins
+import io
+import json
+import math
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from pydantic import ValidationError
+
+from helpers import TOY_DOCS
+from privret.config import PipelineConfig
+from privret.data.beir import Document
+from privret.errors import InputError
+from privret.models.generator import INSTRUCTION, load_generator, load_trained_generator
+from privret.privacy.ledger import PrivacyLedger
+from privret.synth.generate import GenerateConfig, generate_synthetic
+from privret.train.generator import GeneratorTrainConfig
+from privret.train.public import examples_hash, train_public_generator, write_prompted_generator
+
+torch.set_num_threads(1)
+
+PUBLIC_PAIRS = [("what does aspirin reduce", "aspirin can reduce the risk of heart disease"),
+                ("sleep and the immune response", "sleep and exercise increase the immune response"),
+                ("gene in mice", "mice with the gene show low memory")]
+EXAMPLES = [(doc, query) for query, doc in PUBLIC_PAIRS[:2]]
+
+
+@pytest.fixture()
+def public_pairs(tmp_path) -> Path:
+    path = tmp_path / "public.jsonl"
+    path.write_text("".join(json.dumps({"query": q, "doc": d}) + "\n" for q, d in PUBLIC_PAIRS))
+    return path
+
+
+@pytest.fixture()
+def private_unreadable(toy_beir, monkeypatch):
+    """Any open of the private dataset's queries or qrels raises (builtins.open, io.open, os.open)."""
+    private = {(toy_beir / "queries.jsonl").resolve(), (toy_beir / "qrels").resolve()}
+
+    def guard(opener):
+        def guarded(file, *args, **kwargs):
+            if isinstance(file, (str, Path)):
+                path = Path(file).resolve()
+                if path in private or any(p in path.parents for p in private):
+                    raise AssertionError(f"read the private file {path}")
+            return opener(file, *args, **kwargs)
+        return guarded
+
+    monkeypatch.setattr(builtins, "open", guard(builtins.open))
+    monkeypatch.setattr(io, "open", guard(io.open))
+    monkeypatch.setattr(os, "open", guard(os.open))
+    return toy_beir
+
+
+def _fast(tiny_llama_dir) -> GeneratorTrainConfig:
+    return GeneratorTrainConfig(model=str(tiny_llama_dir), epsilon=math.inf, batch_size=2, epochs=1,
+                                trained_layers=1, lora_rank=4, bf16=False)
+
+
+def _saved(directory: Path) -> dict:
+    return PrivacyLedger.load(directory).model_dump(exclude={"created_at"})
+
+
+def _documents() -> list[Document]:
+    return [Document(i, t, x) for i, t, x in TOY_DOCS[:3]]
+
+
+def test_prompted_and_public_pairs_rows_never_open_the_private_files(private_unreadable, tiny_llama_dir,
+                                                                     public_pairs, tmp_path):
+    with pytest.raises(AssertionError, match="private file"):  # the guard works
+        (private_unreadable / "qrels" / "train.tsv").read_text()
+    cfg = GenerateConfig(num_queries=1, max_new_tokens=4, batch_size=4)
+    prompted = write_prompted_generator(str(tiny_llama_dir), EXAMPLES, tmp_path / "prompted", unit="query")
+    paired = train_public_generator(public_pairs, tmp_path / "pairs", _fast(tiny_llama_dir))
+    for name, ledger in (("prompted", prompted), ("pairs", paired)):
+        manifest = generate_synthetic(tmp_path / name, _documents(), tmp_path / f"{name}-synthetic", cfg)
+        assert manifest["ledger"]["epsilon"] == 0.0 and PrivacyLedger.load(tmp_path / f"{name}-synthetic").is_public
+
+
+def test_public_ledgers_say_epsilon_0_their_mechanism_and_public_data(tiny_llama_dir, public_pairs, tmp_path):
+    from privret.io import file_sha256
+
+    prompted = write_prompted_generator(str(tiny_llama_dir), EXAMPLES, tmp_path / "p", unit="query")
+    assert _saved(tmp_path / "p") == prompted.model_dump(exclude={"created_at"})
+    assert (prompted.mechanism, prompted.epsilon, prompted.delta) == ("public-prompted", 0.0, 0.0)
+    assert prompted.provenance["public_data_hash"] == examples_hash(EXAMPLES) and prompted.data_hash == ""
+    paired = train_public_generator(public_pairs, tmp_path / "g", _fast(tiny_llama_dir))
+    assert (paired.mechanism, paired.epsilon, paired.delta) == ("public-pairs", 0.0, 0.0)
+    assert paired.provenance == {"public_data_hash": file_sha256(public_pairs)} and paired.n_pairs == 3
+    assert _saved(tmp_path / "g") == paired.model_dump(exclude={"created_at"})
+    assert not list((tmp_path / "budget").glob("*.jsonl"))  # nothing recorded in the budget registry
+    with pytest.raises(InputError, match="epsilon must be inf"):
+        train_public_generator(public_pairs, tmp_path / "dp", _fast(tiny_llama_dir).model_copy(update={"epsilon": 4.0}))
+
+
+def test_few_shot_prompt_shows_the_examples_and_the_zero_shot_prompt_is_unchanged(tiny_llama_dir, tmp_path):
+    generator = load_generator(str(tiny_llama_dir))
+    cut = generator.truncate_doc  # what the prompt shows of a document (the tiny vocabulary lacks some words)
+    doc = TOY_DOCS[0][2]
+    (d1, q1), (d2, q2) = [(cut(d), q) for d, q in EXAMPLES]
+    # the prompt DP fine-tuning uses, byte for byte as before few-shot examples existed
+    assert generator.prompt(doc) == f"{INSTRUCTION}\nDocument: {cut(doc)}\nQuery:"
+    generator.tokenizer.chat_template = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
+                                         "{% if add_generation_prompt %}<assistant>{% endif %}")
+    assert generator.prompt(doc) == f"<system>{INSTRUCTION}\n<user>{cut(doc)}\n<assistant>"
+    generator.examples = EXAMPLES
+    assert generator.prompt(doc) == (f"<system>{INSTRUCTION}\n<user>{d1}\n<assistant>{q1}\n<user>{d2}\n<assistant>{q2}\n"
+                                     f"<user>{cut(doc)}\n<assistant>")
+    generator.tokenizer.chat_template = None
+    assert generator.prompt(doc) == (f"{INSTRUCTION}\nDocument: {d1}\nQuery: {q1}\nDocument: {d2}\nQuery: {q2}\n"
+                                     f"Document: {cut(doc)}\nQuery:")
+    write_prompted_generator(str(tiny_llama_dir), EXAMPLES, tmp_path / "p", unit="query")
+    assert load_trained_generator(tmp_path / "p").prompt(doc) == generator.prompt(doc)  # saved with the generator
+
+
+def test_warm_start_is_recorded_and_a_private_one_is_refused(toy_beir, tiny_llama_dir, public_pairs, tmp_path):
+    from privret.data.beir import load_beir
+    from privret.data.pairs import pairs_from_beir
+    from privret.train.generator import train_generator
+
+    public = train_public_generator(public_pairs, tmp_path / "public", _fast(tiny_llama_dir))
+    private = pairs_from_beir(load_beir(toy_beir, splits=["train"]), "train")
+    dp = train_generator(private, tmp_path / "dp", _fast(tiny_llama_dir), data_hash="h", warm_start=tmp_path / "public")
+    assert dp.provenance == {"warm_start": {"mechanism": "public-pairs", "model": str(tiny_llama_dir),
+                                            "trainable": public.trainable,
+                                            "public_data_hash": public.provenance["public_data_hash"]}}
+    warm = load_trained_generator(tmp_path / "public").model.state_dict()
+    assert (tmp_path / "dp" / "warm_start" / "generator.json").is_file()
+    loaded = load_trained_generator(tmp_path / "dp").model.state_dict()
+    base = load_generator(str(tiny_llama_dir)).model.state_dict()
+    name = next(n for n in base if "layers.1.mlp.down_proj" in n)
+    assert not torch.equal(warm[name], base[name])  # the warm start moved the weights ...
+    assert not torch.equal(loaded[name], base[name]) and not torch.equal(loaded[name], warm[name])  # ... and DP too
+    name = next(n for n in base if "layers.0.mlp.down_proj" in n)  # below the trained layer: the warm start's
+    assert torch.equal(loaded[name], warm[name])
+    with pytest.raises(InputError, match="void the guarantee") as err:  # a generator trained on the private log
+        train_generator(private, tmp_path / "dp2", _fast(tiny_llama_dir), data_hash="h", warm_start=tmp_path / "dp")
+    assert len(str(err.value).splitlines()) == 1 and "warm_start" in str(err.value)
+
+
+@pytest.mark.parametrize(("section", "value", "field"), [
+    ("public_rows", {"prompted": "maybe"}, "public_rows.prompted"),
+    ("public_rows", {"prompted": True}, "public_rows.prompted"),
+    ("public_rows", {"examples": 0}, "public_rows.examples"),
+    ("public_rows", {"public_pairs": 3}, "public_rows.public_pairs"),
+    ("public_rows", {"public_examples": [{"doc": "d"}]}, "public_rows.public_examples.0.query"),
+    ("public_rows", {"public_examples": [{"doc": "d", "query": ""}]}, "public_rows.public_examples.0.query"),
+    ("public_rows", {"colour": 1}, "public_rows.colour"),
+    ("generator", {"warm_start": "private"}, "generator.warm_start"),
+    ("generator", {"warm_start": "public-pairs"}, "generator.warm_start"),
+])
+def test_public_row_settings_are_validated(section, value, field):
+    with pytest.raises(ValidationError) as err:
+        PipelineConfig.model_validate({"name": "x", "dataset": "d", "epsilons": [1.0], section: value})
+    first = err.value.errors()[0]
+    assert field in ".".join(str(p) for p in first["loc"]) + " " + first["msg"]
+
+
+def test_public_rows_refuse_dp_selected_documents():
+    with pytest.raises(ValidationError, match="public_rows need public documents"):
+        PipelineConfig(name="x", dataset="d", epsilons=[1.0], synthetic_documents="dp-select",
+                       public_rows={"public_pairs": "p.jsonl"})
+
+
+def test_pipeline_public_rows_and_warm_start(toy_beir, tiny_llama_dir, tiny_bert_dir, public_pairs, tmp_path):
+    from privret.config import GeneratorStage
+    from privret.pipeline import run_pipeline
+    from privret.train.retriever import RetrieverTrainConfig
+
+    cfg = PipelineConfig(
+        name="toy", dataset=toy_beir, epsilons=[math.inf], synthetic_documents="corpus",
+        generator=GeneratorStage(model=str(tiny_llama_dir), batch_size=2, epochs=1, trained_layers=1, lora_rank=4,
+                                 bf16=False, warm_start="public-pairs"),
+        generate=GenerateConfig(num_queries=1, max_new_tokens=4, batch_size=4),
+        retriever=RetrieverTrainConfig(model=str(tiny_bert_dir), epochs=1, batch_size=4, bf16=False),
+        public_rows={"prompted": True, "public_pairs": public_pairs, "examples": 2})
+    run_dir = tmp_path / "run"
+    rows = {r["row"]: r for r in run_pipeline(cfg, run_dir)}
+    private_hash = json.loads((run_dir / "original" / "retriever" / "stage.json").read_text())["fingerprint"]["data_hash"]
+    for row in ("no private data (prompted)", "no private data (public pairs)"):
+        assert (rows[row]["epsilon"], rows[row]["delta"]) == (0.0, 0.0)
+    assert "| no private data (prompted) | 0 | - |" in (run_dir / "summary.md").read_text()
+    for name in ("public-prompted", "public-pairs"):
+        record = json.loads((run_dir / name / "synthetic" / "stage.json").read_text())["fingerprint"]
+        assert set(record["after"]) == {f"{name}/generator", "documents"} and private_hash not in json.dumps(record)
+    assert PrivacyLedger.load(run_dir / "public-prompted" / "generator").provenance == {
+        "public_data_hash": examples_hash(EXAMPLES)}  # the first 2 public pairs
+    generator = json.loads((run_dir / "eps-inf" / "generator" / "stage.json").read_text())["fingerprint"]
+    assert generator["warm_start"] == "public-pairs" and "public-pairs/generator" in generator["after"]
+    assert PrivacyLedger.load(run_dir / "eps-inf" / "generator").provenance["warm_start"]["mechanism"] == "public-pairs"
+    assert json.loads((run_dir / "budget.json").read_text())["releases"] == []  # public rows spend nothing
