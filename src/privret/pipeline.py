@@ -73,7 +73,7 @@ from privret.errors import InputError
 from privret.evaluate.retrieval import evaluate_retriever
 from privret.io import file_sha256, write_json_atomic, write_text_atomic
 from privret.models.encoder import load_encoder
-from privret.privacy.budget import BudgetPolicy, run_composition, run_composition_sentence
+from privret.privacy.budget import dataset_id, run_composition, run_composition_sentence
 from privret.privacy.ledger import PrivacyLedger, has_ledger
 from privret.runlock import RunLock, recover_tree
 from privret.synth.filter import filter_round_trip
@@ -380,12 +380,14 @@ def _exclusive_run_dir(run):
 
 
 @_exclusive_run_dir
-def run_pipeline(cfg: PipelineConfig, run_dir: str | Path, *, budget: BudgetPolicy | None = None) -> list[dict]:
+def run_pipeline(cfg: PipelineConfig, run_dir: str | Path) -> list[dict]:
+    """Run (or finish) ``cfg``'s grid in ``run_dir``; its DP releases are checked against ``cfg.budget``."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     dataset = load_beir(cfg.dataset, splits=[cfg.train_split, cfg.eval_split])
     pairs = pairs_from_beir(dataset, cfg.train_split)
     data_hash = dataset_hash(dataset, cfg.train_split)
+    budget, charged_to = cfg.budget.policy(), dataset_id(pairs, cfg.budget.dataset_name)
     plan = plan_stages(cfg, run_dir, data_hash=data_hash, evaluation=eval_hash(dataset, cfg.eval_split),
                        corpus=file_sha256(dataset.root / "corpus.jsonl"))
     for stage in check_stages(plan, data_hash=data_hash):  # nothing is written before every stage is checked
@@ -426,7 +428,7 @@ def run_pipeline(cfg: PipelineConfig, run_dir: str | Path, *, budget: BudgetPoli
             started = time.time()
             write_record(stages[f"eps-{label}/generator"])  # pins an interrupted run to these settings
             train_generator(pairs, stage / "generator", cfg.generator_config(epsilon), data_hash=data_hash,
-                            resume=True, budget=budget)
+                            dataset_id=charged_to, resume=True, budget=budget)
             write_record(stages[f"eps-{label}/generator"])  # the finished directory replaced the one holding it
             timing["generator_seconds"] = round(time.time() - started, 1)
             release_memory()
@@ -469,7 +471,8 @@ def run_pipeline(cfg: PipelineConfig, run_dir: str | Path, *, budget: BudgetPoli
                 started = time.time()
                 write_record(stages[f"{name}/retriever"])  # pins an interrupted run to these settings
                 train_dp_retriever(pairs, stage / "retriever", cfg.direct_dp.config(method, epsilon, cfg.unit),
-                                   data_hash=data_hash, public_corpus=dataset.corpus, budget=budget, resume=True)
+                                   data_hash=data_hash, dataset_id=charged_to, public_corpus=dataset.corpus,
+                                   budget=budget, resume=True)
                 write_record(stages[f"{name}/retriever"])  # the finished directory replaced the one holding it
                 write_json_atomic(stage / "timing.json", {"retriever_seconds": round(time.time() - started, 1)})
                 release_memory()

@@ -17,6 +17,7 @@ from privret.cli.options import (
     BudgetCapOpt,
     CheckpointEveryOpt,
     DataOpt,
+    DatasetNameOpt,
     PairsOpt,
     ResumeOpt,
     SecureRngOpt,
@@ -46,8 +47,10 @@ def generator_train(
     secure_rng: SecureRngOpt = False,
     budget_cap: BudgetCapOpt = None,
     allow_over_budget: AllowOverOpt = False,
+    dataset_name: DatasetNameOpt = None,
 ) -> None:
     """DP fine-tune a generator on document -> query pairs (DP-Adam, per-unit clipping, Poisson)."""
+    from privret.privacy.budget import dataset_id
     from privret.train.generator import GeneratorTrainConfig, train_generator
 
     policy = budget_policy(budget_cap, allow_over_budget)
@@ -55,5 +58,6 @@ def generator_train(
     cfg = build_config(GeneratorTrainConfig, model=model, epsilon=epsilon, delta=delta, unit=unit, **fine_tuning,
                        accountant=accountant, seed=seed, checkpoint_every=checkpoint_every,
                        secure_rng=secure_rng)
-    ledger = train_generator(training, out_dir, cfg, data_hash=data_hash, resume=resume, budget=policy)
+    ledger = train_generator(training, out_dir, cfg, data_hash=data_hash, dataset_id=dataset_id(training, dataset_name),
+                             resume=resume, budget=policy)
     out.print(f"generator written to {out_dir}: {ledger.summary()}")

@@ -30,6 +30,10 @@ class PrivacyLedger(BaseModel):
 
     ``epsilon`` is ``inf`` for a non-private reference. ``steps`` counts every noisy update that
     was (or could have been) written to disk; ``epsilon`` is what the accountant charges for them.
+    ``data_hash`` identifies the files read (stage fingerprints and resumes compare it);
+    ``dataset_id`` is the dataset's identity in the budget registry
+    (:func:`privret.privacy.budget.dataset_id`, set by the trainers that record releases; empty in
+    older ledgers and in those of the non-private references and federated runs).
     """
 
     model_config = ConfigDict(ser_json_inf_nan="strings", extra="forbid")
@@ -49,6 +53,7 @@ class PrivacyLedger(BaseModel):
     model: str
     trainable: str
     data_hash: str
+    dataset_id: str = ""
     secure_rng: bool = False
     created_at: str = ""
 

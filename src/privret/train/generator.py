@@ -110,19 +110,22 @@ def micro_batches(units: list[list[int]], chosen: list[int], max_rows: int) -> l
 
 
 def train_generator(pairs: TrainingPairs, out_dir: str | Path, cfg: GeneratorTrainConfig, *,
-                    data_hash: str, resume: bool = False,
+                    data_hash: str, dataset_id: str = "", resume: bool = False,
                     budget: budget_registry.BudgetPolicy | None = None) -> PrivacyLedger:
     """Fine-tune ``cfg.model`` on ``pairs`` into ``out_dir``; returns the ledger.
 
-    ``budget``: cap and registry location for the dataset's budget registry (default: record
-    in ``$PRIVRET_BUDGET_DIR``, no cap).
+    ``dataset_id``: the dataset a DP run is charged to in the budget registry (default: that of
+    ``pairs``, :func:`~privret.privacy.budget.dataset_id`). ``budget``: cap and registry location
+    (default: record in ``$PRIVRET_BUDGET_DIR``, the default cap).
     """
+    dataset_id = dataset_id or budget_registry.dataset_id(pairs)
     with RunLock(out_dir, what="generator directory"):
-        return _train_generator(pairs, Path(out_dir), cfg, data_hash=data_hash, resume=resume, budget=budget)
+        return _train_generator(pairs, Path(out_dir), cfg, data_hash=data_hash, dataset_id=dataset_id, resume=resume,
+                                budget=budget)
 
 
 def _train_generator(pairs: TrainingPairs, out_dir: Path, cfg: GeneratorTrainConfig, *, data_hash: str,
-                     resume: bool, budget: budget_registry.BudgetPolicy | None) -> PrivacyLedger:
+                     dataset_id: str, resume: bool, budget: budget_registry.BudgetPolicy | None) -> PrivacyLedger:
     from opacus import GradSampleModule
 
     units = pairs.units(cfg.unit)
@@ -146,7 +149,7 @@ def _train_generator(pairs: TrainingPairs, out_dir: Path, cfg: GeneratorTrainCon
                              accountant=cfg.accountant if private else "none", unit=cfg.unit.value, n_units=n_units,
                              n_pairs=len(pairs.pairs), clip_norm=cfg.clip_norm if private else math.inf,
                              model=cfg.model, trainable=f"{cfg.trainable}:top{cfg.trained_layers or 'all'}",
-                             data_hash=data_hash, secure_rng=secure)
+                             data_hash=data_hash, dataset_id=dataset_id, secure_rng=secure)
 
     secure = private and cfg.secure_rng
     if (out_dir / "generator.json").exists():  # finished earlier: nothing to resume, spend nothing more
