@@ -75,8 +75,8 @@ def test_pipeline_rows_ledgers_and_resume(tiny_config, tmp_path, monkeypatch):
     assert "epsilon=4" in (run_dir / "summary.md").read_text()
     from privret.privacy import budget
 
-    data_hash = retriever_ledger["data_hash"]  # every DP release of the run is in the dataset's registry
-    assert sorted(r.mechanism for r in budget.releases(data_hash)) == [
+    dataset = retriever_ledger["dataset_id"]  # every DP release of the run is in the dataset's registry
+    assert sorted(r.mechanism for r in budget.releases(dataset)) == [
         "direct-batch-clip", "direct-public-negatives", "dp-sgd"]
 
     def must_not_run(*_a, **_k):
@@ -344,7 +344,7 @@ def test_interrupted_direct_dp_stage_resumes_with_its_settings_only(small_config
     assert seen == [True] and ledger.steps == ledger.planned_steps + 1  # step 2 was announced, then lost
     assert rows[-1]["epsilon"] == ledger.epsilon and (stage / "stage.json").is_file()
     assert not (stage / "checkpoint").exists() and (stage / "dp_mechanism.json").is_file()
-    assert [(r.status, r.steps) for r in budget.releases(ledger.data_hash)] == [("final", ledger.steps)]
+    assert [(r.status, r.steps) for r in budget.releases(ledger.dataset_id)] == [("final", ledger.steps)]
     pipeline.run_pipeline(cfg, tmp_path / "run")  # finished: kept as it is
     assert PrivacyLedger.load(stage) == ledger
 
