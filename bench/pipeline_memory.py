@@ -43,7 +43,7 @@ if hasattr(P, "release_memory"):
         print(f"[{time.time()-T0:7.1f}s]   released            rss={rss_mb():7.1f} MB  live_models={live_modules()}", flush=True)
     P.release_memory = rel2
 
-from privret.config import DirectDPGrid, GeneratorStage, PipelineConfig
+from privret.config import BudgetSettings, DirectDPGrid, GeneratorStage, PipelineConfig
 from privret.synth.generate import GenerateConfig
 from privret.synth.filter import RoundTripFilterConfig
 from privret.train.retriever import RetrieverTrainConfig
@@ -66,7 +66,8 @@ if mode == "tiny":
         direct_dp=DirectDPGrid(methods=["public-negatives", "batch-clip"], epsilons=[4.0],
                                settings={"model": str(bert), "batch_size": 2, "public_negatives": 3},
                                per_method={"batch-clip": {"trainable": "top:1"}}),
-        synthetic_filter=RoundTripFilterConfig(encoder=str(bert), top_k=2))
+        synthetic_filter=RoundTripFilterConfig(encoder=str(bert), top_k=2),
+        budget=BudgetSettings(allow_over=True))  # a measurement, run again and again on the same data
 else:
     from privret.data.demo import demo_dataset_dir
     cfg = PipelineConfig(
@@ -75,8 +76,9 @@ else:
                                  checkpoint_every=50),
         generate=GenerateConfig(num_queries=1, batch_size=32, max_new_tokens=12),
         retriever=RetrieverTrainConfig(epochs=1, batch_size=32),
-        direct_dp=DirectDPGrid(methods=["batch-clip"], epsilons=[8.0], settings={"batch_size": 32, "epochs": 1}))
+        direct_dp=DirectDPGrid(methods=["batch-clip"], epsilons=[8.0], settings={"batch_size": 32, "epochs": 1}),
+        budget=BudgetSettings(allow_over=True))  # a measurement, run again and again on the same data
 print(f"start rss={rss_mb():.1f} MB", flush=True)
-P.run_pipeline(cfg, run_dir, budget=None)
+P.run_pipeline(cfg, run_dir)
 gc.collect()
 print(f"end rss={rss_mb():.1f} MB peak={resource.getrusage(resource.RUSAGE_SELF).ru_maxrss/1024:.1f} MB total {time.time()-T0:.0f}s", flush=True)

@@ -44,7 +44,7 @@ def test_laplace_sampler_has_the_laplace_distribution():
 def test_selection_keeps_popular_documents_and_drops_rare_ones():
     pairs = _log({"popular": 40, "rare": 1, "also-rare": 2})
     cfg = PartitionSelectionConfig(epsilon=1.0)
-    ledger = selection_ledger(pairs, PrivacyUnit.query, cfg, data_hash="h")
+    ledger = selection_ledger(pairs, PrivacyUnit.query, cfg, data_hash="h", dataset_id="d")
     assert selection_threshold(cfg, ledger.delta) > 3  # 1 + ln(1/(2 delta)) with delta = 1/(10 n)
     kept = [select_documents(pairs, PrivacyUnit.query, cfg, ledger) for _ in range(200)]
     assert all("popular" in k for k in kept)
@@ -55,23 +55,23 @@ def test_each_unit_counts_for_at_most_m_documents():
     """One unit with 30 documents (all rows of one query text) must not lift them over the threshold."""
     pairs = TrainingPairs(pairs=[QueryDocPair("the same query", f"d{k}") for k in range(30)], corpus={})
     cfg = PartitionSelectionConfig(epsilon=50.0, max_docs_per_unit=2)  # tiny noise: counts decide
-    ledger = selection_ledger(pairs, PrivacyUnit.query, cfg, data_hash="h")
+    ledger = selection_ledger(pairs, PrivacyUnit.query, cfg, data_hash="h", dataset_id="d")
     for _ in range(20):
         assert len(select_documents(pairs, PrivacyUnit.query, cfg, ledger)) <= 2
     # the same rows as 30 units: every document is counted
-    per_pair = selection_ledger(pairs, PrivacyUnit.pair, cfg, data_hash="h")
+    per_pair = selection_ledger(pairs, PrivacyUnit.pair, cfg, data_hash="h", dataset_id="d")
     assert per_pair.n_units == 30
 
 
 def test_selection_ledger_charges_epsilon_plus_the_removal_term():
     pairs = _log({"a": 5, "b": 5})
-    ledger = selection_ledger(pairs, PrivacyUnit.query, PartitionSelectionConfig(epsilon=1.0), data_hash="h")
+    ledger = selection_ledger(pairs, PrivacyUnit.query, PartitionSelectionConfig(epsilon=1.0), data_hash="h", dataset_id="d")
     assert ledger.n_units == 10 and ledger.delta == pytest.approx(1 / 100)
     assert ledger.epsilon == pytest.approx(1.0 + math.log(1 / (1 - 0.01)))
     from privret.errors import InputError
 
     with pytest.raises(InputError, match="below 1/n"):
-        selection_ledger(pairs, PrivacyUnit.query, PartitionSelectionConfig(delta=0.2), data_hash="h")
+        selection_ledger(pairs, PrivacyUnit.query, PartitionSelectionConfig(delta=0.2), data_hash="h", dataset_id="d")
 
 
 def test_cli_selection_is_recorded_and_composed_into_the_synthetic_ledger(tmp_path, toy_beir, tiny_llama_dir):

@@ -81,8 +81,8 @@ def test_pipeline_rows_ledgers_and_resume(tiny_config, tmp_path, monkeypatch):
     assert "epsilon=4" in (run_dir / "summary.md").read_text()
     from privret.privacy import budget
 
-    data_hash = retriever_ledger["data_hash"]  # every DP release of the run is in the dataset's registry
-    assert sorted(r.mechanism for r in budget.releases(data_hash)) == [
+    dataset = retriever_ledger["dataset_id"]  # every DP release of the run is in the dataset's registry
+    assert sorted(r.mechanism for r in budget.releases(dataset)) == [
         "direct-batch-clip", "direct-public-negatives", "dp-sgd"]
 
     def must_not_run(*_a, **_k):
@@ -173,7 +173,7 @@ def test_default_documents_do_not_depend_on_the_private_log(tiny_config, tmp_pat
             run_dir = tmp_path / name / str(cfg.synthetic_documents.sample)
             plan = pipeline.plan_stages(cfg, run_dir, data_hash=name, evaluation="e", corpus="c")
             docs, selection = pipeline._synthetic_documents(plan.stages[pipeline.DOCUMENTS_STAGE], cfg, dataset, pairs,
-                                                            name, None)
+                                                            name, name, cfg.budget.policy())
             assert selection is None
             chosen.append([d.id for d in docs])
     assert chosen[0] == chosen[2] == ids and chosen[1] == chosen[3] and len(chosen[1]) == 3
@@ -409,7 +409,7 @@ def test_interrupted_direct_dp_stage_resumes_with_its_settings_only(small_config
     assert seen == [True] and ledger.steps == ledger.planned_steps + 1  # step 2 was announced, then lost
     assert rows[-1]["epsilon"] == ledger.epsilon and (stage / "stage.json").is_file()
     assert not (stage / "checkpoint").exists() and (stage / "dp_mechanism.json").is_file()
-    assert [(r.status, r.steps) for r in budget.releases(ledger.data_hash)] == [("final", ledger.steps)]
+    assert [(r.status, r.steps) for r in budget.releases(ledger.dataset_id)] == [("final", ledger.steps)]
     pipeline.run_pipeline(cfg, tmp_path / "run")  # finished: kept as it is
     assert PrivacyLedger.load(stage) == ledger
 

@@ -149,7 +149,7 @@ def test_steps_lost_in_a_cut_checkpoint_write_are_charged(tiny_llama_dir, tmp_pa
                                                          sample_rate=ledger.sample_rate, steps=planned + 2,
                                                          delta=ledger.delta), rel=1e-6)
     assert ledger.epsilon > cfg.epsilon
-    recorded = budget.releases("abc")
+    recorded = budget.releases(ledger.dataset_id)
     assert len(recorded) == 1 and recorded[0].steps == planned + 2  # the registry agrees
     assert recorded[0].artefact == str((tmp_path / "gen").absolute())
 
@@ -249,7 +249,7 @@ def test_cap_refuses_then_warns_with_override_and_resumes_are_not_double_counted
     with pytest.raises(InputError, match="past the budget cap"):
         budget.check_and_record(release(rid="run-2"), policy)
     assert len(budget.releases("data")) == 1  # refused: nothing recorded
-    with pytest.warns(budget.BudgetWarning, match="allowed by --allow-over-budget"):
+    with pytest.warns(budget.BudgetWarning, match="running anyway, as allowed"):
         total = budget.check_and_record(release(rid="run-2"), policy.model_copy(update={"allow_over": True}))
     assert total.releases == 2 and len(budget.releases("data")) == 2
 
@@ -279,7 +279,7 @@ def test_generator_training_records_and_enforces_the_cap(tiny_llama_dir, tmp_pat
         warnings.simplefilter("ignore", budget.BudgetWarning)
         train_generator(pairs, tmp_path / "g2", cfg, data_hash="same-data",
                         budget=budget.BudgetPolicy(cap=3.0, allow_over=True))
-    total = budget.compose(budget.releases("same-data"))
+    total = budget.compose(budget.releases(first.dataset_id))
     assert total.releases == 2 and first.epsilon < total.epsilon < 2 * first.epsilon + 0.05
 
 
@@ -290,11 +290,11 @@ def test_direct_dp_retriever_records_and_enforces_the_cap(tiny_bert_dir, tmp_pat
 
     pairs, cfg = _pairs(), _cfg("batch-clip", tiny_bert_dir, epsilon=2.0, epochs=1.0, batch_size=4, trainable="top:1")
     first = train_dp_retriever(pairs, tmp_path / "r1", cfg, data_hash="same-data")
-    recorded = budget.releases("same-data")
+    recorded = budget.releases(first.dataset_id)
     assert [(r.status, r.steps, r.mechanism) for r in recorded] == [("final", first.steps, "direct-batch-clip")]
     with pytest.raises(InputError, match="--allow-over-budget"):
         train_dp_retriever(pairs, tmp_path / "r2", cfg, data_hash="same-data", budget=budget.BudgetPolicy(cap=3.0))
-    assert not (tmp_path / "r2").exists() and len(budget.releases("same-data")) == 1  # refused before training
+    assert not (tmp_path / "r2").exists() and len(budget.releases(first.dataset_id)) == 1  # refused before training
 
 
 def test_run_composition_counts_generators_once_and_flags_non_private_rows(tmp_path):

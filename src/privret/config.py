@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from privret.data.pairs import PrivacyUnit
 from privret.errors import InputError
 from privret.synth.documents import DocumentChoice
+from privret.privacy.budget import DEFAULT_CAP, BudgetPolicy, Cap
 from privret.synth.filter import RoundTripFilterConfig
 from privret.synth.generate import GenerateConfig
 from privret.train.dp_retriever import METHODS, DPRetrieverConfig
@@ -105,6 +106,22 @@ class DirectDPGrid(BaseModel):
                                     "epsilon": epsilon, "unit": unit})
 
 
+class BudgetSettings(BaseModel):
+    """The run's use of the privacy-budget registry (:mod:`privret.privacy.budget`); the command
+    line's ``--budget-cap``, ``--allow-over-budget`` and ``--dataset-name`` override it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    cap: Cap = Field(DEFAULT_CAP, description="total epsilon of all DP releases on the dataset")
+    allow_over: bool = Field(False, description="run past the cap (or at a second privacy unit) with a warning; "
+                                                "for grids of alternatives that are never released together")
+    dataset_name: str = Field("", description="charge the releases to this name, not to the content of the "
+                                              "private pairs")
+
+    def policy(self) -> BudgetPolicy:
+        return BudgetPolicy(cap=self.cap, allow_over=self.allow_over)
+
+
 class PipelineConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -124,6 +141,7 @@ class PipelineConfig(BaseModel):
     synthetic_filter: RoundTripFilterConfig | None = Field(
         None, description="also train on the round-trip-filtered synthetic set (extra rows eps-<e>-filtered)")
     public_rows: PublicRows = Field(PublicRows(), description="rows without private data (epsilon = 0)")
+    budget: BudgetSettings = BudgetSettings()
 
     @field_validator("epsilons")
     @classmethod

@@ -84,7 +84,7 @@ from privret.io import file_sha256, write_json_atomic, write_text_atomic
 from privret.models.encoder import load_encoder
 from privret.models.generator import GENERATOR_FILE
 from privret.privacy import budget as budget_registry
-from privret.privacy.budget import BudgetPolicy, run_composition, run_composition_sentence
+from privret.privacy.budget import BudgetPolicy, dataset_id, run_composition, run_composition_sentence
 from privret.privacy.ledger import PrivacyLedger, has_ledger
 from privret.privacy.partition_selection import select_documents, selection_ledger, selection_threshold
 from privret.runlock import RunLock, recover_tree
@@ -433,12 +433,14 @@ def _exclusive_run_dir(run):
 
 
 @_exclusive_run_dir
-def run_pipeline(cfg: PipelineConfig, run_dir: str | Path, *, budget: BudgetPolicy | None = None) -> list[dict]:
+def run_pipeline(cfg: PipelineConfig, run_dir: str | Path) -> list[dict]:
+    """Run (or finish) ``cfg``'s grid in ``run_dir``; its DP releases are checked against ``cfg.budget``."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     dataset = load_beir(cfg.dataset, splits=[cfg.train_split, cfg.eval_split])
     pairs = pairs_from_beir(dataset, cfg.train_split)
     data_hash = dataset_hash(dataset, cfg.train_split)
+    budget, charged_to = cfg.budget.policy(), dataset_id(pairs, cfg.budget.dataset_name)
     plan = plan_stages(cfg, run_dir, data_hash=data_hash, evaluation=eval_hash(dataset, cfg.eval_split),
                        corpus=file_sha256(dataset.root / "corpus.jsonl"))
     for stage in check_stages(plan, data_hash=data_hash):  # nothing is written before every stage is checked
@@ -469,7 +471,8 @@ def run_pipeline(cfg: PipelineConfig, run_dir: str | Path, *, budget: BudgetPoli
     rows.append(_evaluate_stage(stages["original/metrics.json"], str(original / "retriever"), dataset, cfg.eval_split,
                                 {"row": "original pairs (non-private)", "epsilon": math.inf, "delta": 0.0}))
 
-    documents, selection = _synthetic_documents(stages[DOCUMENTS_STAGE], cfg, dataset, pairs, data_hash, budget)
+    documents, selection = _synthetic_documents(stages[DOCUMENTS_STAGE], cfg, dataset, pairs, data_hash, charged_to,
+                                                budget)
     public = cfg.public_rows
     if public.prompted:
         rows.append(_public_row(stages, "public-prompted", lambda out: write_prompted_generator(
@@ -488,7 +491,7 @@ def run_pipeline(cfg: PipelineConfig, run_dir: str | Path, *, budget: BudgetPoli
             started = time.time()
             write_record(stages[f"eps-{label}/generator"])  # pins an interrupted run to these settings
             train_generator(pairs, stage / "generator", cfg.generator_config(epsilon), data_hash=data_hash,
-                            resume=True, budget=budget, warm_start=warm_start)
+                            dataset_id=charged_to, resume=True, budget=budget, warm_start=warm_start)
             write_record(stages[f"eps-{label}/generator"])  # the finished directory replaced the one holding it
             timing["generator_seconds"] = round(time.time() - started, 1)
             release_memory()
@@ -532,7 +535,8 @@ def run_pipeline(cfg: PipelineConfig, run_dir: str | Path, *, budget: BudgetPoli
                 started = time.time()
                 write_record(stages[f"{name}/retriever"])  # pins an interrupted run to these settings
                 train_dp_retriever(pairs, stage / "retriever", cfg.direct_dp.config(method, epsilon, cfg.unit),
-                                   data_hash=data_hash, public_corpus=dataset.corpus, budget=budget, resume=True)
+                                   data_hash=data_hash, dataset_id=charged_to, public_corpus=dataset.corpus,
+                                   budget=budget, resume=True)
                 write_record(stages[f"{name}/retriever"])  # the finished directory replaced the one holding it
                 write_json_atomic(stage / "timing.json", {"retriever_seconds": round(time.time() - started, 1)})
                 release_memory()
@@ -601,7 +605,7 @@ def _read_json(path: Path) -> dict:
 
 
 def _synthetic_documents(stage: Stage, cfg: PipelineConfig, dataset: BeirDataset, pairs: TrainingPairs,
-                         data_hash: str, budget: BudgetPolicy | None) -> tuple[list, PrivacyLedger | None]:
+                         data_hash: str, charged_to: str, budget: BudgetPolicy) -> tuple[list, PrivacyLedger | None]:
     """The documents of every synthetic set of the run, chosen once (``documents/``).
 
     A public source reads no private data. ``dp-select`` is a DP release of its own: recorded in
@@ -612,7 +616,7 @@ def _synthetic_documents(stage: Stage, cfg: PipelineConfig, dataset: BeirDataset
     if not stage.done.exists():
         if choice.source == "dp-select":
             console.rule("DP choice of documents (partition selection)")
-            ledger = selection_ledger(pairs, cfg.unit, choice.selection, data_hash=data_hash)
+            ledger = selection_ledger(pairs, cfg.unit, choice.selection, data_hash=data_hash, dataset_id=charged_to)
             budget_registry.check_and_record(budget_registry.Release.from_ledger(
                 ledger, release_id=budget_registry.new_release_id(), status="final", artefact=stage.output), budget)
             ids = sampled(select_documents(pairs, cfg.unit, choice.selection, ledger), choice)

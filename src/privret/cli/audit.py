@@ -7,10 +7,13 @@ from typing import Annotated, Optional
 
 import typer
 
-from privret.cli.common import build_config, out, training_pairs
+from privret.cli.common import budget_policy, build_config, out, training_pairs
 from privret.cli.options import (
     MODEL_HELP,
+    AllowOverOpt,
+    BudgetCapOpt,
     DataOpt,
+    DatasetNameOpt,
     JsonResultOpt,
     PairsOpt,
     PrivateDataOpt,
@@ -100,9 +103,15 @@ def audit_canaries(
     fine_tuning: dict = None,  # --clip-norm ... --max-doc-tokens, see @generator_training_options
     alpha: Annotated[float, typer.Option(help="the epsilon lower bound holds with confidence 1 - alpha")] = 0.05,
     seed: SeedOpt = 0,
+    budget_cap: BudgetCapOpt = None,
+    allow_over_budget: AllowOverOpt = False,
+    dataset_name: DatasetNameOpt = None,
 ) -> None:
-    """Canary exposure audit of the DP generator (seed 6.3): rank, exposure, leaks, epsilon lower bound."""
+    """Canary exposure audit of the DP generator (seed 6.3): rank, exposure, leaks, epsilon lower bound.
+
+    Every DP trial counts in the data's privacy-budget registry, like any DP training on it."""
     from privret.evaluate.canaries import CanaryAuditConfig, canary_table_markdown, run_canary_audit
+    from privret.privacy.budget import dataset_id
 
     def numbers(text: str, field: str, cast):
         try:
@@ -110,11 +119,13 @@ def audit_canaries(
         except ValueError:
             raise InputError(f"'{text}' is not a comma-separated list of numbers", field=field) from None
 
+    policy = budget_policy(budget_cap, allow_over_budget)
     training, data_hash = training_pairs(data, split, pairs)
     generator = {"model": model, "unit": unit, **fine_tuning, "seed": seed}
     cfg = build_config(CanaryAuditConfig, epsilons=numbers(epsilons, "--epsilons", float), trials=trials,
                        repetitions=numbers(repetitions, "--repetitions", int), candidates=candidates,
                        samples=samples, top_p=top_p, subsample=subsample, alpha=alpha, seed=seed, generator=generator)
-    report = run_canary_audit(training, out_dir, cfg, data_hash=data_hash)
+    report = run_canary_audit(training, out_dir, cfg, data_hash=data_hash,
+                              dataset_id=dataset_id(training, dataset_name), budget=policy)
     typer.echo(canary_table_markdown(report))
     out.print(f"written: {out_dir / 'canaries.json'}")

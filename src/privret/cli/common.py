@@ -3,7 +3,6 @@ policy and the private training pairs."""
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 from rich.console import Console
@@ -12,7 +11,7 @@ from privret.errors import InputError
 
 out = Console()
 
-FLAG_OF_FIELD = {"learning_rate": "--lr"}  # config fields whose flag is not the field's own name
+FLAG_OF_FIELD = {"learning_rate": "--lr", "cap": "--budget-cap"}  # config fields whose flag is not their name
 
 
 def build_config(cls, **values):
@@ -27,13 +26,17 @@ def build_config(cls, **values):
         raise InputError(first["msg"], field=FLAG_OF_FIELD.get(name, "--" + name.replace("_", "-"))) from None
 
 
-def budget_policy(cap: float | None, allow_over: bool):
-    """The budget registry's policy from ``--budget-cap`` and ``--allow-over-budget``."""
+def budget_policy(cap: float | None, allow_over: bool, base=None):
+    """``base`` (default: a :class:`~privret.privacy.budget.BudgetPolicy` with the default cap; or a
+    pipeline config's ``budget``) with the flags over it: ``--budget-cap`` replaces its cap,
+    ``--allow-over-budget`` allows going over."""
     from privret.privacy.budget import BudgetPolicy
 
-    if cap is not None and not (math.isfinite(cap) and cap > 0):
-        raise InputError(f"must be a finite epsilon > 0, got {cap}", field="--budget-cap")
-    return BudgetPolicy(cap=cap, allow_over=allow_over)
+    base = base if base is not None else BudgetPolicy()
+    values = {**base.model_dump(), "allow_over": base.allow_over or allow_over}
+    if cap is not None:
+        values["cap"] = cap
+    return build_config(type(base), **values)
 
 
 def training_pairs(data: Path | None, split: str, pairs: Path | None):

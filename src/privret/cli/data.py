@@ -8,7 +8,8 @@ from typing import Annotated, Optional
 import typer
 
 from privret.cli.common import out
-from privret.cli.options import UNIT_HELP, AllowOverOpt, BudgetCapOpt, DataOpt, PairsOpt, SeedOpt, SplitOpt
+from privret.cli.options import (UNIT_HELP, AllowOverOpt, BudgetCapOpt, DataOpt, DatasetNameOpt, PairsOpt, SeedOpt,
+                                 SplitOpt)
 
 app = typer.Typer(help="Validate and prepare datasets.", no_args_is_help=True)
 
@@ -74,6 +75,7 @@ def data_select_documents(
     epsilon: Annotated[float, typer.Option(help="Laplace epsilon (the ledger adds ln(1/(1-delta)))")] = 1.0,
     delta: Annotated[Optional[float], typer.Option(help="default 1/(10n), n units")] = None,
     max_docs_per_unit: Annotated[int, typer.Option(help="documents one unit may count for (m)")] = 1,
+    dataset_name: DatasetNameOpt = None,
     budget_cap: BudgetCapOpt = None,
     allow_over_budget: AllowOverOpt = False,
 ) -> None:
@@ -98,7 +100,8 @@ def data_select_documents(
         privacy_unit = PrivacyUnit(unit)
     except ValueError:
         raise InputError(f"unknown unit '{unit}' ({UNIT_HELP})", field="--unit") from None
-    ledger = selection_ledger(training, privacy_unit, cfg, data_hash=data_hash)
+    ledger = selection_ledger(training, privacy_unit, cfg, data_hash=data_hash,
+                              dataset_id=budget_registry.dataset_id(training, dataset_name))
     budget_registry.check_and_record(budget_registry.Release.from_ledger(
         ledger, release_id=budget_registry.new_release_id(), status="final", artefact=out_dir.absolute()), policy)
     ids = select_documents(training, privacy_unit, cfg, ledger)

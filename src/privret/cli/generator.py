@@ -18,6 +18,7 @@ from privret.cli.options import (
     BudgetCapOpt,
     CheckpointEveryOpt,
     DataOpt,
+    DatasetNameOpt,
     PairsOpt,
     ResumeOpt,
     SecureRngOpt,
@@ -54,12 +55,14 @@ def generator_train(
     secure_rng: SecureRngOpt = False,
     budget_cap: BudgetCapOpt = None,
     allow_over_budget: AllowOverOpt = False,
+    dataset_name: DatasetNameOpt = None,
 ) -> None:
     """DP fine-tune a generator on document -> query pairs (DP-Adam, per-unit clipping, Poisson).
 
     With --public-pairs, fine-tune it without DP on public pairs instead: no private data is read.
     """
     from privret.errors import InputError
+    from privret.privacy.budget import dataset_id
     from privret.train.generator import GeneratorTrainConfig, train_generator
     from privret.train.public import train_public_generator
 
@@ -76,6 +79,7 @@ def generator_train(
         policy = budget_policy(budget_cap, allow_over_budget)
         training, data_hash = training_pairs(data, split, pairs)
         cfg = build_config(GeneratorTrainConfig, epsilon=8.0 if epsilon is None else epsilon, **values)
-        ledger = train_generator(training, out_dir, cfg, data_hash=data_hash, resume=resume, budget=policy,
+        ledger = train_generator(training, out_dir, cfg, data_hash=data_hash,
+                                 dataset_id=dataset_id(training, dataset_name), resume=resume, budget=policy,
                                  warm_start=warm_start)
     out.print(f"generator written to {out_dir}: {ledger.summary()}")

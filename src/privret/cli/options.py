@@ -28,8 +28,12 @@ PairsOpt = Annotated[Optional[Path], typer.Option("--pairs", help="pairs JSONL (
 # the privacy-budget registry
 BudgetCapOpt = Annotated[Optional[float], typer.Option(
     help="refuse to run when all DP releases on this dataset would together exceed this epsilon "
-         "(registry: $PRIVRET_BUDGET_DIR, default ~/.cache/privret/budget)")]
-AllowOverOpt = Annotated[bool, typer.Option(help="run past --budget-cap anyway (with a warning)")]
+         "(default 10; registry: $PRIVRET_BUDGET_DIR, default ~/.cache/privret/budget)")]
+AllowOverOpt = Annotated[bool, typer.Option(
+    help="run past --budget-cap, or at another privacy unit than earlier releases, anyway (with a warning)")]
+DatasetNameOpt = Annotated[Optional[str], typer.Option(
+    help="charge DP releases to this name in the budget registry (default: the content of the private pairs, "
+         "so an edited copy of a log is another dataset unless both are given one name)")]
 
 # training
 EpochsOpt = Annotated[float, typer.Option()]

@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from privret.cli.common import budget_policy, out
-from privret.cli.options import AllowOverOpt, BudgetCapOpt
+from privret.cli.options import AllowOverOpt, BudgetCapOpt, DatasetNameOpt
 
 
 def pipeline(
@@ -16,15 +16,20 @@ def pipeline(
     run_dir: Annotated[Optional[Path], typer.Option(help="default runs/<name>")] = None,
     budget_cap: BudgetCapOpt = None,
     allow_over_budget: AllowOverOpt = False,
+    dataset_name: DatasetNameOpt = None,
 ) -> None:
-    """Zero-shot, original pairs and DP synthetic at every epsilon; re-running skips finished stages."""
+    """Zero-shot, original pairs and DP synthetic at every epsilon; re-running skips finished stages.
+
+    The budget flags override the config's budget section."""
     from privret.config import load_config
     from privret.pipeline import run_pipeline, summary_table
 
-    policy = budget_policy(budget_cap, allow_over_budget)
     cfg = load_config(config)
+    cfg.budget = budget_policy(budget_cap, allow_over_budget, base=cfg.budget)
+    if dataset_name:
+        cfg.budget.dataset_name = dataset_name
     target = run_dir or Path("runs") / cfg.name
-    rows = run_pipeline(cfg, target, budget=policy)
+    rows = run_pipeline(cfg, target)
     out.print(summary_table(rows))
     out.print(f"results: {target.resolve()}/summary.md")
 

@@ -17,6 +17,7 @@ from privret.cli.options import (
     BudgetCapOpt,
     CheckpointEveryOpt,
     DataOpt,
+    DatasetNameOpt,
     EpochsOpt,
     LearningRateOpt,
     PairsOpt,
@@ -59,6 +60,7 @@ def retriever_train(
     secure_rng: SecureRngOpt = False,
     budget_cap: BudgetCapOpt = None,
     allow_over_budget: AllowOverOpt = False,
+    dataset_name: DatasetNameOpt = None,
 ) -> None:
     """Train a dual encoder (in-batch softmax) on original or synthetic pairs; --dp trains it with DP directly."""
     from privret.pipeline import non_private_ledger
@@ -69,6 +71,7 @@ def retriever_train(
     policy = budget_policy(budget_cap, allow_over_budget)
     training, data_hash = training_pairs(data, split, pairs)
     if dp is not None:
+        from privret.privacy.budget import dataset_id
         from privret.train.dp_retriever import METHODS, DPRetrieverConfig, train_dp_retriever
 
         if dp not in METHODS:
@@ -83,7 +86,8 @@ def retriever_train(
                               public_negatives=public_negatives, accountant=accountant, seed=seed,
                               checkpoint_every=checkpoint_every, secure_rng=secure_rng)
         # --data's corpus plus any documents inline in --pairs: train_dp_retriever leaves the inline ones out
-        ledger = train_dp_retriever(training, out_dir, dp_cfg, data_hash=data_hash, public_corpus=training.corpus,
+        ledger = train_dp_retriever(training, out_dir, dp_cfg, data_hash=data_hash,
+                                    dataset_id=dataset_id(training, dataset_name), public_corpus=training.corpus,
                                     budget=policy, resume=resume)
         out.print(f"retriever written to {out_dir} ({ledger.summary()}, {dp})")
         return

@@ -6,7 +6,7 @@ import math
 from importlib.resources import files
 from pathlib import Path
 
-from privret.config import GeneratorStage, PipelineConfig
+from privret.config import BudgetSettings, GeneratorStage, PipelineConfig
 from privret.synth.generate import GenerateConfig
 from privret.train.retriever import RetrieverTrainConfig
 
@@ -16,10 +16,14 @@ def demo_dataset_dir() -> Path:
 
 
 def demo_config() -> PipelineConfig:
-    """Small enough for about 15 minutes on 2 CPU cores: one epsilon plus the references."""
+    """Small enough for about 15 minutes on 2 CPU cores: one epsilon plus the references.
+
+    The demo data is public (written by the privret authors), and re-running the demo in another
+    directory trains on it again: it allows going over the budget cap."""
     return PipelineConfig(
         name="demo", dataset=demo_dataset_dir(), epsilons=[8.0], synthetic_documents="corpus",
         generator=GeneratorStage(batch_size=32, epochs=4, trained_layers=8, max_doc_tokens=96, learning_rate=2e-3,
                                  checkpoint_every=5, epsilon=math.inf),
         generate=GenerateConfig(num_queries=2, batch_size=32, max_new_tokens=32),
-        retriever=RetrieverTrainConfig(epochs=2, batch_size=32))
+        retriever=RetrieverTrainConfig(epochs=2, batch_size=32),
+        budget=BudgetSettings(allow_over=True))

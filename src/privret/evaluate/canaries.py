@@ -79,6 +79,7 @@ from privret.data.beir import Document
 from privret.data.pairs import QueryDocPair, TrainingPairs
 from privret.errors import InputError
 from privret.io import write_json_atomic
+from privret.privacy import budget as budget_registry
 from privret.privacy.accounting import default_delta
 from privret.progress import Progress
 
@@ -441,18 +442,21 @@ def summarise(canary_rows: list[dict], *, n_candidates: int, delta: float, unit:
 
 
 def run_canary_audit(pairs: TrainingPairs, out_dir: str | Path, cfg: CanaryAuditConfig, *,
-                     data_hash: str) -> dict:
+                     data_hash: str, dataset_id: str = "", budget: budget_registry.BudgetPolicy | None = None) -> dict:
     """Run every (epsilon, trial), write ``out_dir/canaries.json`` and return it.
 
     Each trial's generator and raw result sit in ``out_dir/eps-<e>/trial-<t>/``; a re-run skips
     trials whose ``result.json`` exists (same settings required, epsilons aside: they are checked, so
-    more epsilons can be added to an audit later).
+    more epsilons can be added to an audit later). Every DP trial is a release on the audited data:
+    it is charged to ``dataset_id`` (default: that of ``pairs``, before subsampling and canaries)
+    under the budget policy ``budget`` (:mod:`privret.privacy.budget`).
     """
     from privret.models.generator import load_trained_generator
     from privret.privacy.ledger import PrivacyLedger
     from privret.train.generator import GeneratorTrainConfig, train_generator
 
     out_dir = Path(out_dir)
+    dataset_id = dataset_id or budget_registry.dataset_id(pairs)
     base = subsample_pairs(pairs, cfg.subsample, cfg.seed)
     gen_fields = {**cfg.generator}
     gen_fields.pop("epsilon", None)
@@ -490,7 +494,7 @@ def run_canary_audit(pairs: TrainingPairs, out_dir: str | Path, cfg: CanaryAudit
                                                       "seed": gen_fields.get("seed", 0) + t})
                     if not (trial_dir / "generator" / "generator.json").exists():
                         train_generator(training, trial_dir / "generator", gen_cfg, data_hash=data_hash,
-                                        resume=True)
+                                        dataset_id=dataset_id, resume=True, budget=budget)
                     generator = load_trained_generator(trial_dir / "generator")
                     rows = _trial_result(generator, canaries, cfg)
                     ledger = PrivacyLedger.load(trial_dir / "generator")

@@ -3,20 +3,33 @@
 Every DP training run on a private dataset is a *release*. Training on the same data several
 times (an epsilon grid, a re-run, a direct-DP baseline) composes: an adversary who sees all the
 models learns more than from any one of them. The registry keeps every release, keyed by the
-content hash of the private data (``PrivacyLedger.data_hash``), and reports what they cost
-together.
+dataset's identity (``PrivacyLedger.dataset_id``, see :func:`dataset_id`; ``data_hash`` for a
+ledger written before it existed), and reports what they cost together.
 
-Where it lives: one append-only JSON-lines file per dataset, ``<dir>/<data_hash>.jsonl``, with
+Which releases share a dataset (:func:`dataset_id`): by default those whose private pairs have the
+same records, (query text, document text) after normalisation, whatever the file format, row order,
+split name or whether the documents came from a BEIR corpus or inline. No exact key recognises a
+near-duplicate (a log with one row edited, added or removed is another dataset by content); a
+user-given name (``--dataset-name``, a pipeline config's ``budget.dataset_name``) keys the
+registry instead of the content and so ties such versions together.
+
+Where it lives: one append-only JSON-lines file per dataset, ``<dir>/<key>.jsonl``, with
 ``<dir>`` = ``$PRIVRET_BUDGET_DIR`` or ``$PRIVRET_CACHE/budget`` (default
 ``~/.cache/privret/budget``). Records are appended and fsynced under an exclusive ``flock`` of
-``<data_hash>.jsonl.lock``, so concurrent runs on one machine never lose a record. A release is
+``<key>.jsonl.lock``, so concurrent runs on one machine never lose a record. A release is
 recorded *before* its first update can reach disk (``status = "planned"``, with its planned
 steps) and again when it ends (``"final"``, with the steps its ledger counts); its cost is the
 largest step count recorded for it, so a run that was killed and never resumed still counts
-in full.
+in full. Releases that an older privret keyed by the hash of the data files (``<data_hash>.jsonl``)
+still count for a release whose ledger has that ``data_hash``.
+
+What a run may spend (:func:`check_and_record`): all releases on the dataset together at most
+``cap`` (default :data:`DEFAULT_CAP`), and one privacy unit per dataset. Past either it is refused
+before training, unless the policy allows going over (``--allow-over-budget``), which runs with a
+:class:`BudgetWarning`.
 
 Composition (what :func:`compose` computes), for the releases of one dataset and one privacy
-unit (releases under another unit protect another kind of neighbour and are listed apart):
+unit (releases under another unit protect another kind of neighbour and are not composed here):
 
 * every release that is a Poisson-subsampled Gaussian mechanism (a ledger with a noise
   multiplier sigma > 0, a sample rate q in (0, 1], ``steps`` and an Opacus accountant, as DP-SGD
@@ -40,22 +53,39 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import json
 import math
 import os
 import re
+import unicodedata
 import uuid
 import warnings
 from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from privret.errors import InputError
 from privret.io import append_log_record, read_log_records
 
+if TYPE_CHECKING:
+    from privret.data.pairs import TrainingPairs
+
 BUDGET_ENV = "PRIVRET_BUDGET_DIR"
 GAUSSIAN_ACCOUNTANTS = ("prv", "rdp")
+
+DEFAULT_CAP = 10.0
+"""Total epsilon that all DP releases on one dataset may spend unless the user says otherwise.
+
+A run that would take the dataset past it is refused before training; ``--budget-cap`` sets
+another cap, ``--allow-over-budget`` (a pipeline config's ``budget.allow_over``) runs anyway with
+a warning. 10 lets one release at epsilon 8 (the largest finite epsilon of the shipped generator
+grid) through and stops a second one."""
+
+Cap = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+"""A budget cap: a finite epsilon > 0."""
 
 
 class BudgetWarning(UserWarning):
@@ -70,6 +100,7 @@ class Release(BaseModel):
     release_id: str
     status: str  # planned | final
     data_hash: str
+    dataset_id: str = ""
     unit: str
     n_units: int
     mechanism: str
@@ -83,13 +114,19 @@ class Release(BaseModel):
     recorded_at: str = ""
 
     @property
+    def dataset(self) -> str:
+        """The registry key: ``dataset_id``, or ``data_hash`` for a ledger that has none."""
+        return self.dataset_id or self.data_hash
+
+    @property
     def gaussian(self) -> bool:
         return (self.accountant in GAUSSIAN_ACCOUNTANTS and self.noise_multiplier > 0
                 and 0 < self.sample_rate <= 1 and self.steps >= 0)
 
     @classmethod
     def from_ledger(cls, ledger, *, release_id: str, status: str, artefact: str | Path = "") -> Release:
-        return cls(release_id=release_id, status=status, data_hash=ledger.data_hash, unit=ledger.unit,
+        return cls(release_id=release_id, status=status, data_hash=ledger.data_hash,
+                   dataset_id=ledger.dataset_id, unit=ledger.unit,
                    n_units=ledger.n_units, mechanism=ledger.mechanism, accountant=ledger.accountant,
                    noise_multiplier=ledger.noise_multiplier, sample_rate=ledger.sample_rate, steps=ledger.steps,
                    delta=ledger.delta, epsilon=ledger.epsilon, artefact=str(artefact))
@@ -108,9 +145,10 @@ class Composition(BaseModel):
 
 
 class BudgetPolicy(BaseModel):
-    """What a run does with the registry: record always; refuse past ``cap`` unless ``allow_over``."""
+    """What a run does with the registry: record always; refuse past ``cap`` or at a second
+    privacy unit unless ``allow_over``."""
 
-    cap: float | None = None
+    cap: Cap = DEFAULT_CAP
     allow_over: bool = False
     directory: Path | None = None
     enabled: bool = True
@@ -118,6 +156,31 @@ class BudgetPolicy(BaseModel):
 
 def new_release_id() -> str:
     return uuid.uuid4().hex
+
+
+def _normal_text(text: str) -> str:
+    """NFC, runs of whitespace as one space, no leading or trailing whitespace."""
+    return " ".join(unicodedata.normalize("NFC", text).split())
+
+
+def dataset_id(pairs: TrainingPairs, name: str | None = None) -> str:
+    """The registry key of the private data ``pairs``: releases with the same key compose.
+
+    With a ``name`` (normalised like the texts below): ``name-<name>``, whatever the data; the user
+    ties versions of a log together this way. Without: ``sha256-<hex>`` of the sorted *set* of its
+    records (query text, document text), every text NFC-normalised with its whitespace collapsed,
+    a document counted by its full text (title included), never by its id. File bytes and format,
+    row order, repeated rows, ids, split names, and a BEIR corpus vs documents inline in a pairs
+    file do not change it; any edit of a text, or a row more or less, does.
+    """
+    label = _normal_text(name or "")
+    if label:
+        return f"name-{label}"
+    records = sorted({(_normal_text(p.query), _normal_text(pairs.corpus[p.doc_id].full_text)) for p in pairs.pairs})
+    digest = hashlib.sha256()
+    for record in records:
+        digest.update(json.dumps(record).encode("ascii") + b"\n")  # JSON: unambiguous separators
+    return f"sha256-{digest.hexdigest()}"
 
 
 def budget_dir(directory: str | Path | None = None) -> Path:
@@ -128,10 +191,10 @@ def budget_dir(directory: str | Path | None = None) -> Path:
     return Path(os.environ.get("PRIVRET_CACHE", Path.home() / ".cache" / "privret")) / "budget"
 
 
-def registry_file(data_hash: str, directory: str | Path | None = None) -> Path:
-    """``<dir>/<data_hash>.jsonl``; a hash that is not a plain file name is hashed again."""
-    name = data_hash if re.fullmatch(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,127}", data_hash) else (
-        "h-" + hashlib.sha256(data_hash.encode("utf-8", "surrogatepass")).hexdigest())
+def registry_file(dataset: str, directory: str | Path | None = None) -> Path:
+    """``<dir>/<dataset>.jsonl``; a key that is not a plain file name is hashed."""
+    name = dataset if re.fullmatch(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,127}", dataset) else (
+        "h-" + hashlib.sha256(dataset.encode("utf-8", "surrogatepass")).hexdigest())
     return budget_dir(directory) / f"{name}.jsonl"
 
 
@@ -160,17 +223,24 @@ def _append(path: Path, release: Release) -> None:
     append_log_record(path, stamped.model_dump_json())  # replaces a torn tail: it never counted (see _read)
 
 
-def releases(data_hash: str, *, directory: str | Path | None = None) -> list[Release]:
-    """One entry per release (the record with the most steps), in order of first appearance.
+def releases(*datasets: str, directory: str | Path | None = None) -> list[Release]:
+    """One entry per release (the record with the most steps) in the registry files of ``datasets``,
+    in order of first appearance.
 
     A release is a (release id, artefact path) pair: a copied run directory resumed in its new
     place is a second release (their shared first steps are then counted twice: conservative)."""
     merged: dict[tuple[str, str], Release] = {}
-    for r in _read(registry_file(data_hash, directory)):
+    for r in (r for dataset in dict.fromkeys(datasets) for r in _read(registry_file(dataset, directory))):
         key = (r.release_id, r.artefact)
         if key not in merged or r.steps >= merged[key].steps:
             merged[key] = r
     return list(merged.values())
+
+
+def _dataset_releases(release: Release, directory: str | Path | None) -> list[Release]:
+    """The releases on ``release``'s dataset: those recorded under its key and those that an older
+    privret recorded under the hash of its data files (``<data_hash>.jsonl``), which still count."""
+    return releases(release.dataset, release.data_hash, directory=directory)
 
 
 def _accountant_epsilon(history: list[tuple[float, float, int]], delta: float) -> tuple[float, str]:
@@ -213,31 +283,43 @@ def compose(items: list[Release], *, unit: str | None = None) -> Composition:
 
 
 def check_and_record(release: Release, policy: BudgetPolicy | None = None) -> Composition | None:
-    """Record ``release`` (planned) after checking the cap; returns the composition including it.
+    """Record ``release`` (planned) after checking the policy; returns the composition of its unit.
 
-    Refuses (:class:`InputError`) when the cumulative epsilon would pass ``policy.cap`` and
-    ``policy.allow_over`` is not set; warns (:class:`BudgetWarning`) when it passes with the
-    override. A release already in the registry (a resumed run) is not counted twice.
+    Refuses (:class:`InputError`, nothing recorded) a release whose privacy unit differs from that
+    of a release already on the dataset: the registry cannot compose them (a pair-level
+    (epsilon, delta) is only (k epsilon, k e^((k-1) epsilon) delta) per query, k = the most pairs
+    of one query: group privacy, Dwork and Roth 2014, Thm 2.2), and refuses when the cumulative
+    epsilon would pass ``policy.cap``. With ``policy.allow_over`` either only warns
+    (:class:`BudgetWarning`); the cap is then checked against the releases of this unit alone.
+    A release already in the registry (a resumed run) is not counted twice.
     """
     policy = policy or BudgetPolicy()
     if not policy.enabled or not math.isfinite(release.epsilon):
         return None
-    if policy.cap is not None and not (policy.cap > 0 and math.isfinite(policy.cap)):
-        raise InputError(f"the budget cap must be a finite epsilon > 0, got {policy.cap}", field="--budget-cap")
-    path = registry_file(release.data_hash, policy.directory)
+    path = registry_file(release.dataset, policy.directory)
     with _locked(path):
-        others = [r for r in releases(release.data_hash, directory=policy.directory)
+        others = [r for r in _dataset_releases(release, policy.directory)
                   if (r.release_id, r.artefact) != (release.release_id, release.artefact)]
+        units = sorted({r.unit for r in others} - {release.unit})
+        if units:
+            _refuse_or_warn(policy, f"this dataset already has DP releases per {' and '.join(units)}; a release per "
+                            f"{release.unit} does not compose with them here (one privacy unit per dataset; "
+                            f"registry {path})", field="--unit")
         total = compose(others + [release], unit=release.unit)
-        if policy.cap is not None and total.epsilon > policy.cap:
-            message = (f"releases on this dataset (unit '{release.unit}') would reach epsilon = {total.epsilon:.3g} "
-                       f"(delta = {total.delta:.2g}, {total.releases} releases, {total.method}), past the budget cap "
-                       f"{policy.cap:g}; registry {path}")
-            if not policy.allow_over:
-                raise InputError(message + "; pass --allow-over-budget to run anyway", field="--budget-cap")
-            warnings.warn(message + " (allowed by --allow-over-budget)", BudgetWarning, stacklevel=2)
+        if total.epsilon > policy.cap:
+            _refuse_or_warn(policy, f"releases on this dataset (unit '{release.unit}') would reach epsilon = "
+                            f"{total.epsilon:.3g} (delta = {total.delta:.2g}, {total.releases} releases, "
+                            f"{total.method}), past the budget cap {policy.cap:g} (--budget-cap changes it); "
+                            f"registry {path}", field="--budget-cap")
         _append(path, release)
     return total
+
+
+def _refuse_or_warn(policy: BudgetPolicy, message: str, *, field: str) -> None:
+    if not policy.allow_over:
+        raise InputError(f"{message}; pass --allow-over-budget to run anyway", field=field)
+    warnings.warn(f"{message}; running anyway, as allowed (--allow-over-budget or a pipeline config's "
+                  "budget.allow_over)", BudgetWarning, stacklevel=3)
 
 
 def record(release: Release, policy: BudgetPolicy | None = None) -> Composition | None:
@@ -245,10 +327,10 @@ def record(release: Release, policy: BudgetPolicy | None = None) -> Composition 
     policy = policy or BudgetPolicy()
     if not policy.enabled or not math.isfinite(release.epsilon):
         return None
-    path = registry_file(release.data_hash, policy.directory)
+    path = registry_file(release.dataset, policy.directory)
     with _locked(path):
         _append(path, release)
-        return compose(releases(release.data_hash, directory=policy.directory), unit=release.unit)
+        return compose(_dataset_releases(release, policy.directory), unit=release.unit)
 
 
 def compose_ledgers(ledgers: list) -> Composition:

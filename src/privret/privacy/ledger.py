@@ -44,6 +44,11 @@ class PrivacyLedger(BaseModel):
     generator prompted with public examples, or fine-tuned on public pairs): epsilon = delta = 0,
     since its output does not depend on the private log at all. ``provenance`` names what such a
     model read instead (``public_data_hash``), and, for a DP model started from one, that warm start.
+
+    ``data_hash`` identifies the files read (stage fingerprints and resumes compare it);
+    ``dataset_id`` is the dataset's identity in the budget registry
+    (:func:`privret.privacy.budget.dataset_id`, set by the trainers that record releases; empty in
+    older ledgers and in those of the non-private references and federated runs).
     """
 
     model_config = ConfigDict(ser_json_inf_nan="strings", extra="forbid")
@@ -63,6 +68,7 @@ class PrivacyLedger(BaseModel):
     model: str
     trainable: str
     data_hash: str
+    dataset_id: str = ""
     secure_rng: bool = False
     unit_definition: str = ""
     parts: list[PrivacyLedger] = []

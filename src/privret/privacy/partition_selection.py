@@ -75,8 +75,9 @@ def _laplace(rng: SecureRandom, n: int, scale: float) -> list[float]:
 
 
 def selection_ledger(pairs: TrainingPairs, unit: PrivacyUnit, cfg: PartitionSelectionConfig, *,
-                     data_hash: str) -> PrivacyLedger:
-    """What :func:`select_documents` will cost; it depends on the log only through n (public)."""
+                     data_hash: str, dataset_id: str) -> PrivacyLedger:
+    """What :func:`select_documents` will cost; it depends on the log only through n (public).
+    ``dataset_id``: the dataset it is charged to in the budget registry."""
     n = len(pairs.units(unit))
     delta = cfg.delta if cfg.delta is not None else 1.0 / (10 * n)
     if delta >= 1.0 / n:
@@ -85,7 +86,8 @@ def selection_ledger(pairs: TrainingPairs, unit: PrivacyUnit, cfg: PartitionSele
     return PrivacyLedger(mechanism=MECHANISM, epsilon=selection_epsilon(cfg, delta), delta=delta,
                          noise_multiplier=m / cfg.epsilon, sample_rate=1.0, steps=1, planned_steps=1,
                          accountant="laplace", unit=unit.value, n_units=n, n_pairs=len(pairs.pairs),
-                         clip_norm=float(m), model="", trainable="", data_hash=data_hash, secure_rng=True,
+                         clip_norm=float(m), model="", trainable="", data_hash=data_hash, dataset_id=dataset_id,
+                         secure_rng=True,
                          unit_definition=UNIT_DEFINITIONS[unit])
 
 

@@ -21,7 +21,8 @@ from privret.report.plot import method_label, privacy_utility_png
 RETRIEVAL_HEADERS = ["training data", "ε", "δ", "unit", "NDCG@10", "retention", "ΔNDCG@10 vs zero-shot [95% CI]",
                      "Recall@10", "Recall@100", "MRR@10"]
 LEDGER_FIELDS = ("mechanism", "epsilon", "delta", "unit", "n_units", "n_pairs", "noise_multiplier", "sample_rate",
-                 "steps", "clip_norm", "accountant", "model", "trainable", "data_hash", "created_at")
+                 "steps", "clip_norm", "accountant", "model", "trainable", "data_hash", "dataset_id",
+                 "created_at")
 
 _CSS = """
 body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,"DejaVu Sans",sans-serif;margin:2em auto;max-width:1100px;
@@ -192,8 +193,8 @@ def _ledger_section(run: RunData) -> str:
 
 
 def _ledger_value(key: str, value) -> str:
-    if key == "data_hash" and isinstance(value, str):
-        return value[:16] + "…"
+    if key in ("data_hash", "dataset_id") and isinstance(value, str) and len(value) > 23:
+        return value[:23] + "…"  # enough to tell two hashes apart
     if isinstance(value, float):
         return "inf" if math.isinf(value) else f"{value:.6g}"
     return str(value)

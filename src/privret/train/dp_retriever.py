@@ -445,20 +445,21 @@ def dp_step(model, params: list[torch.Tensor], batch: StepBatch, cfg: DPRetrieve
 
 
 def train_dp_retriever(pairs: TrainingPairs, out_dir: str | Path, cfg: DPRetrieverConfig, *, data_hash: str,
-                       public_corpus: dict[str, Document] | None = None,
+                       dataset_id: str = "", public_corpus: dict[str, Document] | None = None,
                        budget: budget_registry.BudgetPolicy | None = None, resume: bool = False) -> PrivacyLedger:
     """Train ``cfg.model`` on ``pairs`` with ``cfg.method``; save a SentenceTransformer + ledger (atomic).
 
     ``public_corpus`` (required for public-negatives) is where public-negatives draws its negatives,
     less ``pairs.inline_doc_ids`` (:func:`negative_pool`).
-    The release is recorded in the dataset's budget registry (:mod:`privret.privacy.budget`, cap
-    check with ``budget``) with all its planned steps before any update can reach disk, and again
-    when done. ``resume``: continue an interrupted run in ``out_dir`` (see the module docstring);
-    a finished one is returned as it is, spending nothing more.
+    The release is recorded in the budget registry (:mod:`privret.privacy.budget`, checked against
+    ``budget``) of ``dataset_id`` (default: that of ``pairs``) with all its planned steps before any
+    update can reach disk, and again when done. ``resume``: continue an interrupted run in
+    ``out_dir`` (see the module docstring); a finished one is returned as it is, spending nothing more.
     """
+    dataset_id = dataset_id or budget_registry.dataset_id(pairs)
     with RunLock(out_dir, what="retriever directory"):
-        return _train_dp_retriever(pairs, Path(out_dir), cfg, data_hash=data_hash, public_corpus=public_corpus,
-                                   budget=budget, resume=resume)
+        return _train_dp_retriever(pairs, Path(out_dir), cfg, data_hash=data_hash, dataset_id=dataset_id,
+                                   public_corpus=public_corpus, budget=budget, resume=resume)
 
 
 def negative_pool(pairs: TrainingPairs, public_corpus: dict[str, Document] | None) -> list[Document]:
@@ -486,7 +487,7 @@ def resume_settings(cfg: DPRetrieverConfig) -> dict:
 
 
 def _train_dp_retriever(pairs: TrainingPairs, out_dir: Path, cfg: DPRetrieverConfig, *, data_hash: str,
-                        public_corpus, budget, resume: bool) -> PrivacyLedger:
+                        dataset_id: str, public_corpus, budget, resume: bool) -> PrivacyLedger:
     units = pairs.units(cfg.unit)
     n_units = len(units)
     sample_rate, steps, delta, mech = plan(cfg, n_units)
@@ -514,7 +515,7 @@ def _train_dp_retriever(pairs: TrainingPairs, out_dir: Path, cfg: DPRetrieverCon
                                   accountant=cfg.accountant),
             steps=done, planned_steps=steps, accountant=cfg.accountant, unit=cfg.unit.value, n_units=n_units,
             n_pairs=len(pairs.pairs), clip_norm=cfg.clip_norm, model=cfg.model, trainable=cfg.trainable,
-            data_hash=data_hash, secure_rng=secure, unit_definition=UNIT_DEFINITIONS[cfg.unit])
+            data_hash=data_hash, dataset_id=dataset_id, secure_rng=secure, unit_definition=UNIT_DEFINITIONS[cfg.unit])
 
     if finished:  # finished earlier: nothing to resume, spend nothing more
         return check_finished(out_dir, expected=ledger(steps), what="a retriever",

@@ -138,23 +138,28 @@ def warm_start_provenance(directory: str | Path, model: str) -> dict:
 
 
 def train_generator(pairs: TrainingPairs, out_dir: str | Path, cfg: GeneratorTrainConfig, *,
-                    data_hash: str, resume: bool = False, budget: budget_registry.BudgetPolicy | None = None,
-                    public: bool = False, warm_start: str | Path | None = None) -> PrivacyLedger:
+                    data_hash: str, dataset_id: str = "", resume: bool = False,
+                    budget: budget_registry.BudgetPolicy | None = None, public: bool = False,
+                    warm_start: str | Path | None = None) -> PrivacyLedger:
     """Fine-tune ``cfg.model`` (or the public generator ``warm_start``) on ``pairs`` into ``out_dir``; returns
     the ledger.
 
-    ``budget``: cap and registry location for the dataset's budget registry (default: record
-    in ``$PRIVRET_BUDGET_DIR``, no cap). ``public``: ``pairs`` are public data (see the module docstring).
+    ``dataset_id``: the dataset a DP run is charged to in the budget registry (default: that of
+    ``pairs``, :func:`~privret.privacy.budget.dataset_id`). ``budget``: cap and registry location
+    (default: record in ``$PRIVRET_BUDGET_DIR``, the default cap). ``public``: ``pairs`` are public
+    data (see the module docstring).
     """
     if public and math.isfinite(cfg.epsilon):
         raise InputError("public pairs are trained on without DP; the epsilon must be inf", field="epsilon")
+    dataset_id = dataset_id or budget_registry.dataset_id(pairs)
     with RunLock(out_dir, what="generator directory"):
-        return _train_generator(pairs, Path(out_dir), cfg, data_hash=data_hash, resume=resume, budget=budget,
-                                public=public, warm_start=Path(warm_start) if warm_start is not None else None)
+        return _train_generator(pairs, Path(out_dir), cfg, data_hash=data_hash, dataset_id=dataset_id, resume=resume,
+                                budget=budget, public=public,
+                                warm_start=Path(warm_start) if warm_start is not None else None)
 
 
 def _train_generator(pairs: TrainingPairs, out_dir: Path, cfg: GeneratorTrainConfig, *, data_hash: str,
-                     resume: bool, budget: budget_registry.BudgetPolicy | None, public: bool,
+                     dataset_id: str, resume: bool, budget: budget_registry.BudgetPolicy | None, public: bool,
                      warm_start: Path | None) -> PrivacyLedger:
     from opacus import GradSampleModule
 
@@ -185,8 +190,8 @@ def _train_generator(pairs: TrainingPairs, out_dir: Path, cfg: GeneratorTrainCon
                              noise_multiplier=sigma, sample_rate=sample_rate, steps=done, planned_steps=steps,
                              accountant=cfg.accountant if private else "none", unit=cfg.unit.value, n_units=n_units,
                              n_pairs=len(pairs.pairs), clip_norm=cfg.clip_norm if private else math.inf,
-                             model=cfg.model, trainable=trainable, data_hash=data_hash, secure_rng=secure,
-                             unit_definition=UNIT_DEFINITIONS[cfg.unit], provenance=provenance)
+                             model=cfg.model, trainable=trainable, data_hash=data_hash, dataset_id=dataset_id,
+                             secure_rng=secure, unit_definition=UNIT_DEFINITIONS[cfg.unit], provenance=provenance)
 
     secure = private and cfg.secure_rng
     if (out_dir / "generator.json").exists():  # finished earlier: nothing to resume, spend nothing more
