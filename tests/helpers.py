@@ -152,3 +152,17 @@ def record_updates(monkeypatch, trainer, chosen: list[int]) -> list[list[torch.T
 
     monkeypatch.setattr(torch.optim.Adam, "step", recording_step)
     return applied
+
+
+def record_first_results(monkeypatch, module, name: str) -> list:
+    """Wrap ``module.name`` (a function returning a tuple) so that each call's first result is appended to
+    the returned list."""
+    results, function = [], getattr(module, name)
+
+    def recording(*args, **kwargs):
+        result = function(*args, **kwargs)
+        results.append(result[0])
+        return result
+
+    monkeypatch.setattr(module, name, recording)
+    return results

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from helpers import record_updates
+from helpers import record_first_results, record_updates
 from privret.data.beir import Document
 from privret.data.pairs import QueryDocPair, TrainingPairs
 from privret.models.generator import load_generator
@@ -125,14 +125,7 @@ def test_training_loop_divides_the_clipped_sum_by_the_expected_batch(tiny_llama_
     chosen = [0, 6, 7]
     assert [len(units[u]) for u in chosen] == [3, 2, 1]
     applied = record_updates(monkeypatch, gtrain, chosen)
-    clipped, clip_units = [], gtrain.clip_units
-
-    def recording_clip(*args, **kwargs):
-        sums, norms = clip_units(*args, **kwargs)
-        clipped.append(sums)
-        return sums, norms
-
-    monkeypatch.setattr(gtrain, "clip_units", recording_clip)
+    clipped = record_first_results(monkeypatch, gtrain, "clip_units")
     cfg = GeneratorTrainConfig(model=str(tiny_llama_dir), epsilon=8.0, batch_size=4, epochs=1, trained_layers=1,
                                lora_rank=4, bf16=False, physical_batch=3)
     train_generator(pairs, tmp_path / "gen", cfg, data_hash="abc")

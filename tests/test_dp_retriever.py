@@ -9,7 +9,7 @@ import shutil
 import pytest
 import torch
 
-from helpers import WORDS, record_updates
+from helpers import WORDS, record_first_results, record_updates
 from privret.data.beir import Document
 from privret.data.pairs import QueryDocPair, TrainingPairs
 from privret.errors import InputError
@@ -311,14 +311,7 @@ def test_training_loop_divides_the_clipped_sum_by_the_expected_batch(tmp_path, t
     chosen = [1, 3, 5, 7, 8]
     assert sum(len(units[u]) for u in chosen) == 6
     applied = record_updates(monkeypatch, dptrain, chosen)
-    clipped, clipped_sum_of = [], dptrain.clipped_sum
-
-    def recording_sum(*args, **kwargs):
-        summed, stats = clipped_sum_of(*args, **kwargs)
-        clipped.append(summed)
-        return summed, stats
-
-    monkeypatch.setattr(dptrain, "clipped_sum", recording_sum)
+    clipped = record_first_results(monkeypatch, dptrain, "clipped_sum")
     cfg = _cfg("batch-clip", tiny_bert_dir, epochs=1.0, batch_size=4, trainable="top:1")
     train_dp_retriever(pairs, tmp_path / "r", cfg, data_hash="h")
     expected_batch = cfg.batch_size / len(units) * len(units)
