@@ -573,7 +573,8 @@ def test_killed_direct_dp_run_refuses_other_settings_and_unprovable_spend(tmp_pa
     for changed, field in [({"clip_norm": 0.5}, "clip_norm"), ({"learning_rate": 1e-2}, "learning_rate"),
                            ({"method": "public-negatives"}, "mechanism"), ({"temperature": 0.1}, "temperature")]:
         with pytest.raises(InputError, match=f"{field}=.*cannot resume"):
-            train_dp_retriever(pairs, out, cfg.model_copy(update=changed), data_hash="h", resume=True)
+            train_dp_retriever(pairs, out, cfg.model_copy(update=changed), data_hash="h", resume=True,
+                               public_corpus=pairs.corpus)
     with pytest.raises(InputError, match="data_hash=.*cannot resume"):
         train_dp_retriever(pairs, out, cfg, data_hash="other", resume=True)
     damages = [
