@@ -104,5 +104,5 @@ def test_cli_selection_is_recorded_and_composed_into_the_synthetic_ledger(tmp_pa
     assert synthetic["epsilon"] == pytest.approx(generator["epsilon"] + selection["epsilon"])
     assert synthetic["delta"] == pytest.approx(generator["delta"] + selection["delta"])
     assert [p["mechanism"] for p in synthetic["parts"]] == ["dp-sgd", "laplace-partition-selection"]
-    recorded = {r.mechanism for h in {selection["data_hash"]} for r in budget.releases(h)}
+    recorded = {r.mechanism for r in budget.releases(selection["dataset_id"])}
     assert "laplace-partition-selection" in recorded

@@ -295,7 +295,7 @@ def stubbed(monkeypatch):
             raise InputError("too many steps", field="epochs")
         return 1.0
 
-    def train_generator(pairs, out_dir, cfg, *, data_hash, dataset_id="", resume=False, budget=None):
+    def train_generator(pairs, out_dir, cfg, *, data_hash, dataset_id="", resume=False, budget=None, warm_start=None):
         sample_rate, steps, delta, sigma = gtrain._plan(cfg, len(pairs.units(cfg.unit)))
         assert 0 < sample_rate <= 1 and 0 < steps <= accounting.MAX_STEPS and math.isfinite(sigma)
         if math.isfinite(cfg.epsilon):

@@ -64,7 +64,10 @@ def model_digest(model) -> str:
 
 
 def corpus_cache_key(model, corpus: dict[str, Document], *, bf16: bool) -> str:
-    """Name of the cache entry of ``model``'s embeddings of ``corpus`` (see the module docstring)."""
+    """Name of the cache entry of ``model``'s embeddings of ``corpus`` (see the module docstring).
+
+    ``bf16`` enters as the format the embeddings are computed in: requested and native on the device."""
+    bf16 = bf16 and native_bf16(model.device)
     digest = hashlib.sha256()
     _update(digest, f"privret corpus embeddings {CACHE_FORMAT}", model_digest(model), repr(model),
             str(model.max_seq_length), model.device.type, f"bf16={bool(bf16)}", str(len(corpus)))
@@ -108,7 +111,6 @@ def corpus_embeddings(model, corpus: dict[str, Document], *, batch_size: int = 6
     """
     doc_ids = list(corpus)
     shape = (len(doc_ids), model.get_embedding_dimension())
-    bf16 = bf16 and native_bf16(model.device)  # the format the embeddings are computed in is part of the key
     path = None
     if cache_dir is not None:
         path = Path(cache_dir) / f"{corpus_cache_key(model, corpus, bf16=bf16)}.npy"
