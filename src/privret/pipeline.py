@@ -83,13 +83,12 @@ from privret.evaluate.statistics import EXPLANATION, PER_QUERY_FILE, versus_zero
 from privret.io import file_sha256, write_json_atomic, write_text_atomic
 from privret.models.encoder import load_encoder
 from privret.models.generator import GENERATOR_FILE
-from privret.privacy import budget as budget_registry
 from privret.privacy.budget import BudgetPolicy, dataset_id, run_composition, run_composition_sentence
 from privret.privacy.ledger import PrivacyLedger, has_ledger
-from privret.privacy.partition_selection import select_documents, selection_ledger, selection_threshold
+from privret.privacy.partition_selection import selection_threshold
 from privret.runlock import RunLock, recover_tree
-from privret.synth.documents import (SELECTED_IDS_FILE, public_documents, read_document_ids, sampled,
-                                     write_selection)
+from privret.synth.documents import (SELECTED_IDS_FILE, public_documents, read_document_ids, recorded_dp_selection,
+                                     sampled, write_selection)
 from privret.synth.filter import filter_round_trip
 from privret.synth.generate import generate_synthetic
 from privret.train.dp_retriever import MECHANISM_FILE, DPRetrieverConfig, resume_settings, train_dp_retriever
@@ -616,10 +615,9 @@ def _synthetic_documents(stage: Stage, cfg: PipelineConfig, dataset: BeirDataset
     if not stage.done.exists():
         if choice.source == "dp-select":
             console.rule("DP choice of documents (partition selection)")
-            ledger = selection_ledger(pairs, cfg.unit, choice.selection, data_hash=data_hash, dataset_id=charged_to)
-            budget_registry.check_and_record(budget_registry.Release.from_ledger(
-                ledger, release_id=budget_registry.new_release_id(), status="final", artefact=stage.output), budget)
-            ids = sampled(select_documents(pairs, cfg.unit, choice.selection, ledger), choice)
+            selected, ledger = recorded_dp_selection(pairs, cfg.unit, choice.selection, data_hash=data_hash,
+                                                     dataset_id=charged_to, directory=stage.output, budget=budget)
+            ids = sampled(selected, choice)
             if not ids:
                 ledger.save(stage.output)  # the release happened: it stays on record
                 raise InputError(f"the DP document selection kept no document (threshold "

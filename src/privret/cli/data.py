@@ -49,9 +49,12 @@ def data_download(
         out.print(f"{name}: {info['status']} to {info['path']} (md5 {info['md5']} verified)")
 
 
+SquadOpt = Annotated[Path, typer.Option(help="SQuAD-format JSON (e.g. ../shared/data/squad/squad-v1.1-dev-40.json)")]
+
+
 @app.command("fed-squad")
 def data_fed_squad(
-    squad: Annotated[Path, typer.Option(help="SQuAD-format JSON (e.g. ../shared/data/squad/squad-v1.1-dev-40.json)")],
+    squad: SquadOpt,
     out_dir: Annotated[Path, typer.Option("--out", help="Fed-SQuAD directory to write")],
     clients: Annotated[int, typer.Option(help="number of clients (unequal sizes)")] = 10,
     test_fraction: Annotated[float, typer.Option(help="share of each client's questions held out")] = 0.3,
@@ -87,9 +90,8 @@ def data_select_documents(
     from privret.data.pairs import PrivacyUnit
     from privret.errors import InputError
     from privret.privacy import budget as budget_registry
-    from privret.privacy.partition_selection import (PartitionSelectionConfig, select_documents, selection_ledger,
-                                                     selection_threshold)
-    from privret.synth.documents import SELECTED_IDS_FILE, write_selection
+    from privret.privacy.partition_selection import PartitionSelectionConfig, selection_threshold
+    from privret.synth.documents import SELECTED_IDS_FILE, recorded_dp_selection, write_selection
 
     if (out_dir / SELECTED_IDS_FILE).exists():
         raise InputError("already holds a selection (remove it or choose another output)", path=out_dir)
@@ -100,11 +102,9 @@ def data_select_documents(
         privacy_unit = PrivacyUnit(unit)
     except ValueError:
         raise InputError(f"unknown unit '{unit}' ({UNIT_HELP})", field="--unit") from None
-    ledger = selection_ledger(training, privacy_unit, cfg, data_hash=data_hash,
-                              dataset_id=budget_registry.dataset_id(training, dataset_name))
-    budget_registry.check_and_record(budget_registry.Release.from_ledger(
-        ledger, release_id=budget_registry.new_release_id(), status="final", artefact=out_dir.absolute()), policy)
-    ids = select_documents(training, privacy_unit, cfg, ledger)
+    ids, ledger = recorded_dp_selection(training, privacy_unit, cfg, data_hash=data_hash,
+                                        dataset_id=budget_registry.dataset_id(training, dataset_name),
+                                        directory=out_dir, budget=policy)
     write_selection(out_dir, ids, ledger)
     out.print(f"{len(ids)} documents selected (threshold {selection_threshold(cfg, ledger.delta):.3g} units per "
               f"document) in {out_dir} ({ledger.summary()})")
@@ -112,7 +112,7 @@ def data_select_documents(
 
 @app.command("squad-beir")
 def data_squad_beir(
-    squad: Annotated[Path, typer.Option(help="SQuAD-format JSON (e.g. ../shared/data/squad/squad-v1.1-dev-40.json)")],
+    squad: SquadOpt,
     out_dir: Annotated[Path, typer.Option("--out", help="BEIR directory to write (must not exist)")],
     test_articles: Annotated[int, typer.Option(help="articles whose questions form the test split")] = 8,
     seed: Annotated[int, typer.Option(help="seed of the article order (sha256(seed:title))")] = 0,

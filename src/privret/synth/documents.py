@@ -96,6 +96,21 @@ def sampled(ids: list[str], choice: DocumentChoice) -> list[str]:
     return [d for i, d in enumerate(ids) if i in keep]
 
 
+def recorded_dp_selection(pairs, unit, cfg: PartitionSelectionConfig, *, data_hash: str, dataset_id: str,
+                          directory: Path, budget) -> tuple[list[str], object]:
+    """Run a DP partition selection as a release: record it in the budget registry (cap check) before
+    its noise is drawn, then select; returns the ids and the selection's ledger (saved by
+    :func:`write_selection`)."""
+    from privret.privacy import budget as budget_registry
+    from privret.privacy.partition_selection import select_documents, selection_ledger
+
+    ledger = selection_ledger(pairs, unit, cfg, data_hash=data_hash, dataset_id=dataset_id)
+    budget_registry.check_and_record(budget_registry.Release.from_ledger(
+        ledger, release_id=budget_registry.new_release_id(), status="final", artefact=Path(directory).absolute()),
+        budget)
+    return select_documents(pairs, unit, cfg, ledger), ledger
+
+
 def write_selection(directory: Path, ids: list[str], ledger=None) -> None:
     """A selection directory: ``documents.txt`` (written last, atomically: it marks the selection done)
     and, for a DP selection, its privacy ledger."""
