@@ -11,7 +11,9 @@ from privret.errors import InputError
 
 out = Console()
 
-FLAG_OF_FIELD = {"learning_rate": "--lr", "cap": "--budget-cap"}  # config fields whose flag is not their name
+# config fields whose flag is not their name
+FLAG_OF_FIELD = {"learning_rate": "--lr", "cap": "--budget-cap", "selection_grid": "--select",
+                 "selection_max_epochs": "--select-max-epochs", "selection_validation_pool": "--validation-pool"}
 
 
 def build_config(cls, **values):

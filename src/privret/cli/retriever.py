@@ -61,6 +61,14 @@ def retriever_train(
     budget_cap: BudgetCapOpt = None,
     allow_over_budget: AllowOverOpt = False,
     dataset_name: DatasetNameOpt = None,
+    select: Annotated[Optional[str], typer.Option(
+        help="non-private only: choose the recipe on a validation split of the training pairs; a grid "
+             "'name=v1,v2;name=v1,v2' over learning_rate, temperature, batch_size, max_doc_tokens, "
+             "max_query_tokens, warmup_fraction ('default': max_doc_tokens=128,256); epochs 1..--select-max-epochs "
+             "are scored too, and --epochs is then ignored")] = None,
+    select_max_epochs: Annotated[int, typer.Option(help="--select: most epochs scored")] = 3,
+    validation_pool: Annotated[int, typer.Option(
+        help="--select: documents searched by the validation queries besides their relevant ones")] = 1000,
 ) -> None:
     """Train a dual encoder (in-batch softmax) on original or synthetic pairs; --dp trains it with DP directly."""
     from privret.pipeline import non_private_ledger
@@ -70,6 +78,9 @@ def retriever_train(
 
     policy = budget_policy(budget_cap, allow_over_budget)
     training, data_hash = training_pairs(data, split, pairs)
+    if dp is not None and select is not None:
+        raise InputError("applies to non-private training only: a validation split of private queries would need "
+                         "a privacy budget of its own", field="--select")
     if dp is not None:
         from privret.privacy.budget import dataset_id
         from privret.train.dp_retriever import METHODS, DPRetrieverConfig, train_dp_retriever
@@ -98,9 +109,26 @@ def retriever_train(
         raise InputError("applies to DP training (--dp) only; non-private training draws no noise",
                          field="--secure-rng")
     cfg = build_config(RetrieverTrainConfig, model=model, epochs=epochs, batch_size=batch_size,
-                       learning_rate=learning_rate, temperature=0.05 if temperature is None else temperature, seed=seed)
+                       learning_rate=learning_rate, temperature=0.05 if temperature is None else temperature, seed=seed,
+                       selection=None if select is None else {
+                           **({} if select == "default" else {"grid": parse_grid(select)}),
+                           "max_epochs": select_max_epochs, "validation_pool": validation_pool})
     synthetic = data is not None and pairs is None and has_ledger(data)
     ledger = PrivacyLedger.load(data) if synthetic else non_private_ledger(training, model, data_hash, "query")
     with RunLock(out_dir, what="retriever directory"):
         train_retriever(training, out_dir, cfg, ledger=ledger)
     out.print(f"retriever written to {out_dir} ({ledger.summary()})")
+
+
+def parse_grid(text: str) -> dict[str, list[int | float]]:
+    """'name=v1,v2;name=v3' -> {name: [v1, v2], name: [v3]}; a one-line error names --select."""
+    grid = {}
+    for part in filter(None, (p.strip() for p in text.split(";"))):
+        name, sep, values = part.partition("=")
+        try:
+            if not sep:
+                raise ValueError
+            grid[name.strip()] = [float(v) if any(c in v for c in ".eE") else int(v) for v in values.split(",")]
+        except ValueError:
+            raise InputError(f"'{part}' is not name=value,value", field="--select") from None
+    return grid

@@ -10,8 +10,10 @@ import math
 import random
 from pathlib import Path
 
+from typing import Optional
+
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from privret.data.pairs import TrainingPairs
 from privret.errors import InputError
@@ -21,6 +23,39 @@ from privret.models.encoder import embed, in_batch_softmax_loss, load_encoder
 from privret.models.registry import DEFAULT_ENCODER
 from privret.privacy.ledger import PrivacyLedger
 from privret.progress import Progress
+
+
+SELECTABLE = ("learning_rate", "temperature", "batch_size", "max_doc_tokens", "max_query_tokens", "warmup_fraction")
+
+
+class RecipeSelection(BaseModel):
+    """How :func:`privret.train.recipe.select_recipe` chooses a recipe on the training pairs alone.
+
+    Every combination of ``grid`` (values of :data:`SELECTABLE` fields) is trained for
+    ``max_epochs`` on the pairs outside a validation split (``validation_fraction`` of the query
+    units, drawn with ``seed``) and scored by NDCG@10 on the validation queries after each whole
+    epoch; the best (combination, epochs) is then retrained on all the pairs. ``validation_pool``:
+    the validation queries search their relevant documents plus this many other documents of the
+    corpus, drawn with ``seed`` (None: the whole corpus).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    grid: dict[str, list[int | float]] = Field(default_factory=lambda: {"max_doc_tokens": [128, 256]})
+    max_epochs: int = Field(3, ge=1)
+    validation_fraction: float = Field(0.2, gt=0, lt=1)
+    validation_pool: Optional[int] = Field(1000, ge=0)
+    seed: int = 0
+
+    @field_validator("grid")
+    @classmethod
+    def _known_fields(cls, grid: dict[str, list[int | float]]) -> dict[str, list[int | float]]:
+        for name, values in grid.items():
+            if name not in SELECTABLE:
+                raise ValueError(f"'{name}' cannot be selected (choose from {', '.join(SELECTABLE)})")
+            if not values:
+                raise ValueError(f"'{name}' has no values")
+        return grid
 
 
 class RetrieverTrainConfig(BaseModel):
@@ -36,6 +71,8 @@ class RetrieverTrainConfig(BaseModel):
     max_doc_tokens: int = Field(128, gt=0, description="truncation of documents during training only")
     bf16: bool = True
     seed: int = 0
+    selection: Optional[RecipeSelection] = Field(
+        None, description="choose epochs and the grid's settings on a validation split of the training pairs")
 
 
 def batches_without_collisions(pairs, batch_size: int, rng: random.Random) -> list[list[int]]:
@@ -56,12 +93,14 @@ def batches_without_collisions(pairs, batch_size: int, rng: random.Random) -> li
     return [b for b in batches if len(b) > 1]
 
 
-def train_retriever(pairs: TrainingPairs, out_dir: str | Path, cfg: RetrieverTrainConfig, *,
-                    ledger: PrivacyLedger) -> Path:
-    """Train and save a SentenceTransformer to ``out_dir`` (atomic), with ``ledger`` beside it."""
-    out_dir = Path(out_dir)
-    if out_dir.exists():
-        raise InputError("already exists (remove it or choose another output)", path=out_dir)
+def fit_retriever(pairs: TrainingPairs, cfg: RetrieverTrainConfig, *, after_epoch=None):
+    """Train a SentenceTransformer on ``pairs`` in memory and return it (in eval mode).
+
+    Steps: ``ceil(epochs)`` shuffles of collision-free batches, cut at ``round(epochs * per_epoch)``
+    steps; AdamW with linear warm-up and linear decay over all steps. ``after_epoch(epoch, model)``,
+    if given, is called (model in eval mode, no gradient) at the end of every whole epoch; the
+    recipe selection (:mod:`privret.train.recipe`) scores each epoch count on validation with it.
+    """
     torch.manual_seed(cfg.seed)
     rng = random.Random(cfg.seed)
     model = load_encoder(cfg.model)
@@ -76,7 +115,7 @@ def train_retriever(pairs: TrainingPairs, out_dir: str | Path, cfg: RetrieverTra
     model.train()
     with Progress() as progress:
         task = progress.add_task("training retriever", total=len(schedule))
-        for batch in schedule:
+        for step, batch in enumerate(schedule, start=1):
             rows = [pairs.pairs[i] for i in batch]
             queries = [r.query for r in rows]
             same_query = torch.tensor([[a == b for b in queries] for a in queries])
@@ -89,9 +128,37 @@ def train_retriever(pairs: TrainingPairs, out_dir: str | Path, cfg: RetrieverTra
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
             progress.update(task, advance=1, description=f"training retriever loss={loss.item():.3f}")
+            if after_epoch is not None and step % per_epoch == 0:
+                model.eval()
+                with torch.no_grad():
+                    after_epoch(step // per_epoch, model)
+                model.train()
     model.eval()
+    return model
+
+
+def train_retriever(pairs: TrainingPairs, out_dir: str | Path, cfg: RetrieverTrainConfig, *,
+                    ledger: PrivacyLedger) -> Path:
+    """Train and save a SentenceTransformer to ``out_dir`` (atomic), with ``ledger`` beside it.
+
+    With ``cfg.selection`` the recipe is first chosen on a validation split carved from ``pairs``
+    (:func:`privret.train.recipe.select_recipe`; its record, ``recipe_selection.json``, is saved
+    beside the model) and the chosen recipe is then trained on all of ``pairs``.
+    """
+    out_dir = Path(out_dir)
+    if out_dir.exists():
+        raise InputError("already exists (remove it or choose another output)", path=out_dir)
+    selection = None
+    if cfg.selection is not None:
+        from privret.train.recipe import select_recipe
+
+        selection = select_recipe(pairs, cfg, work_dir=out_dir.with_name(out_dir.name + ".selection"))
+        cfg = RetrieverTrainConfig.model_validate({**cfg.model_dump(), **selection["chosen"], "selection": None})
+    model = fit_retriever(pairs, cfg)
     with atomic_path(out_dir) as staged:
         model.save(str(staged), safe_serialization=True)
         ledger.save(staged)
         write_json_atomic(staged / "train_config.json", cfg.model_dump(mode="json"))
+        if selection is not None:
+            write_json_atomic(staged / "recipe_selection.json", selection)
     return out_dir

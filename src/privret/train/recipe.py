@@ -1,0 +1,107 @@
+"""Choosing the retriever's training recipe on a validation split of its own training pairs.
+
+The rule (issue 12: "never on test"), the same for every row that trains a retriever
+non-privately, on original or on synthetic pairs:
+
+1. The distinct query texts of the pairs (the query privacy unit) are shuffled with ``seed``; the
+   first ``validation_fraction`` of them, with all their pairs, form the validation split. A query
+   text is never on both sides.
+2. Each combination of the grid is trained on the rest for ``max_epochs`` and scored after every
+   whole epoch by mean NDCG@10 of the validation queries, each searching its relevant documents
+   plus ``validation_pool`` other corpus documents drawn with ``seed`` (the same pool for every
+   candidate; a smaller pool than the corpus only makes the task easier for all of them alike).
+3. The best (combination, epochs) wins, ties going to the earlier candidate (smaller grid values
+   first, fewer epochs first), and is retrained on all the pairs.
+
+Privacy: on synthetic pairs every step reads only the synthetic set and the public corpus, so the
+chosen model is post-processing of the synthetic set and keeps its ledger. On the original pairs
+the selection reads private queries, like the non-private training it tunes. Direct DP training
+never uses this: a validation split of private queries would need a budget of its own.
+
+Scoring epochs inside one longer run is early stopping: the model scored at epoch e of a
+``max_epochs`` run has not finished its learning-rate decay, while the retrained one has.
+
+The work directory keeps one record per finished candidate (``candidates.json``, written
+atomically), so an interrupted selection resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import random
+from pathlib import Path
+
+from privret.data.beir import Document
+from privret.data.pairs import TrainingPairs
+from privret.io import write_json_atomic
+
+CANDIDATES_FILE = "candidates.json"
+
+
+def validation_split(pairs: TrainingPairs, fraction: float, seed: int
+                     ) -> tuple[TrainingPairs, dict[str, str], dict[str, dict[str, int]]]:
+    """(training pairs, validation queries {qid: text}, validation qrels {qid: {doc_id: 1}}), split by query text."""
+    units = pairs.units("query")
+    order = list(range(len(units)))
+    random.Random(seed).shuffle(order)
+    n_val = max(1, round(fraction * len(units)))
+    if n_val >= len(units):
+        raise ValueError(f"{len(units)} query units cannot leave any for training after a validation split")
+    held = {i for u in order[:n_val] for i in units[u]}
+    queries, qrels = {}, {}
+    for k, u in enumerate(sorted(order[:n_val])):
+        qid = f"val{k}"
+        queries[qid] = pairs.pairs[units[u][0]].query
+        qrels[qid] = {pairs.pairs[i].doc_id: 1 for i in units[u]}
+    train = TrainingPairs([p for i, p in enumerate(pairs.pairs) if i not in held], pairs.corpus, pairs.inline_doc_ids)
+    return train, queries, qrels
+
+
+def validation_corpus(corpus: dict[str, Document], qrels: dict[str, dict[str, int]], pool: int | None,
+                      seed: int) -> dict[str, Document]:
+    """The relevant documents of ``qrels`` plus ``pool`` others drawn with ``seed`` (all of ``corpus`` if None)."""
+    if pool is None:
+        return corpus
+    relevant = {d for docs in qrels.values() for d in docs}
+    others = sorted(set(corpus) - relevant)
+    drawn = random.Random(seed).sample(others, min(pool, len(others)))
+    return {d: corpus[d] for d in sorted(relevant | set(drawn))}
+
+
+def candidate_grid(grid: dict[str, list[int | float]]) -> list[dict[str, int | float]]:
+    """Every combination of the grid's values, in sorted-value order."""
+    names = sorted(grid)
+    return [dict(zip(names, values)) for values in itertools.product(*(sorted(grid[n]) for n in names))]
+
+
+def select_recipe(pairs: TrainingPairs, cfg, *, work_dir: Path) -> dict:
+    """Run the rule of the module docstring for ``cfg.selection``; returns the selection record.
+
+    The record: the split's sizes, every candidate's NDCG@10 per epoch, and ``chosen`` (the winning
+    settings, ``epochs`` included) to apply to ``cfg`` before the final training.
+    """
+    from privret.evaluate.retrieval import evaluate_retriever
+    from privret.train.retriever import fit_retriever
+
+    rule = cfg.selection
+    train, queries, qrels = validation_split(pairs, rule.validation_fraction, rule.seed)
+    corpus = validation_corpus(pairs.corpus, qrels, rule.validation_pool, rule.seed)
+    work_dir.mkdir(parents=True, exist_ok=True)
+    record_path = work_dir / CANDIDATES_FILE
+    settings = {"rule": rule.model_dump(mode="json"), "base": cfg.model_dump(mode="json", exclude={"selection"}),
+                "training_pairs": len(train.pairs), "validation_queries": len(queries),
+                "validation_documents": len(corpus)}
+    done = json.loads(record_path.read_text()) if record_path.exists() else {}
+    if done.get("settings") != settings:
+        done = {"settings": settings, "candidates": []}
+    for candidate in candidate_grid(rule.grid)[len(done["candidates"]):]:
+        scores: list[float] = []
+        trial = type(cfg).model_validate({**settings["base"], **candidate, "epochs": rule.max_epochs})
+        fit_retriever(train, trial, after_epoch=lambda epoch, model: scores.append(
+            evaluate_retriever(model, corpus, queries, qrels)["ndcg@10"]))
+        done["candidates"].append({"settings": candidate, "ndcg10_by_epoch": scores})
+        write_json_atomic(record_path, done)
+    best = max(((c["settings"], e + 1, s) for c in done["candidates"] for e, s in enumerate(c["ndcg10_by_epoch"])),
+               key=lambda t: t[2])
+    return {**done, "chosen": {**best[0], "epochs": best[1]}, "chosen_validation_ndcg10": best[2]}
