@@ -83,6 +83,7 @@ from privret.evaluate.statistics import EXPLANATION, PER_QUERY_FILE, versus_zero
 from privret.io import file_sha256, write_json_atomic, write_text_atomic
 from privret.models.encoder import load_encoder
 from privret.models.generator import GENERATOR_FILE
+from privret.models.model_card import record_evaluation
 from privret.privacy.budget import BudgetPolicy, dataset_id, run_composition, run_composition_sentence
 from privret.privacy.ledger import PrivacyLedger, has_ledger
 from privret.privacy.partition_selection import selection_threshold
@@ -412,6 +413,8 @@ def _evaluate_stage(stage: Stage, model_name: str, dataset: BeirDataset, split: 
         del model
         result = {**extra, **mean_metrics(per_query), "eval_seconds": round(time.time() - started, 1)}
         write_json_atomic(per_query_path, per_query)  # before metrics.json, which marks the stage done
+        record_evaluation(model_name, data=dataset.root.name if dataset.root else "data", split=split,
+                          metrics=mean_metrics(per_query))
         write_json_atomic(path, result)
         write_record(stage)
         release_memory()

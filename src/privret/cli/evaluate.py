@@ -67,11 +67,13 @@ def evaluate(
     from privret.data.beir import load_beir
     from privret.evaluate.retrieval import METRICS, evaluate_per_query, mean_metrics
     from privret.models.encoder import load_encoder
+    from privret.models.model_card import record_evaluation
 
     dataset = load_beir(data, splits=[split])
     per_query = evaluate_per_query(load_encoder(model[0]), dataset.corpus, dataset.queries, dataset.split(split),
                                    cache_dir=cache_dir)
     metrics = mean_metrics(per_query)
+    record_evaluation(model[0], data=data.resolve().name, split=split, metrics=metrics)
     table = Table(title=f"{model[0]} on {data.name}/{split} ({metrics['queries']} queries)")
     for m in METRICS:
         table.add_column(m, justify="right")

@@ -20,6 +20,7 @@ from privret.errors import InputError
 from privret.io import atomic_path, write_json_atomic
 from privret.models.device import bf16_autocast
 from privret.models.encoder import embed, in_batch_softmax_loss, load_encoder
+from privret.models.model_card import write_model_card
 from privret.models.registry import DEFAULT_ENCODER
 from privret.privacy.ledger import PrivacyLedger
 from privret.progress import Progress
@@ -161,4 +162,5 @@ def train_retriever(pairs: TrainingPairs, out_dir: str | Path, cfg: RetrieverTra
         write_json_atomic(staged / "train_config.json", cfg.model_dump(mode="json"))
         if selection is not None:
             write_json_atomic(staged / "recipe_selection.json", selection)
+        write_model_card(staged)
     return out_dir

@@ -1,0 +1,109 @@
+"""The model card (``README.md``, Hugging Face format) of a retriever privret trained.
+
+sentence-transformers saves the base model's card with the weights; that card describes someone
+else's training. :func:`write_model_card` replaces it with one built from what privret recorded in
+the same directory, so the directory can be published as it is:
+
+* ``privacy_ledger.json``: the base model, the training data's identity (``data_hash``,
+  ``dataset_id``), (epsilon, delta), unit and accountant, and what the guarantee covers;
+* ``train_config.json`` (non-private training) or the DP trainer's settings file, when present;
+* ``evaluations.json``: figures added by :func:`record_evaluation` after each evaluation.
+
+The card is rendered from these files alone and rewritten atomically whenever one changes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from privret import __version__
+from privret.io import write_json_atomic, write_text_atomic
+from privret.privacy.ledger import PrivacyLedger, has_ledger
+
+CARD_FILE = "README.md"
+EVALUATIONS_FILE = "evaluations.json"
+SETTINGS_FILES = ("train_config.json", "dp_mechanism.json")
+
+
+def guarantee_text(ledger: PrivacyLedger) -> str:
+    """One paragraph: what the ledger's (epsilon, delta) says about these weights, in words."""
+    if ledger.is_public:
+        return ("No private data was used: the weights depend only on public data "
+                f"(mechanism `{ledger.mechanism}`), so no privacy guarantee is needed.")
+    if not ledger.is_private:
+        return ("**No privacy guarantee.** The weights were trained on private data without differential privacy "
+                "(a non-private reference); do not publish them if the training data is private.")
+    kind = "synthetic data from a DP generator (post-processing)" if ledger.mechanism == "dp-sgd" else \
+        f"direct DP training (`{ledger.mechanism}`)"
+    return (f"({ledger.epsilon:.4g}, {ledger.delta:.3g})-differential privacy with respect to one privacy unit "
+            f"(`{ledger.unit}`: {ledger.unit_definition or ledger.unit}) of the private log, through {kind}. "
+            "The guarantee covers the weights and anything computed from them; it does not cover the public "
+            "corpus, the number of units (treated as public), or other releases made from the same log, whose "
+            "budgets add up (see privret's docs/privacy.md).")
+
+
+def _front_matter(ledger: PrivacyLedger) -> str:
+    tags = ["sentence-transformers", "sentence-similarity", "dense-retrieval", "privret",
+            "differential-privacy" if ledger.is_private else "non-private"]
+    lines = ["---", "library_name: sentence-transformers", "pipeline_tag: sentence-similarity",
+             f"base_model: {ledger.model}", "tags:", *(f"- {t}" for t in tags), "---"]
+    return "\n".join(lines)
+
+
+def _table(rows: list[tuple[str, str]]) -> str:
+    return "\n".join(["| field | value |", "|---|---|", *(f"| {k} | {v} |" for k, v in rows)])
+
+
+def render_model_card(directory: Path) -> str:
+    """The card's Markdown for the retriever in ``directory`` (see the module docstring)."""
+    ledger = PrivacyLedger.load(directory)
+    eps = "inf" if math.isinf(ledger.epsilon) else f"{ledger.epsilon:.4g}"
+    privacy = [("mechanism", f"`{ledger.mechanism}`"), ("epsilon", eps), ("delta", f"{ledger.delta:.3g}"),
+               ("unit", f"`{ledger.unit}`"), ("accountant", f"`{ledger.accountant}`"),
+               ("units in the private log", str(ledger.n_units)), ("pairs", str(ledger.n_pairs))]
+    data = [("training data (sha256 of what was read)", f"`{ledger.data_hash}`" if ledger.data_hash else "-"),
+            ("dataset id (budget registry)", f"`{ledger.dataset_id}`" if ledger.dataset_id else "-")]
+    sections = [_front_matter(ledger), "", "# Dense retriever trained with privret", "",
+                f"A dual encoder fine-tuned from `{ledger.model}` by privret {__version__} "
+                "(mean pooling, cosine similarity; load it with `SentenceTransformer(path)`).", "",
+                "## Privacy", "", guarantee_text(ledger), "", _table(privacy), "",
+                "## Training data", "", _table(data)]
+    for name in SETTINGS_FILES:
+        if (directory / name).is_file():
+            settings = json.loads((directory / name).read_text())
+            sections += ["", "## Training settings", "", _table([(k, f"`{v}`") for k, v in settings.items()])]
+    evaluations = _evaluations(directory)
+    if evaluations:
+        sections += ["", "## Evaluation", "", "| data | split | queries | NDCG@10 | Recall@100 | MRR@10 |",
+                     "|---|---|---|---|---|---|"]
+        sections += [f"| {e['data']} | {e['split']} | {e['metrics'].get('queries', '-')} | "
+                     f"{e['metrics']['ndcg@10']:.4f} | {e['metrics']['recall@100']:.4f} | "
+                     f"{e['metrics']['mrr@10']:.4f} |" for e in evaluations]
+    return "\n".join(sections) + "\n"
+
+
+def _evaluations(directory: Path) -> list[dict]:
+    path = directory / EVALUATIONS_FILE
+    return json.loads(path.read_text()) if path.is_file() else []
+
+
+def write_model_card(directory: str | Path) -> Path:
+    """Render and write ``directory/README.md`` atomically; returns its path."""
+    directory = Path(directory)
+    write_text_atomic(directory / CARD_FILE, render_model_card(directory))
+    return directory / CARD_FILE
+
+
+def record_evaluation(directory: str | Path, *, data: str, split: str, metrics: dict[str, float]) -> None:
+    """Add (or replace) the figures of one evaluation to a privret retriever's card.
+
+    Evaluations are keyed by (data, split); a directory without a privret ledger (a public model)
+    is left untouched."""
+    directory = Path(directory)
+    if not has_ledger(directory):
+        return
+    kept = [e for e in _evaluations(directory) if (e["data"], e["split"]) != (data, split)]
+    write_json_atomic(directory / EVALUATIONS_FILE, [*kept, {"data": data, "split": split, "metrics": metrics}])
+    write_model_card(directory)

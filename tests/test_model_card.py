@@ -1,0 +1,83 @@
+"""The model card privret writes for the retrievers it trains (privret.models.model_card)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import yaml
+
+from privret.data.beir import Document
+from privret.data.pairs import QueryDocPair, TrainingPairs
+from privret.models.model_card import EVALUATIONS_FILE, record_evaluation, render_model_card, write_model_card
+from privret.pipeline import non_private_ledger
+from privret.privacy.ledger import PrivacyLedger
+from privret.train.retriever import RetrieverTrainConfig, train_retriever
+
+METRICS = {"ndcg@10": 0.61234, "recall@10": 0.8, "recall@100": 0.93456, "mrr@10": 0.57891, "queries": 300}
+
+
+def _dp_ledger(**changes) -> PrivacyLedger:
+    fields = dict(mechanism="public-negatives", epsilon=7.9931, delta=6.2e-4, noise_multiplier=1.1, sample_rate=0.04,
+                  steps=26, planned_steps=26, accountant="prv", unit="query", n_units=807, n_pairs=919, clip_norm=1.0,
+                  model="minilm-l6", trainable="all", data_hash="ab" * 32, dataset_id="scifact-log",
+                  unit_definition="all pairs with one distinct query text")
+    return PrivacyLedger(**{**fields, **changes})
+
+
+def _front_matter(card: str) -> dict:
+    assert card.startswith("---\n")
+    return yaml.safe_load(card.split("---\n")[1])
+
+
+def test_dp_card_states_the_guarantee_its_data_and_base_model(tmp_path):
+    _dp_ledger().save(tmp_path)
+    card = render_model_card(tmp_path)
+    meta = _front_matter(card)
+    assert meta["base_model"] == "minilm-l6" and "differential-privacy" in meta["tags"]
+    assert "(7.993, 0.00062)-differential privacy with respect to one privacy unit" in card
+    assert "| epsilon | 7.993 |" in card and "| delta | 0.00062 |" in card and "| accountant | `prv` |" in card
+    assert "| unit | `query` |" in card and "direct DP training (`public-negatives`)" in card
+    assert f"`{'ab' * 32}`" in card and "`scifact-log`" in card
+    synthetic = render_model_card(_dp_ledger(mechanism="dp-sgd").save(tmp_path / "s").parent)
+    assert "synthetic data from a DP generator (post-processing)" in synthetic
+
+
+def test_non_private_and_public_cards_say_so(tmp_path):
+    _dp_ledger(mechanism="none", epsilon=math.inf, delta=0.0).save(tmp_path / "np")
+    card = render_model_card(tmp_path / "np")
+    assert "**No privacy guarantee.**" in card and "| epsilon | inf |" in card
+    assert "non-private" in _front_matter(card)["tags"]
+    PrivacyLedger.public("public-pairs", model="minilm-l6", public_data_hash="cd" * 32, unit="query").save(
+        tmp_path / "pub")
+    assert "No private data was used" in render_model_card(tmp_path / "pub")
+
+
+def test_evaluations_are_added_replaced_per_split_and_never_written_for_public_models(tmp_path):
+    _dp_ledger().save(tmp_path)
+    write_model_card(tmp_path)
+    assert "## Evaluation" not in (tmp_path / "README.md").read_text()
+    record_evaluation(tmp_path, data="scifact", split="test", metrics=METRICS)
+    record_evaluation(tmp_path, data="scifact", split="test", metrics={**METRICS, "ndcg@10": 0.7})
+    record_evaluation(tmp_path, data="squad-beir", split="test", metrics=METRICS)
+    card = (tmp_path / "README.md").read_text()
+    assert "| scifact | test | 300 | 0.7000 | 0.9346 | 0.5789 |" in card and "0.6123 |" not in card.split("scifact")[-2]
+    assert "| squad-beir | test | 300 | 0.6123 |" in card
+    assert len(json.loads((tmp_path / EVALUATIONS_FILE).read_text())) == 2
+    public = tmp_path / "public-model"
+    public.mkdir()
+    record_evaluation(public, data="scifact", split="test", metrics=METRICS)
+    assert list(public.iterdir()) == []
+
+
+def test_a_trained_retriever_carries_privrets_card_not_the_base_models(tiny_bert_dir, tmp_path):
+    words = ("risk", "drug", "sleep", "diet")
+    pairs = TrainingPairs([QueryDocPair(f"gene {w}", f"d{i}") for i, w in enumerate(words)],
+                          {f"d{i}": Document(f"d{i}", "", f"{w} study") for i, w in enumerate(words)})
+    ledger = non_private_ledger(pairs, str(tiny_bert_dir), "h" * 64, "query")
+    out = train_retriever(pairs, tmp_path / "r", RetrieverTrainConfig(model=str(tiny_bert_dir), batch_size=2),
+                          ledger=ledger)
+    card = (out / "README.md").read_text()
+    assert card.startswith("---\n") and "# Dense retriever trained with privret" in card
+    assert _front_matter(card)["base_model"] == str(tiny_bert_dir) and "| batch_size | `2` |" in card
+    assert card == render_model_card(out)
