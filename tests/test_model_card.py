@@ -34,7 +34,7 @@ def test_dp_card_states_the_guarantee_its_data_and_base_model(tmp_path):
     _dp_ledger().save(tmp_path)
     card = render_model_card(tmp_path)
     meta = _front_matter(card)
-    assert meta["base_model"] == "minilm-l6" and "differential-privacy" in meta["tags"]
+    assert meta["base_model"] == "sentence-transformers/all-MiniLM-L6-v2" and "differential-privacy" in meta["tags"]
     assert "(7.993, 0.00062)-differential privacy with respect to one privacy unit" in card
     assert "| epsilon | 7.993 |" in card and "| delta | 0.00062 |" in card and "| accountant | `prv` |" in card
     assert "| unit | `query` |" in card and "direct DP training (`public-negatives`)" in card

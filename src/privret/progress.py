@@ -1,7 +1,8 @@
 """Rich progress bars for every long privret command.
 
 On a terminal they are live bars. When output goes to a file (batch jobs, CI, ``nohup``) a live
-bar never refreshes, so each task instead logs a plain line at most every 30 seconds.
+bar never refreshes, so there is no live display at all (not even its final render) and each task
+instead logs a plain line at most every 30 seconds: every bar appears once, in one form.
 
 Training loops pass per-step statistics of the private batch (loss, clipped fraction) as ``stats``.
 Those are not differentially private: they are shown in the live bar on a terminal and nowhere else,
@@ -30,8 +31,10 @@ class _StatsColumn(ProgressColumn):
 
 class Progress(RichProgress):
     def __init__(self, console: Console | None = None) -> None:
+        console = console or Console()
         super().__init__(TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                         TimeElapsedColumn(), TimeRemainingColumn(), _StatsColumn(), console=console)
+                         TimeElapsedColumn(), TimeRemainingColumn(), _StatsColumn(), console=console,
+                         disable=not console.is_terminal)
         self._last_log: dict[TaskID, float] = {}
 
     def update(self, task_id: TaskID, *, stats: str | None = None, **kwargs) -> None:

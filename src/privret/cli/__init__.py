@@ -10,11 +10,13 @@ live in :mod:`privret.cli.common`. Commands import their heavy dependencies when
 from __future__ import annotations
 
 import sys
-from typing import Annotated
+from pathlib import Path
+from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
 
+from privret.chatter import route_library_output
 from privret.cli import audit, data, evaluate, federated, filtering, generate, generator, pipeline, report, retriever
 from privret.errors import EXIT_BAD_INPUT, InputError
 from privret.runtime import keep_freed_memory
@@ -38,11 +40,17 @@ app.add_typer(federated.app, name="federated")
 
 @app.callback()
 def _global_options(
+    verbose: Annotated[bool, typer.Option(
+        "--verbose", help="show the libraries' own warnings, log lines and download/conversion bars on stderr")] = False,
+    log_file: Annotated[Optional[Path], typer.Option(
+        "--log-file", help="where the libraries' warnings and log lines go otherwise (default "
+                           "$PRIVRET_LOG_FILE or ~/.cache/privret/privret.log)")] = None,
     trust_remote_pickle: Annotated[bool, typer.Option(
         "--trust-remote-pickle", help="allow loading models whose weights exist only as pickle files "
                                       "(pickles can run code; use only for sources you trust)")] = False,
 ) -> None:
     """Dense retrieval on private query logs with differential privacy."""
+    route_library_output(verbose=verbose, log_file=log_file)
     if trust_remote_pickle:
         from privret.models.safety import set_trust_pickle
 

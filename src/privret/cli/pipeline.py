@@ -7,6 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from privret.chatter import RUN_LOG, also_log_to
 from privret.cli.common import budget_policy, out
 from privret.cli.options import AllowOverOpt, BudgetCapOpt, DatasetNameOpt
 
@@ -29,6 +30,7 @@ def pipeline(
     if dataset_name:
         cfg.budget.dataset_name = dataset_name
     target = run_dir or Path("runs") / cfg.name
+    also_log_to(target / RUN_LOG)
     rows = run_pipeline(cfg, target)
     out.print(summary_table(rows))
     out.print(f"results: {target.resolve()}/summary.md")
@@ -39,6 +41,7 @@ def demo(run_dir: Annotated[Path, typer.Option(help="where to write the demo run
     from privret.data.demo import demo_config
     from privret.pipeline import run_pipeline, summary_table
 
+    also_log_to(run_dir / RUN_LOG)
     rows = run_pipeline(demo_config(), run_dir)
     out.print(summary_table(rows))
     out.print(f"results: {run_dir.resolve()}/summary.md")

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from privret import __version__
 from privret.io import write_json_atomic, write_text_atomic
+from privret.models.registry import HUB_IDS
 from privret.privacy.ledger import PrivacyLedger, has_ledger
 
 CARD_FILE = "README.md"
@@ -48,7 +49,7 @@ def _front_matter(ledger: PrivacyLedger) -> str:
     tags = ["sentence-transformers", "sentence-similarity", "dense-retrieval", "privret",
             "differential-privacy" if ledger.is_private else "non-private"]
     lines = ["---", "library_name: sentence-transformers", "pipeline_tag: sentence-similarity",
-             f"base_model: {ledger.model}", "tags:", *(f"- {t}" for t in tags), "---"]
+             f"base_model: {HUB_IDS.get(ledger.model, ledger.model)}", "tags:", *(f"- {t}" for t in tags), "---"]
     return "\n".join(lines)
 
 
@@ -66,7 +67,7 @@ def render_model_card(directory: Path) -> str:
     data = [("training data (sha256 of what was read)", f"`{ledger.data_hash}`" if ledger.data_hash else "-"),
             ("dataset id (budget registry)", f"`{ledger.dataset_id}`" if ledger.dataset_id else "-")]
     sections = [_front_matter(ledger), "", "# Dense retriever trained with privret", "",
-                f"A dual encoder fine-tuned from `{ledger.model}` by privret {__version__} "
+                f"A dual encoder fine-tuned from `{HUB_IDS.get(ledger.model, ledger.model)}` by privret {__version__} "
                 "(mean pooling, cosine similarity; load it with `SentenceTransformer(path)`).", "",
                 "## Privacy", "", guarantee_text(ledger), "", _table(privacy), "",
                 "## Training data", "", _table(data)]

@@ -80,6 +80,8 @@ def minilm_checkpoint() -> Path:
 
 
 _BUNDLED = {"smollm2-135m": smollm2_checkpoint, "minilm-l6": minilm_checkpoint}
+HUB_IDS = {"smollm2-135m": "HuggingFaceTB/SmolLM2-135M-Instruct", "minilm-l6": "sentence-transformers/all-MiniLM-L6-v2"}
+"""The public Hugging Face id of each bundled default (what a model card names as its base model)."""
 
 
 def resolve(name: str) -> str:

@@ -1,0 +1,73 @@
+"""Where the libraries' own warnings, log lines and tqdm bars go.
+
+transformers, sentence-transformers, Opacus and torch talk on their own: FutureWarnings about
+renamed methods, Opacus' "optimal order" remark, the backward-hook UserWarning, tqdm bars while
+loading, converting (GGUF) or saving weights. None of it is privret's output. The CLI calls
+:func:`route_library_output` once: Python warnings and the libraries' loggers then go to a log file
+(``--log-file``, default :func:`default_log_file`) instead of the terminal, the libraries' tqdm bars
+are switched off, and privret's own output (rich tables, progress bars, errors) is all that is left.
+``--verbose`` keeps the old behaviour: everything on stderr. A pipeline run also appends the
+chatter to ``RUN_DIR/privret.log`` (:func:`also_log_to`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import warnings
+from pathlib import Path
+
+LIBRARY_LOGGERS = ("py.warnings", "transformers", "sentence_transformers", "opacus", "huggingface_hub", "torch",
+                   "accelerate", "peft")
+LOG_FORMAT = "%(asctime)s %(name)s %(levelname)s: %(message)s"
+RUN_LOG = "privret.log"  # a pipeline run's own log, in its run directory
+
+
+def default_log_file() -> Path:
+    """``$PRIVRET_LOG_FILE``, else ``$XDG_CACHE_HOME/privret/privret.log`` (``~/.cache`` by default)."""
+    if os.environ.get("PRIVRET_LOG_FILE"):
+        return Path(os.environ["PRIVRET_LOG_FILE"])
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "privret" / "privret.log"
+
+
+def _file_handler(path: Path) -> logging.Handler:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(path, encoding="utf-8")
+    handler.setFormatter(logging.Formatter(LOG_FORMAT))
+    return handler
+
+
+def route_library_output(*, verbose: bool, log_file: Path | None = None) -> Path | None:
+    """Send the libraries' warnings and log lines to ``log_file`` (returned), or leave them on stderr.
+
+    Idempotent per process: a second call replaces the handlers of the first."""
+    if verbose:
+        return None
+    path = log_file or default_log_file()
+    handler = _file_handler(path)
+    logging.captureWarnings(True)
+    warnings.simplefilter("default")  # each distinct warning once per location, as Python does by default
+    for name in LIBRARY_LOGGERS:
+        logger = logging.getLogger(name)
+        for old in [h for h in logger.handlers if getattr(h, "_privret", False)]:
+            logger.removeHandler(old)
+        handler._privret = True
+        logger.addHandler(handler)
+        logger.propagate = False
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    try:
+        from transformers.utils import logging as hf_logging
+    except ImportError:
+        return path
+    hf_logging.disable_progress_bar()
+    hf_logging.disable_default_handler()
+    hf_logging.set_verbosity_warning()
+    return path
+
+
+def also_log_to(path: Path) -> None:
+    """Append the libraries' output to ``path`` as well (the run's own log), whatever the routing."""
+    handler = _file_handler(path)
+    for name in LIBRARY_LOGGERS:
+        logging.getLogger(name).addHandler(handler)
