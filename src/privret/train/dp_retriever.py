@@ -85,7 +85,7 @@ METHODS = ("naive", "batch-clip", "logit-dp", "public-negatives")
 # can never let a clipped term exceed its bound.
 NORM_MARGIN = 1e-5
 Method = Literal["naive", "batch-clip", "logit-dp", "public-negatives"]
-MECHANISM_FILE = "dp_mechanism.json"  # written last into a finished output (with the model and ledger)
+MECHANISM_FILE = "dp_mechanism.json"  # only a finished output holds it (with the model and ledger)
 # config fields that do not change what is trained: free to differ on resume, and left out of pipeline
 # fingerprints (secure_rng only when off: see privret.pipeline.direct_dp_fingerprint)
 RESUME_FREE = ("checkpoint_every", "secure_rng")
