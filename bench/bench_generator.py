@@ -48,7 +48,7 @@ def time_steps(gen, pairs, cfg, batches, private: bool) -> float:
         if private:
             gtrain._dp_step(gen, module, items, units, chosen, params, cfg, 1.0, float(len(chosen)), rng)
         else:
-            gtrain._plain_step(gen, module, items, units, chosen, params)
+            gtrain._plain_step(gen, module, items, units, chosen, cfg.physical_batch)
         for p in params.values():
             p.grad = None
         if k > 0:

@@ -233,3 +233,41 @@ def test_seq2seq_generator_behind_the_same_interface(tiny_t5_dir, tmp_path):
     assert ledger.mechanism == "dp-sgd" and ledger.steps > 0
     out = load_trained_generator(tmp_path / "t5").generate(DOCS[:3], num_queries=2, max_new_tokens=4, seed=0)
     assert len(out) == 3 and all(len(q) == 2 for q in out)
+
+
+def test_generator_never_replaces_a_directory_it_did_not_write(tiny_llama_dir, tmp_path):
+    """As for the direct DP retriever (one run module, :mod:`privret.train.dp_run`): without resume an existing
+    directory is refused; with it, one holding anything but an interrupted run's files (checkpoint, step log, a
+    pipeline's stage.json) is refused too. Either way the directory is left as it was."""
+    from privret.errors import InputError
+
+    cfg = GeneratorTrainConfig(model=str(tiny_llama_dir), epsilon=math.inf, batch_size=4, epochs=1, trained_layers=1,
+                               lora_rank=4, bf16=False)
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    for resume, message in ((False, "already exists"), (True, "not an interrupted generator run")):
+        with pytest.raises(InputError, match=message):
+            train_generator(toy_pairs(), mine, cfg, data_hash="h", resume=resume)
+    assert [p.name for p in mine.iterdir()] == ["notes.txt"] and (mine / "notes.txt").read_text() == "keep me"
+
+
+def test_non_private_steps_forward_at_most_physical_batch_rows(tiny_llama_dir, tmp_path, monkeypatch):
+    """``physical_batch`` bounds the rows of every forward pass of a non-private run too (memory): q = 1 puts all
+    11 rows in each of the 2 steps, and no forward pass may take more than 4 of them."""
+    from privret.models.generator import CausalQueryGenerator
+
+    forwarded: list[int] = []
+    collate = CausalQueryGenerator.collate
+
+    def counting_collate(self, items):
+        forwarded.append(len(items))
+        return collate(self, items)
+
+    monkeypatch.setattr(CausalQueryGenerator, "collate", counting_collate)
+    pairs = toy_pairs()
+    cfg = GeneratorTrainConfig(model=str(tiny_llama_dir), epsilon=math.inf, batch_size=64, epochs=2, trained_layers=1,
+                               lora_rank=4, bf16=False, physical_batch=4)
+    ledger = train_generator(pairs, tmp_path / "gen", cfg, data_hash="h")
+    assert ledger.steps == 2 and sum(forwarded) == 2 * len(pairs.pairs) == 22  # every row, in every step
+    assert max(forwarded) <= cfg.physical_batch

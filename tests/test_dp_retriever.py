@@ -466,7 +466,9 @@ class _Truth:
 
         self.applied, self.on_disk = 0, []
         self.crash_at_step, self.crash_at_save, self.crash_at_final = crash_at_step, crash_at_save, crash_at_final
-        step, save, final = dptrain.dp_step, dptrain._save_checkpoint, SentenceTransformer.save
+        from privret.train import dp_run
+
+        step, save, final = dptrain.dp_step, dp_run.save_checkpoint, SentenceTransformer.save
 
         def counted_step(*a, **k):
             if self.crash_at_step is not None and self.applied == self.crash_at_step:
@@ -488,7 +490,7 @@ class _Truth:
             return final(model, *a, **k)
 
         monkeypatch.setattr(dptrain, "dp_step", counted_step)
-        monkeypatch.setattr(dptrain, "_save_checkpoint", counted_save)
+        monkeypatch.setattr(dp_run, "save_checkpoint", counted_save)
         monkeypatch.setattr(SentenceTransformer, "save", counted_final)
 
     def _note(self):

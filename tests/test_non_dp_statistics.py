@@ -19,6 +19,7 @@ from privret.data.pairs import pairs_from_beir
 from privret.privacy.budget import BudgetPolicy
 from privret.progress import Progress
 from privret.train import dp_retriever as dptrain
+from privret.train import dp_run
 from privret.train import generator as gtrain
 
 torch.set_num_threads(1)
@@ -50,15 +51,16 @@ def _record_stats(monkeypatch, module, step_name: str, losses: list[float]) -> N
     monkeypatch.setattr(module, step_name, recording_step)
 
 
-def _snapshot_checkpoints(monkeypatch, module, out: Path, snapshots: Path) -> None:
-    """Copy ``out`` after every checkpoint (the checkpoint and step log are gone once the run finishes)."""
-    save = module._save_checkpoint
+def _snapshot_checkpoints(monkeypatch, snapshots: Path) -> None:
+    """Copy a run's output directory after every checkpoint (the checkpoint and step log are gone once the run
+    finishes)."""
+    save = dp_run.save_checkpoint
 
-    def saving(*args, **kwargs):
-        save(*args, **kwargs)
-        shutil.copytree(out, snapshots / f"{module.__name__}-{len(list(snapshots.glob('*')))}")
+    def saving(ckpt_dir: Path, *args, **kwargs):
+        save(ckpt_dir, *args, **kwargs)
+        shutil.copytree(ckpt_dir.parent, snapshots / f"{ckpt_dir.parent.name}-{len(list(snapshots.glob('*')))}")
 
-    monkeypatch.setattr(module, "_save_checkpoint", saving)
+    monkeypatch.setattr(dp_run, "save_checkpoint", saving)
 
 
 def _keys(value) -> set[str]:
@@ -90,11 +92,10 @@ def test_dp_training_writes_no_loss_or_clip_statistics(tiny_llama_dir, tiny_bert
     losses: list[float] = []
     snapshots = tmp_path / "snapshots"
     snapshots.mkdir()
+    monkeypatch.setattr(dp_run, "calibrate_noise", lambda **plan: 1.0)  # sigma is irrelevant here, and slow
     for module, step_name in ((gtrain, "_dp_step"), (dptrain, "dp_step")):
-        monkeypatch.setattr(module, "calibrate_noise", lambda **plan: 1.0)  # sigma is irrelevant here, and slow
         _record_stats(monkeypatch, module, step_name, losses)
-    _snapshot_checkpoints(monkeypatch, gtrain, tmp_path / "gen", snapshots)
-    _snapshot_checkpoints(monkeypatch, dptrain, tmp_path / "ret", snapshots)
+    _snapshot_checkpoints(monkeypatch, snapshots)
     caplog.set_level(logging.DEBUG)
     gtrain.train_generator(pairs, tmp_path / "gen", gtrain.GeneratorTrainConfig(
         model=str(tiny_llama_dir), epsilon=8.0, batch_size=2, epochs=1, trained_layers=1, lora_rank=4, bf16=False,

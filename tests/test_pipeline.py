@@ -379,24 +379,24 @@ def test_interrupted_direct_dp_stage_resumes_with_its_settings_only(small_config
     from privret.errors import InputError
     from privret.privacy import budget
     from privret.privacy.ledger import PrivacyLedger
-    from privret.train import dp_retriever
+    from privret.train import dp_retriever, dp_run
 
     cfg = small_config.model_copy(update={"direct_dp": small_config.direct_dp.model_copy(update={
         "methods": ["batch-clip"], "epsilons": [4.0],
         "settings": {"model": small_config.retriever.model, "batch_size": 2, "trainable": "top:1",
                      "checkpoint_every": 1}})})
     stage = tmp_path / "run" / "direct-batch-clip-eps-4" / "retriever"
-    real = dp_retriever._save_checkpoint
+    real = dp_run.save_checkpoint
 
     def killed(ckpt_dir, params, optimizer, ledger, *, step, **kw):  # dies writing the checkpoint of step 2
         if step == 2:
             raise KeyboardInterrupt
         return real(ckpt_dir, params, optimizer, ledger, step=step, **kw)
 
-    monkeypatch.setattr(dp_retriever, "_save_checkpoint", killed)
+    monkeypatch.setattr(dp_run, "save_checkpoint", killed)
     with pytest.raises(KeyboardInterrupt):
         pipeline.run_pipeline(cfg, tmp_path / "run")
-    monkeypatch.setattr(dp_retriever, "_save_checkpoint", real)
+    monkeypatch.setattr(dp_run, "save_checkpoint", real)
     assert (stage / "stage.json").is_file() and (stage / "checkpoint").is_dir() and (stage / "steps.jsonl").is_file()
     with pytest.raises(InputError, match="direct-batch-clip-eps-4/retriever.*learning_rate.*interrupted run"):
         pipeline.run_pipeline(_changed(cfg, "direct_dp", settings={**cfg.direct_dp.settings, "learning_rate": 1e-3}),

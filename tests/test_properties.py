@@ -287,6 +287,7 @@ def stubbed(monkeypatch):
     """Stop each command where its long work would begin, after the checks it makes first."""
     from privret.privacy import accounting
     from privret.synth import generate as gen_mod
+    from privret.train import dp_run
     from privret.train import generator as gtrain
     from privret.train import retriever as rtrain
 
@@ -311,7 +312,7 @@ def stubbed(monkeypatch):
         assert cfg.num_queries > 0 and 0 < cfg.top_p <= 1 and cfg.batch_size > 0
         raise Reached
 
-    monkeypatch.setattr(gtrain, "calibrate_noise", fast_calibrate)
+    monkeypatch.setattr(dp_run, "calibrate_noise", fast_calibrate)
     monkeypatch.setattr(gtrain, "train_generator", train_generator)
     monkeypatch.setattr(rtrain, "train_retriever", train_retriever)
     monkeypatch.setattr(gen_mod, "generate_synthetic", generate_synthetic)

@@ -24,8 +24,7 @@ from privret.privacy import budget
 from privret.privacy.accounting import spent_epsilon
 from privret.privacy.ledger import PrivacyLedger
 from privret.runlock import RunLock, recover_directory, recover_tree
-from privret.train import checkpointing
-from privret.train import generator as gtrain
+from privret.train import checkpointing, dp_run
 from privret.train.generator import GeneratorTrainConfig, train_generator
 
 torch.set_num_threads(1)
@@ -122,14 +121,14 @@ def test_recover_a_cut_directory_swap_and_stale_staging(tmp_path):
 def _crash_when(predicate):
     """Make the checkpoint write of the steps where ``predicate`` holds die (after the step log
     announced it, before any byte of it is written), like a kill at that moment."""
-    original = gtrain._save_checkpoint
+    original = dp_run.save_checkpoint
 
-    def save(ckpt_dir, params, optimizer, ledger, *, step, rng=None):
+    def save(ckpt_dir, params, optimizer, ledger, *, step, rng=None, extra=None):
         if predicate(step):
             raise KeyboardInterrupt(f"killed while writing the checkpoint of step {step}")
-        return original(ckpt_dir, params, optimizer, ledger, step=step, rng=rng)
+        return original(ckpt_dir, params, optimizer, ledger, step=step, rng=rng, extra=extra)
 
-    with mock.patch.object(gtrain, "_save_checkpoint", save), pytest.raises(KeyboardInterrupt):
+    with mock.patch.object(dp_run, "save_checkpoint", save), pytest.raises(KeyboardInterrupt):
         yield
 
 

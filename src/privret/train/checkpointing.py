@@ -2,8 +2,8 @@
 
 A DP training run releases one noisy update per step. A crash must never let the privacy ledger
 report fewer noisy updates than could have reached disk, and a resumed run must never replay
-noise. This module holds the machinery both DP trainers (:mod:`privret.train.generator`,
-:mod:`privret.train.dp_retriever`) share; the trainers only decide *when* to persist.
+noise. This module holds the machinery of the one DP training run (:mod:`privret.train.dp_run`, used by both DP trainers), which
+decides *when* to persist.
 
 **Layout** (inside the output directory, until the final atomic rename replaces it):
 ``<out>/checkpoint/`` (parameters, optimizer state, ledger, see :func:`save_checkpoint`) and
@@ -27,7 +27,7 @@ branch's. Every ledger a trainer writes (checkpoint and final) reports ``steps =
 
 **Refusals.** A checkpoint the step log cannot account for (log missing, unreadable but for a torn
 last line, or naming no record whose ``to`` is the checkpoint's step) is refused: the run cannot
-prove what it spent. A checkpoint made under another privacy plan (noise multiplier, sample
+prove what it spent. A checkpoint made under another privacy plan (mechanism, noise multiplier, sample
 rate, clip norm, data, ...) is refused. Noise is never replayed: the caller draws fresh entropy on
 every resume; only non-private runs store and restore the sampler's RNG state.
 
@@ -55,11 +55,11 @@ STEP_LOG = "steps.jsonl"
 CHECKPOINT_DIR = "checkpoint"
 
 # Ledger fields a checkpoint must share with the run resuming it (the privacy plan and the data).
-PLAN_KEYS = ("noise_multiplier", "sample_rate", "planned_steps", "unit", "n_units", "clip_norm", "data_hash",
-             "model", "trainable", "delta", "accountant", "provenance")
+PLAN_KEYS = ("mechanism", "noise_multiplier", "sample_rate", "planned_steps", "unit", "n_units", "clip_norm",
+             "data_hash", "model", "trainable", "delta", "accountant", "provenance")
 # Ledger fields a finished output must share with a run pointed at it again.
-FINISHED_KEYS = ("noise_multiplier", "sample_rate", "planned_steps", "unit", "n_units", "clip_norm", "data_hash",
-                 "model", "delta", "provenance")
+FINISHED_KEYS = ("mechanism", "noise_multiplier", "sample_rate", "planned_steps", "unit", "n_units", "clip_norm",
+                 "data_hash", "model", "delta", "provenance")
 
 
 # --- the step log -------------------------------------------------------------------------------

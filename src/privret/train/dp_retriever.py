@@ -41,24 +41,21 @@ which broadcast over the batch and cannot be clipped per sample, and the unused 
 (the top K transformer layers; lower layers are frozen and their backward is skipped), ``lora`` (LoRA
 adapters of rank ``lora_rank`` on the attention query/key/value projections, merged before saving).
 
-Crash safety and resumption (``docs/reliability.md``), as for the DP generator and with the same
-code (:mod:`privret.train.checkpointing`): one process per output directory
-(:class:`~privret.runlock.RunLock`); every ``checkpoint_every`` steps an atomic checkpoint
-(trainable parameters + Adam state + ledger, safetensors) in ``<out>/checkpoint``, each announced
-first by an fsynced record in ``<out>/steps.jsonl``, so every ledger (checkpoint and final) counts
-every noisy update that could have reached disk, lost ones included. ``resume=True`` continues from
-the last checkpoint with fresh noise and sampling (never replayed); a checkpoint the step log does
-not account for, or one made with other settings, is refused. The final SentenceTransformer
-replaces the directory atomically. The release is recorded in the budget registry before any
-update can reach disk (one release id across resumes) and again when done. ``secure_rng`` draws
-the noise, the Poisson sampling and the batch truncation / row choice from the OS CSPRNG
-(:mod:`privret.privacy.secure_rng`).
+Crash safety and resumption (``docs/reliability.md``) are those of every DP run, with the same code
+(:mod:`privret.train.dp_run`): one process per output directory; every ``checkpoint_every`` steps an
+atomic checkpoint (trainable parameters + Adam state + ledger + the settings of
+:func:`resume_settings`), each announced first in ``<out>/steps.jsonl``, so every ledger counts every
+noisy update that could have reached disk, lost ones included. ``resume=True`` continues from the last
+checkpoint with fresh noise and sampling (never replayed); a checkpoint the step log does not account
+for, or one made with other settings, is refused. The final SentenceTransformer replaces the directory
+atomically. The release is recorded in the budget registry before any update can reach disk (one
+release id across resumes) and again when done. ``secure_rng`` draws the noise, the Poisson sampling
+and the batch truncation / row choice from the OS CSPRNG (:mod:`privret.privacy.secure_rng`).
 """
 
 from __future__ import annotations
 
 import math
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,28 +68,24 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from privret.data.beir import Document
 from privret.data.pairs import UNIT_DEFINITIONS, PrivacyUnit, TrainingPairs
 from privret.errors import InputError
-from privret.io import atomic_path, write_json_atomic
+from privret.io import write_json_atomic
 from privret.models.encoder import features, load_encoder
 from privret.models.registry import DEFAULT_ENCODER
 from privret.privacy import budget as budget_registry
-from privret.privacy.accounting import calibrate_noise, check_budget, default_delta, spent_epsilon
 from privret.privacy.ledger import PrivacyLedger
 from privret.privacy.logit_dp import (GhostNorms, logit_dp_factor, loss_logit_grads, pair_norm_bounds, reweighting,
                                       row_losses)
-from privret.privacy.sampling import PoissonUnitSampler
-from privret.privacy.secure_rng import SecurePoissonUnitSampler, SecureRandom, noise_like
+from privret.privacy.secure_rng import SecureRandom, noise_like
 from privret.progress import Progress
-from privret.runlock import RunLock, recover_directory
-from privret.train.checkpointing import (CHECKPOINT_DIR, FINISHED_KEYS, PLAN_KEYS, STEP_LOG, StepAccount,
-                                         check_finished, load_checkpoint)
-from privret.train.checkpointing import save_checkpoint as _save_checkpoint
+from privret.runlock import RunLock
+from privret.train.dp_run import DPRun, plan_run, run_training
 
 METHODS = ("naive", "batch-clip", "logit-dp", "public-negatives")
 # Norms are inflated by this relative margin before clipping, so float rounding in a computed norm
 # can never let a clipped term exceed its bound.
 NORM_MARGIN = 1e-5
 Method = Literal["naive", "batch-clip", "logit-dp", "public-negatives"]
-MECHANISM_FILE = "dp_mechanism.json"  # written last into a finished output (with the model and ledger)
+MECHANISM_FILE = "dp_mechanism.json"  # only a finished output holds it (with the model and ledger)
 # config fields that do not change what is trained: free to differ on resume, and left out of pipeline
 # fingerprints (secure_rng only when off: see privret.pipeline.direct_dp_fingerprint)
 RESUME_FREE = ("checkpoint_every", "secure_rng")
@@ -383,15 +376,15 @@ def _finalise(model) -> None:
 
 
 def plan(cfg: DPRetrieverConfig, n_units: int) -> tuple[float, int, float, Mechanism]:
-    """(sample rate q, steps T, delta, mechanism) for a run over ``n_units`` units."""
-    sample_rate = min(1.0, cfg.batch_size / n_units)
-    steps = max(1, math.ceil(cfg.epochs / sample_rate))
-    delta = cfg.delta if cfg.delta is not None else default_delta(n_units)
-    check_budget(cfg.epsilon, delta, n_units)
-    sigma = calibrate_noise(target_epsilon=cfg.epsilon, delta=delta, sample_rate=sample_rate, steps=steps,
-                            accountant=cfg.accountant)
+    """(sample rate q, steps T, delta, mechanism) for a run over ``n_units`` units (:func:`~privret.train.dp_run.plan_run`)."""
+    run_plan = plan_run(cfg, n_units)
+    return run_plan.sample_rate, run_plan.steps, run_plan.delta, mechanism(cfg, run_plan.sigma)
+
+
+def mechanism(cfg: DPRetrieverConfig, sigma: float) -> Mechanism:
+    """The per-step mechanism of ``cfg.method`` at noise multiplier ``sigma``."""
     sens, cap = sensitivity(cfg)
-    return sample_rate, steps, delta, Mechanism(sensitivity=sens, cap=cap, sigma=sigma)
+    return Mechanism(sensitivity=sens, cap=cap, sigma=sigma)
 
 
 def build_batch(pairs: TrainingPairs, units: list[list[int]], chosen: list[int], cfg: DPRetrieverConfig,
@@ -489,103 +482,64 @@ def resume_settings(cfg: DPRetrieverConfig) -> dict:
 def _train_dp_retriever(pairs: TrainingPairs, out_dir: Path, cfg: DPRetrieverConfig, *, data_hash: str,
                         dataset_id: str, public_corpus, budget, resume: bool) -> PrivacyLedger:
     units = pairs.units(cfg.unit)
-    n_units = len(units)
-    sample_rate, steps, delta, mech = plan(cfg, n_units)
-    ckpt_dir = out_dir / CHECKPOINT_DIR
-    log_path = out_dir / STEP_LOG
-    recover_directory(out_dir)
-    recover_directory(ckpt_dir)
-    finished = (out_dir / MECHANISM_FILE).exists()
-    interrupted = ckpt_dir.exists() or log_path.exists()
-    if out_dir.exists() and not resume:
-        if interrupted:
-            raise InputError("holds an interrupted run; pass --resume to continue it", path=out_dir)
-        raise InputError("already exists (remove it or choose another output)", path=out_dir)
-    if out_dir.exists() and not finished:
-        foreign = sorted(p.name for p in out_dir.iterdir() if p.name not in (CHECKPOINT_DIR, STEP_LOG, "stage.json"))
-        if foreign:
-            raise InputError(f"holds files that are not an interrupted retriever run ({', '.join(foreign[:3])}); "
-                             "choose another output", path=out_dir)
-    secure = cfg.secure_rng
+    run_plan = plan_run(cfg, len(units))
+    mech = mechanism(cfg, run_plan.sigma)
 
-    def ledger(done: int) -> PrivacyLedger:
+    def describe(*, steps: int, epsilon: float, secure_rng: bool) -> PrivacyLedger:
         return PrivacyLedger(
-            mechanism=f"direct-{cfg.method}", delta=delta, noise_multiplier=mech.sigma, sample_rate=sample_rate,
-            epsilon=spent_epsilon(noise_multiplier=mech.sigma, sample_rate=sample_rate, steps=done, delta=delta,
-                                  accountant=cfg.accountant),
-            steps=done, planned_steps=steps, accountant=cfg.accountant, unit=cfg.unit.value, n_units=n_units,
-            n_pairs=len(pairs.pairs), clip_norm=cfg.clip_norm, model=cfg.model, trainable=cfg.trainable,
-            data_hash=data_hash, dataset_id=dataset_id, secure_rng=secure, unit_definition=UNIT_DEFINITIONS[cfg.unit])
+            mechanism=f"direct-{cfg.method}", delta=run_plan.delta, noise_multiplier=run_plan.sigma,
+            sample_rate=run_plan.sample_rate, epsilon=epsilon, steps=steps, planned_steps=run_plan.steps,
+            accountant=cfg.accountant, unit=cfg.unit.value, n_units=run_plan.n_units, n_pairs=len(pairs.pairs),
+            clip_norm=cfg.clip_norm, model=cfg.model, trainable=cfg.trainable, data_hash=data_hash,
+            dataset_id=dataset_id, secure_rng=secure_rng, unit_definition=UNIT_DEFINITIONS[cfg.unit])
 
-    if finished:  # finished earlier: nothing to resume, spend nothing more
-        return check_finished(out_dir, expected=ledger(steps), what="a retriever",
-                              keys=FINISHED_KEYS + ("mechanism",))
-    public = negative_pool(pairs, public_corpus) if cfg.method == "public-negatives" else None
+    def load() -> _RetrieverTrainer:
+        public = negative_pool(pairs, public_corpus) if cfg.method == "public-negatives" else None
+        model = load_encoder(cfg.model, max_seq_length=cfg.max_doc_tokens)
+        named = make_trainable(model, cfg.trainable, lora_rank=cfg.lora_rank)
+        return _RetrieverTrainer(model=model, params=named, optimizer=torch.optim.Adam(named.values(),
+                                                                                      lr=cfg.learning_rate),
+                                 pairs=pairs, units=units, cfg=cfg, mech=mech, public=public,
+                                 expected_batch=run_plan.expected_batch)
 
-    torch.manual_seed(cfg.seed)
-    model = load_encoder(cfg.model, max_seq_length=cfg.max_doc_tokens)
-    named = make_trainable(model, cfg.trainable, lora_rank=cfg.lora_rank)
-    params = list(named.values())
-    optimizer = torch.optim.Adam(params, lr=cfg.learning_rate)
-
-    account = StepAccount.open(log_path, private=True, checkpoint=ckpt_dir, secure=secure)
-    secure = account.secure
-    settings = resume_settings(cfg)
-    start_step = 0
-    if ckpt_dir.exists():
-        checkpoint = load_checkpoint(ckpt_dir, named, optimizer, expected=ledger(0), keys=PLAN_KEYS + ("mechanism",))
-        _check_settings(checkpoint.state.get("config"), settings, ckpt_dir)
-        account.resume_from(checkpoint.step, private=True)
-        start_step = checkpoint.step
-    budget_registry.check_and_record(budget_registry.Release.from_ledger(
-        ledger(account.total(steps)), release_id=account.release_id, status="planned", artefact=out_dir.absolute()),
-        budget)
-    # Fresh entropy for sampling, truncation and noise, also on resume: noise is never replayed.
-    if secure:
-        rng: torch.Generator | SecureRandom = SecureRandom()
-        sampler = SecurePoissonUnitSampler(n_units, sample_rate, rng)
-    else:
-        rng = torch.Generator().manual_seed(int.from_bytes(os.urandom(8), "little"))
-        sampler = PoissonUnitSampler(n_units, sample_rate, rng)
-    expected = sample_rate * n_units
-    model.train()
-    started = time.perf_counter()
-    with Progress() as progress:
-        task = progress.add_task(f"DP retriever ({cfg.method}, epsilon={cfg.epsilon:g})", total=steps,
-                                 completed=start_step)
-        for step in range(start_step, steps):
-            batch = build_batch(pairs, units, sampler.sample(), cfg, rng, public, mech.cap)
-            stats = dp_step(model, params, batch, cfg, mech, expected, rng)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            progress.update(task, advance=1, stats=f"loss={stats['loss']:.3f}")  # not DP: terminal only
-            if (step + 1) % cfg.checkpoint_every == 0 and step + 1 < steps:
-                account.persist(step + 1)
-                _save_checkpoint(ckpt_dir, named, optimizer, ledger(account.total(step + 1)), step=step + 1,
-                                 extra={"config": settings})
-    model.eval()
-    _finalise(model)
-    final = ledger(account.total(steps))
-    details = {"method": cfg.method, "sensitivity": mech.sensitivity, "noise_std": mech.noise_std,
-               "noise_multiplier": mech.sigma, "batch_cap": mech.cap, "temperature": cfg.tau,
-               "seconds": round(time.perf_counter() - started, 1), "resumed_at_step": start_step}
-    account.persist(steps)
-    with atomic_path(out_dir) as staged:
-        model.save(str(staged), safe_serialization=True)
-        final.save(staged)
-        write_json_atomic(staged / "train_config.json", cfg.model_dump(mode="json"))
-        write_json_atomic(staged / MECHANISM_FILE, details)
-    budget_registry.record(budget_registry.Release.from_ledger(final, release_id=account.release_id, status="final",
-                                                               artefact=out_dir.absolute()), budget)
-    return final
+    run = DPRun(out_dir=out_dir, plan=run_plan, describe=describe, what="retriever", finished_marker=MECHANISM_FILE,
+                label=f"DP retriever ({cfg.method}, epsilon={cfg.epsilon:g})", train_config=cfg.model_dump(mode="json"),
+                seed=cfg.seed, checkpoint_every=cfg.checkpoint_every, secure_rng=cfg.secure_rng,
+                settings=resume_settings(cfg), budget=budget)
+    return run_training(run, load, resume=resume)
 
 
-def _check_settings(saved: dict | None, settings: dict, ckpt_dir: Path) -> None:
-    """Refuse a checkpoint made with other training settings than this run's."""
-    if saved is None:
-        raise InputError("checkpoint without its training settings; cannot resume it safely, start again in a new "
-                         "directory", path=ckpt_dir)
-    for key in sorted(set(saved) | set(settings)):
-        if saved.get(key) != settings.get(key):
-            raise InputError(f"checkpoint was made with {key}={saved.get(key)!r}, this run has "
-                             f"{settings.get(key)!r}; cannot resume", path=ckpt_dir)
+@dataclass
+class _RetrieverTrainer:
+    """The encoder in a DP run (:class:`privret.train.dp_run.Trainer`): one step is :func:`build_batch` and
+    :func:`dp_step`; the artefact is the SentenceTransformer (LoRA merged) and :data:`MECHANISM_FILE`."""
+
+    model: object
+    params: dict[str, torch.nn.Parameter]
+    optimizer: torch.optim.Optimizer
+    pairs: TrainingPairs
+    units: list[list[int]]
+    cfg: DPRetrieverConfig
+    mech: Mechanism
+    public: list[Document] | None
+    expected_batch: float
+    started: float = 0.0
+
+    def prepare(self, progress: Progress) -> None:
+        self.model.train()
+        self.started = time.perf_counter()
+
+    def step(self, chosen: list[int], rng: torch.Generator | SecureRandom) -> float:
+        batch = build_batch(self.pairs, self.units, chosen, self.cfg, rng, self.public, self.mech.cap)
+        return dp_step(self.model, list(self.params.values()), batch, self.cfg, self.mech, self.expected_batch,
+                       rng)["loss"]
+
+    def save(self, staged: Path, *, resumed_at_step: int) -> None:
+        self.model.eval()
+        _finalise(self.model)
+        self.model.save(str(staged), safe_serialization=True)
+        mech = self.mech
+        write_json_atomic(staged / MECHANISM_FILE, {
+            "method": self.cfg.method, "sensitivity": mech.sensitivity, "noise_std": mech.noise_std,
+            "noise_multiplier": mech.sigma, "batch_cap": mech.cap, "temperature": self.cfg.tau,
+            "seconds": round(time.perf_counter() - self.started, 1), "resumed_at_step": resumed_at_step})

@@ -9,26 +9,15 @@ One step, for a private run with target (epsilon, delta):
 3. the sum gets N(0, sigma^2 C^2) noise, is divided by the expected batch size q n, and Adam
    takes a step. sigma is calibrated by the accountant for T = ceil(epochs / q) steps.
 
-``epsilon = inf`` trains the non-private reference with the same sampler and no clip/noise.
-Checkpoints are written atomically every ``checkpoint_every`` steps; ``resume`` continues from
-the last one with *fresh* noise (never replayed), and the ledger counts every step that
-reached disk.
+``epsilon = inf`` trains the non-private reference with the same sampler and no clip/noise (mean loss
+over the sampled rows, ``physical_batch`` rows per forward pass).
 
-Crash safety (see ``docs/reliability.md``; the step log, checkpoints and the resume checks live in
-:mod:`privret.train.checkpointing`, shared with the direct DP retriever). One process per output directory
-(:class:`~privret.runlock.RunLock`). Before any write that may put updated parameters on disk
-(a checkpoint or the final model), a record ``(branch, start, to)`` is appended and fsynced to
-``steps.jsonl``: this process (a *branch*, started at step ``start`` from a checkpoint, or 0)
-may have released its noisy updates ``start+1 .. to``. The distinct noisy updates that could
-have reached disk number ``S = sum over branches (max to - start)``; a branch killed after
-persisting step 30 and resumed from the checkpoint of step 20 thus charges its steps 21..30 as
-well as the new branch's. Every ledger (checkpoint and final) reports ``steps = S`` and the
-epsilon of S steps at (sigma, q), so it is never below the true count, and is above the plan
-only after such a loss. A checkpoint the step log does not account for (log missing,
-unreadable, or not naming the checkpoint's step) is refused. Non-private runs store the
-sampler's RNG state with the checkpoint, so a resumed run equals an uninterrupted one.
-
-Each private run is also recorded in the dataset's budget registry
+The run itself (plan, refusals, ledger, budget registry, random source and sampler, step log,
+checkpoints every ``checkpoint_every`` steps, resumption with fresh noise, atomic save) is the one
+every DP trainer shares, :mod:`privret.train.dp_run`, whose docstring states its contract; see also
+``docs/reliability.md``. Every ledger (checkpoint and final) counts every noisy update that could have
+reached disk. Non-private runs store the sampler's RNG state with the checkpoint, so a resumed run
+equals an uninterrupted one. Each private run is recorded in the dataset's budget registry
 (:mod:`privret.privacy.budget`) before its first update can reach disk, with a cap check.
 
 ``public=True`` marks ``pairs`` as public data (``data_hash`` is then its hash): the run is
@@ -47,8 +36,8 @@ ledger records its provenance (mechanism, model, public data hash) and a copy of
 from __future__ import annotations
 
 import math
-import os
 import shutil
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -56,19 +45,15 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from privret.data.pairs import UNIT_DEFINITIONS, PrivacyUnit, TrainingPairs
 from privret.errors import InputError
-from privret.io import atomic_path, write_json_atomic
 from privret.models.generator import WARM_START_DIR, QueryGenerator, load_generator, load_trained_generator
 from privret.models.registry import DEFAULT_GENERATOR
 from privret.privacy import budget as budget_registry
-from privret.privacy.accounting import calibrate_noise, check_budget, default_delta, spent_epsilon
 from privret.privacy.clipping import clip_units
 from privret.privacy.ledger import PrivacyLedger
-from privret.privacy.sampling import PoissonUnitSampler
-from privret.privacy.secure_rng import SecurePoissonUnitSampler, SecureRandom, noise_like
+from privret.privacy.secure_rng import SecureRandom, noise_like
 from privret.progress import Progress
-from privret.runlock import RunLock, recover_directory
-from privret.train.checkpointing import CHECKPOINT_DIR, STEP_LOG, StepAccount, check_finished, load_checkpoint
-from privret.train.checkpointing import save_checkpoint as _save_checkpoint
+from privret.runlock import RunLock
+from privret.train.dp_run import DPRun, RunPlan, plan_run, run_training
 
 
 class GeneratorTrainConfig(BaseModel):
@@ -96,16 +81,10 @@ class GeneratorTrainConfig(BaseModel):
 
 
 def _plan(cfg: GeneratorTrainConfig, n_units: int) -> tuple[float, int, float, float]:
-    """(sample rate, steps, delta, sigma) for the run."""
-    sample_rate = min(1.0, cfg.batch_size / n_units)
-    steps = max(1, math.ceil(cfg.epochs / sample_rate))
-    delta = cfg.delta if cfg.delta is not None else default_delta(n_units)
-    check_budget(cfg.epsilon, delta, n_units)
-    if not math.isfinite(cfg.epsilon):
-        return sample_rate, steps, delta, 0.0
-    sigma = calibrate_noise(target_epsilon=cfg.epsilon, delta=delta, sample_rate=sample_rate, steps=steps,
-                            accountant=cfg.accountant)
-    return sample_rate, steps, delta, sigma
+    """(sample rate, steps, delta, sigma) for the run (:func:`~privret.train.dp_run.plan_run`; sigma = 0 if not
+    private)."""
+    run_plan = plan_run(cfg, n_units)
+    return run_plan.sample_rate, run_plan.steps, run_plan.delta, run_plan.sigma
 
 
 def micro_batches(units: list[list[int]], chosen: list[int], max_rows: int) -> list[list[int]]:
@@ -161,108 +140,84 @@ def train_generator(pairs: TrainingPairs, out_dir: str | Path, cfg: GeneratorTra
 def _train_generator(pairs: TrainingPairs, out_dir: Path, cfg: GeneratorTrainConfig, *, data_hash: str,
                      dataset_id: str, resume: bool, budget: budget_registry.BudgetPolicy | None, public: bool,
                      warm_start: Path | None) -> PrivacyLedger:
-    from opacus import GradSampleModule
-
     units = pairs.units(cfg.unit)
-    n_units = len(units)
-    sample_rate, steps, delta, sigma = _plan(cfg, n_units)
-    private = math.isfinite(cfg.epsilon)
+    run_plan = plan_run(cfg, len(units))
+    private = run_plan.private
     provenance = {"warm_start": warm_start_provenance(warm_start, cfg.model)} if warm_start is not None else {}
-    ckpt_dir = out_dir / CHECKPOINT_DIR
-    log_path = out_dir / STEP_LOG
-    recover_directory(out_dir)
-    recover_directory(ckpt_dir)
-    if (out_dir / "generator.json").exists() and not resume:
-        raise InputError("already holds a trained generator (use another directory)", path=out_dir)
-    if (ckpt_dir.exists() or log_path.exists()) and not resume:
-        raise InputError("holds an interrupted run; pass --resume to continue it", path=out_dir)
+    trainable = f"{cfg.trainable}:top{cfg.trained_layers or 'all'}"
 
-    def ledger(done: int) -> PrivacyLedger:
-        trainable = f"{cfg.trainable}:top{cfg.trained_layers or 'all'}"
+    def describe(*, steps: int, epsilon: float, secure_rng: bool) -> PrivacyLedger:
         if public:
             return PrivacyLedger.public("public-pairs", model=cfg.model, public_data_hash=data_hash,
-                                        unit=cfg.unit.value, n_units=n_units, n_pairs=len(pairs.pairs), steps=done,
-                                        planned_steps=steps, sample_rate=sample_rate, trainable=trainable,
-                                        provenance=provenance)
-        eps = (spent_epsilon(noise_multiplier=sigma, sample_rate=sample_rate, steps=done, delta=delta,
-                             accountant=cfg.accountant) if private else math.inf)
-        return PrivacyLedger(mechanism="dp-sgd" if private else "none", epsilon=eps, delta=delta if private else 0.0,
-                             noise_multiplier=sigma, sample_rate=sample_rate, steps=done, planned_steps=steps,
-                             accountant=cfg.accountant if private else "none", unit=cfg.unit.value, n_units=n_units,
-                             n_pairs=len(pairs.pairs), clip_norm=cfg.clip_norm if private else math.inf,
-                             model=cfg.model, trainable=trainable, data_hash=data_hash, dataset_id=dataset_id,
-                             secure_rng=secure, unit_definition=UNIT_DEFINITIONS[cfg.unit], provenance=provenance)
+                                        unit=cfg.unit.value, n_units=run_plan.n_units, n_pairs=len(pairs.pairs),
+                                        steps=steps, planned_steps=run_plan.steps, sample_rate=run_plan.sample_rate,
+                                        trainable=trainable, provenance=provenance)
+        return PrivacyLedger(mechanism="dp-sgd" if private else "none", epsilon=epsilon,
+                             delta=run_plan.delta if private else 0.0, noise_multiplier=run_plan.sigma,
+                             sample_rate=run_plan.sample_rate, steps=steps, planned_steps=run_plan.steps,
+                             accountant=cfg.accountant if private else "none", unit=cfg.unit.value,
+                             n_units=run_plan.n_units, n_pairs=len(pairs.pairs),
+                             clip_norm=cfg.clip_norm if private else math.inf, model=cfg.model, trainable=trainable,
+                             data_hash=data_hash, dataset_id=dataset_id, secure_rng=secure_rng,
+                             unit_definition=UNIT_DEFINITIONS[cfg.unit], provenance=provenance)
 
-    secure = private and cfg.secure_rng
-    if (out_dir / "generator.json").exists():  # finished earlier: nothing to resume, spend nothing more
-        return _finished(out_dir, expected=ledger(steps))
-    torch.manual_seed(cfg.seed)
-    settings = dict(max_doc_tokens=cfg.max_doc_tokens, max_query_tokens=cfg.max_query_tokens,
-                    trained_layers=cfg.trained_layers, bf16=cfg.bf16)
-    if warm_start is not None:
-        generator = load_trained_generator(warm_start, **settings)
-        generator.examples = []  # fine-tuning always uses the zero-shot prompt
-    else:
-        generator = load_generator(cfg.model, **settings)
-    generator.make_trainable(cfg.trainable, lora_rank=cfg.lora_rank, lora_alpha=2 * cfg.lora_rank)
-    params = generator.trainable_parameters()
-    optimizer = torch.optim.Adam(params.values(), lr=cfg.learning_rate)
+    def load() -> _GeneratorTrainer:
+        settings = dict(max_doc_tokens=cfg.max_doc_tokens, max_query_tokens=cfg.max_query_tokens,
+                        trained_layers=cfg.trained_layers, bf16=cfg.bf16)
+        if warm_start is not None:
+            generator = load_trained_generator(warm_start, **settings)
+            generator.examples = []  # fine-tuning always uses the zero-shot prompt
+        else:
+            generator = load_generator(cfg.model, **settings)
+        generator.make_trainable(cfg.trainable, lora_rank=cfg.lora_rank, lora_alpha=2 * cfg.lora_rank)
+        params = generator.trainable_parameters()
+        return _GeneratorTrainer(generator=generator, params=params,
+                                 optimizer=torch.optim.Adam(params.values(), lr=cfg.learning_rate), pairs=pairs,
+                                 units=units, cfg=cfg, plan=run_plan, warm_start=warm_start)
 
-    account = StepAccount.open(log_path, private=private, checkpoint=ckpt_dir, secure=secure)
-    secure = account.secure
+    run = DPRun(out_dir=out_dir, plan=run_plan, describe=describe, what="generator", finished_marker="generator.json",
+                label=f"training generator (epsilon={cfg.epsilon:g})", train_config=cfg.model_dump(mode="json"),
+                seed=cfg.seed, checkpoint_every=cfg.checkpoint_every, secure_rng=cfg.secure_rng, budget=budget)
+    return run_training(run, load, resume=resume)
 
-    start_step, rng_state = 0, None
-    if resume and ckpt_dir.exists():
-        start_step, rng_state = _load_checkpoint(ckpt_dir, params, optimizer, expected=ledger(0))
-        account.resume_from(start_step, private=private)
-    release_id, total, persist = account.release_id, account.total, account.persist
 
-    if private:
-        planned = budget_registry.Release.from_ledger(ledger(total(steps)), release_id=release_id, status="planned",
-                                                      artefact=out_dir.absolute())
-        budget_registry.check_and_record(planned, budget)
-    # Fresh entropy for sampling and noise, also on resume: noise is never replayed.
-    if secure:
-        rng = SecureRandom()
-        sampler = SecurePoissonUnitSampler(n_units, sample_rate, rng)
-    else:
-        rng = torch.Generator().manual_seed(int.from_bytes(os.urandom(8), "little") if private else cfg.seed)
-        if rng_state is not None and not private:
-            rng.set_state(rng_state)  # non-private: continue the very same sample sequence
-        sampler = PoissonUnitSampler(n_units, sample_rate, rng)
+@dataclass
+class _GeneratorTrainer:
+    """The generator in a DP run (:class:`privret.train.dp_run.Trainer`): :meth:`prepare` caches the frozen
+    layers' outputs; one step is :func:`_dp_step` (private) or :func:`_plain_step`."""
 
-    with Progress() as progress:
-        examples = [generator.example(pairs.corpus[p.doc_id].full_text, p.query) for p in pairs.pairs]
+    generator: QueryGenerator
+    params: dict[str, torch.nn.Parameter]
+    optimizer: torch.optim.Optimizer
+    pairs: TrainingPairs
+    units: list[list[int]]
+    cfg: GeneratorTrainConfig
+    plan: RunPlan
+    warm_start: Path | None
+    items: list = field(default_factory=list)
+    loss_module: torch.nn.Module | None = None
+
+    def prepare(self, progress: Progress) -> None:
+        from opacus import GradSampleModule
+
+        examples = [self.generator.example(self.pairs.corpus[p.doc_id].full_text, p.query) for p in self.pairs.pairs]
         task = progress.add_task("caching frozen layers", total=len(examples))
-        items = generator.prepare(examples, progress=lambda k: progress.advance(task, k))
-        loss_module = generator.loss_module()
-        if private:
+        self.items = self.generator.prepare(examples, progress=lambda k: progress.advance(task, k))
+        loss_module = self.generator.loss_module()
+        if self.plan.private:
             loss_module = GradSampleModule(loss_module, batch_first=True, loss_reduction="sum")
-        loss_module.train()
-        task = progress.add_task(f"training generator (epsilon={cfg.epsilon:g})", total=steps, completed=start_step)
-        for step in range(start_step, steps):
-            chosen = sampler.sample()
-            loss = _dp_step(generator, loss_module, items, units, chosen, params, cfg, sigma, sample_rate * n_units,
-                            rng) if private else _plain_step(generator, loss_module, items, units, chosen, params)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            progress.update(task, advance=1, stats=f"loss={loss:.3f}")  # not DP: terminal only
-            if (step + 1) % cfg.checkpoint_every == 0 and step + 1 < steps:
-                persist(step + 1)
-                _save_checkpoint(ckpt_dir, params, optimizer, ledger(total(step + 1)), step=step + 1,
-                                 rng=None if private else rng)
-    final = ledger(total(steps))
-    persist(steps)
-    with atomic_path(out_dir) as staged:
-        generator.save(staged)
-        if warm_start is not None:  # loading this generator applies the warm start first
-            shutil.copytree(warm_start, staged / WARM_START_DIR)
-        final.save(staged)
-        write_json_atomic(staged / "train_config.json", cfg.model_dump(mode="json"))
-    if private:
-        budget_registry.record(budget_registry.Release.from_ledger(final, release_id=release_id, status="final",
-                                                                   artefact=out_dir.absolute()), budget)
-    return final
+        self.loss_module = loss_module.train()
+
+    def step(self, chosen: list[int], rng: torch.Generator | SecureRandom) -> float:
+        if self.plan.private:
+            return _dp_step(self.generator, self.loss_module, self.items, self.units, chosen, self.params, self.cfg,
+                            self.plan.sigma, self.plan.expected_batch, rng)
+        return _plain_step(self.generator, self.loss_module, self.items, self.units, chosen, self.cfg.physical_batch)
+
+    def save(self, staged: Path, *, resumed_at_step: int) -> None:
+        self.generator.save(staged)
+        if self.warm_start is not None:  # loading this generator applies the warm start first
+            shutil.copytree(self.warm_start, staged / WARM_START_DIR)
 
 
 def _rows_of(units, group):
@@ -303,26 +258,17 @@ def _dp_step(generator: QueryGenerator, loss_module, items, units, chosen, param
     return torch.cat(losses).mean().item() if losses else float("nan")
 
 
-def _plain_step(generator, loss_module, items, units, chosen, params) -> float:
+def _plain_step(generator, loss_module, items, units, chosen, physical_batch: int) -> float:
+    """Set ``p.grad`` to the gradient of the mean per-example loss over the rows of the chosen units (a non-private
+    run), ``physical_batch`` rows per forward pass; returns that mean loss."""
     rows = [r for u in chosen for r in units[u]]
     if not rows:
         return float("nan")
     losses = []
-    for lo in range(0, len(rows), 16):
-        batch = generator.collate([items[r] for r in rows[lo: lo + 16]])
+    for lo in range(0, len(rows), physical_batch):
+        batch = generator.collate([items[r] for r in rows[lo: lo + physical_batch]])
         with generator.autocast():
             per_example = loss_module(**batch)
         (per_example.sum() / len(rows)).backward()
         losses.append(per_example.detach().float())
     return torch.cat(losses).mean().item()
-
-
-def _finished(out_dir: Path, *, expected: PrivacyLedger) -> PrivacyLedger:
-    return check_finished(out_dir, expected=expected, what="a generator")
-
-
-def _load_checkpoint(ckpt_dir: Path, params, optimizer, *,
-                     expected: PrivacyLedger) -> tuple[int, torch.Tensor | None]:
-    """Restore params and optimizer; (step, sampler RNG state or None). Refuse another plan's checkpoint."""
-    checkpoint = load_checkpoint(ckpt_dir, params, optimizer, expected=expected)
-    return checkpoint.step, checkpoint.rng_state

@@ -1,0 +1,265 @@
+"""One crash-safe DP-SGD training run, for both DP trainers: the query generator
+(:mod:`privret.train.generator`) and the direct DP retriever (:mod:`privret.train.dp_retriever`).
+
+A trainer supplies what differs (a :class:`Trainer`: its model, one step given the sampled units, the
+saved artefact; and how its ledger is described); this module owns the rest: the plan, the refusals,
+the ledger's accounting, the budget registry, the random source and sampler, the step log,
+checkpoints and resumption, and the atomic save.
+
+**The contract of a private run** (target (epsilon, delta), N privacy units, expected batch B units):
+
+* **Plan** (:func:`plan_run`): sample rate q = min(1, B / N), T = max(1, ceil(epochs / q)) steps,
+  delta = 1 / (2N) unless given, and sigma the noise multiplier the accountant calibrates so that T
+  Poisson-subsampled Gaussian steps at (q, delta) spend at most epsilon.
+* **One step**: every unit joins the batch independently with probability q (Poisson sampling, the
+  accountant's assumption; an empty batch is a step too). The trainer's step sets the gradient Adam
+  applies to ``(s(batch) + N(0, (sigma * Delta)^2 I)) / (q N)``: ``s`` its clipped sum, ``Delta`` the
+  sum's L2 sensitivity to adding or removing one unit, noise drawn once per step, and the division by
+  the expected batch q N, a constant (the realised batch size depends on the data).
+* **Accounting**: T steps are planned; every ledger (checkpoint and final) charges the accountant's
+  epsilon for S steps at (sigma, q, delta) (:meth:`RunPlan.spent`), where S counts the noisy updates
+  that may have been released.
+* **Crash and resume never spend budget twice nor under-count**: a step is in the ledger if its noisy
+  update may have been released. Before every write of updated parameters (a checkpoint or the final
+  model) the step log durably announces it (:mod:`privret.train.checkpointing`), and S counts every
+  announced update of every process, including updates lost to a kill after their announcement. A
+  resume continues from the last checkpoint with fresh randomness (noise and sampling are never
+  replayed) under the run's one release id, so the budget registry holds one release: recorded
+  ``planned`` (its steps: S at the end of the plan) before the first noisy update and ``final`` once
+  the model is in place. A checkpoint the step log does not account for, or one made under another
+  plan (the ledger's plan fields and mechanism, and the trainer's ``settings``), is refused.
+
+**Directories.** One process per output directory (the trainers hold a :class:`~privret.runlock.RunLock`).
+Without ``resume`` an existing directory is refused; with it, a directory holding anything but an
+interrupted run's files (:data:`RUN_FILES`) is refused rather than replaced, and a finished one (its
+``finished_marker`` present) is returned as it is, spending nothing more.
+
+A non-private run (epsilon = inf: sigma = 0, nothing recorded in the budget registry) goes through the
+same loop; its sampler is seeded and checkpointed, so a resumed run equals an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import torch
+
+from privret.errors import InputError
+from privret.io import atomic_path, write_json_atomic
+from privret.privacy import budget as budget_registry
+from privret.privacy.accounting import calibrate_noise, check_budget, default_delta, spent_epsilon
+from privret.privacy.ledger import PrivacyLedger
+from privret.privacy.sampling import PoissonUnitSampler
+from privret.privacy.secure_rng import SecurePoissonUnitSampler, SecureRandom
+from privret.progress import Progress
+from privret.runlock import recover_directory
+from privret.train.checkpointing import (CHECKPOINT_DIR, STEP_LOG, Checkpoint, StepAccount, check_finished,
+                                         load_checkpoint, save_checkpoint)
+
+# What the directory of an interrupted run may hold: its checkpoint, its step log and the record a
+# pipeline stage writes before it starts the run (privret.pipeline.STAGE_FILE).
+RUN_FILES = (CHECKPOINT_DIR, STEP_LOG, "stage.json")
+
+Random = torch.Generator | SecureRandom
+
+
+# --- the plan and its accounting ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """The privacy plan of a run over ``n_units`` units (see the module docstring); sigma = 0 when not private."""
+
+    epsilon: float  # the target; inf: a non-private run
+    n_units: int
+    sample_rate: float
+    steps: int
+    delta: float
+    sigma: float
+    accountant: str
+
+    @property
+    def private(self) -> bool:
+        return math.isfinite(self.epsilon)
+
+    @property
+    def expected_batch(self) -> float:
+        """q N: what every step's noisy sum is divided by."""
+        return self.sample_rate * self.n_units
+
+    def spent(self, steps: int) -> float:
+        """The epsilon the accountant charges for ``steps`` noisy updates at (sigma, q, delta); inf if not private."""
+        if not self.private:
+            return math.inf
+        return spent_epsilon(noise_multiplier=self.sigma, sample_rate=self.sample_rate, steps=steps, delta=self.delta,
+                             accountant=self.accountant)
+
+
+def plan_run(cfg, n_units: int) -> RunPlan:
+    """The plan of a run over ``n_units`` units for a trainer config with ``epsilon``, ``delta`` (None: 1/(2N)),
+    ``batch_size`` (expected units per step), ``epochs`` and ``accountant``; refuses a meaningless budget."""
+    sample_rate = min(1.0, cfg.batch_size / n_units)
+    steps = max(1, math.ceil(cfg.epochs / sample_rate))
+    delta = cfg.delta if cfg.delta is not None else default_delta(n_units)
+    check_budget(cfg.epsilon, delta, n_units)
+    sigma = (calibrate_noise(target_epsilon=cfg.epsilon, delta=delta, sample_rate=sample_rate, steps=steps,
+                             accountant=cfg.accountant) if math.isfinite(cfg.epsilon) else 0.0)
+    return RunPlan(epsilon=cfg.epsilon, n_units=n_units, sample_rate=sample_rate, steps=steps, delta=delta, sigma=sigma,
+                   accountant=cfg.accountant)
+
+
+# --- what a trainer supplies -------------------------------------------------------------------
+
+
+class Trainer(Protocol):
+    """A loaded model ready for a run: what its checkpoints hold, one step, and the saved artefact."""
+
+    params: Mapping[str, torch.Tensor]  # the trainable parameters, by name (checkpointed)
+    optimizer: torch.optim.Optimizer  # checkpointed
+
+    def prepare(self, progress: Progress) -> None:
+        """Get ready for the first step (once, after any resume; may show its own progress)."""
+
+    def step(self, chosen: list[int], rng: Random) -> float:
+        """Set ``p.grad`` of every trainable parameter for the sampled units ``chosen`` (a private run: the
+        noisy clipped sum divided by q N, its noise from ``rng``). Returns the batch's mean loss, computed
+        without noise: **not DP**, for the live terminal only, never for a file, a log or a report."""
+
+    def save(self, staged: Path, *, resumed_at_step: int) -> None:
+        """Write the trained artefact into ``staged``, the output directory before its atomic rename."""
+
+
+@dataclass(frozen=True)
+class DPRun:
+    """One run into ``out_dir``: its plan and everything about it that is not the model."""
+
+    out_dir: Path
+    plan: RunPlan
+    describe: Callable[..., PrivacyLedger]  # (steps=, epsilon=, secure_rng=): the ledger after ``steps`` updates
+    what: str  # "generator", "retriever": names the run in messages
+    finished_marker: str  # a file only a finished output holds
+    label: str  # of the progress bar
+    train_config: dict  # saved as train_config.json with the artefact
+    seed: int  # torch's seed while loading the model; a non-private run's sampler seed
+    checkpoint_every: int
+    secure_rng: bool  # noise and sampling from the OS CSPRNG (private runs)
+    settings: dict | None = None  # saved with each checkpoint; a resume with others is refused
+    budget: budget_registry.BudgetPolicy | None = None
+
+    def ledger(self, steps: int, *, secure: bool) -> PrivacyLedger:
+        """The run's ledger once ``steps`` noisy updates may have been released."""
+        return self.describe(steps=steps, epsilon=self.plan.spent(steps), secure_rng=secure)
+
+    def release(self, ledger: PrivacyLedger, *, release_id: str, status: str) -> budget_registry.Release:
+        return budget_registry.Release.from_ledger(ledger, release_id=release_id, status=status,
+                                                   artefact=self.out_dir.absolute())
+
+
+# --- the run -----------------------------------------------------------------------------------
+
+
+def run_training(run: DPRun, load: Callable[[], Trainer], *, resume: bool) -> PrivacyLedger:
+    """Train the model ``load()`` returns as ``run`` plans, into ``run.out_dir``; returns the final ledger
+    (see the module docstring). Call it while holding the directory's :class:`~privret.runlock.RunLock`."""
+    plan, out_dir = run.plan, run.out_dir
+    ckpt_dir = out_dir / CHECKPOINT_DIR
+    recover_directory(out_dir)
+    recover_directory(ckpt_dir)
+    finished = (out_dir / run.finished_marker).exists()
+    _refuse_directory(out_dir, run.what, finished=finished, resume=resume)
+    if finished:  # nothing to resume, spend nothing more
+        return check_finished(out_dir, expected=run.ledger(plan.steps, secure=plan.private and run.secure_rng),
+                              what=f"a {run.what}")
+    torch.manual_seed(run.seed)
+    trainer = load()
+    account = StepAccount.open(out_dir / STEP_LOG, private=plan.private, checkpoint=ckpt_dir,
+                               secure=plan.private and run.secure_rng)
+    checkpoint = _resume(run, trainer, account, ckpt_dir)
+    start = checkpoint.step if checkpoint is not None else 0
+    if plan.private:  # before the first noisy update
+        budget_registry.check_and_record(run.release(run.ledger(account.total(plan.steps), secure=account.secure),
+                                                     release_id=account.release_id, status="planned"), run.budget)
+    rng, sampler = _random_source(plan, secure=account.secure, seed=run.seed,
+                                  state=checkpoint.rng_state if checkpoint is not None else None)
+    with Progress() as progress:
+        trainer.prepare(progress)
+        task = progress.add_task(run.label, total=plan.steps, completed=start)
+        for step in range(start, plan.steps):
+            loss = trainer.step(sampler.sample(), rng)
+            trainer.optimizer.step()
+            trainer.optimizer.zero_grad(set_to_none=True)
+            progress.update(task, advance=1, stats=f"loss={loss:.3f}")  # not DP: terminal only
+            done = step + 1
+            if done % run.checkpoint_every == 0 and done < plan.steps:
+                account.persist(done)
+                save_checkpoint(ckpt_dir, trainer.params, trainer.optimizer,
+                                run.ledger(account.total(done), secure=account.secure), step=done,
+                                rng=None if plan.private else rng,
+                                extra={"config": run.settings} if run.settings is not None else None)
+    final = run.ledger(account.total(plan.steps), secure=account.secure)
+    account.persist(plan.steps)
+    with atomic_path(out_dir) as staged:
+        trainer.save(staged, resumed_at_step=start)
+        final.save(staged)
+        write_json_atomic(staged / "train_config.json", run.train_config)
+    if plan.private:
+        budget_registry.record(run.release(final, release_id=account.release_id, status="final"), run.budget)
+    return final
+
+
+def _refuse_directory(out_dir: Path, what: str, *, finished: bool, resume: bool) -> None:
+    """Without ``resume`` an existing directory; with it, one holding more than an interrupted run's files."""
+    if not out_dir.exists():
+        return
+    if not resume:
+        if (out_dir / CHECKPOINT_DIR).exists() or (out_dir / STEP_LOG).exists():
+            raise InputError("holds an interrupted run; pass --resume to continue it", path=out_dir)
+        raise InputError("already exists (remove it or choose another output)", path=out_dir)
+    foreign = [] if finished else sorted(p.name for p in out_dir.iterdir() if p.name not in RUN_FILES)
+    if foreign:
+        raise InputError(f"holds files that are not an interrupted {what} run ({', '.join(foreign[:3])}); "
+                         "choose another output", path=out_dir)
+
+
+def _resume(run: DPRun, trainer: Trainer, account: StepAccount, ckpt_dir: Path) -> Checkpoint | None:
+    """Restore the last checkpoint, if any (only a resume gets here with one: see :func:`_refuse_directory`),
+    into ``trainer``; refuse one made under another plan or settings, or one the step log does not account for."""
+    if not ckpt_dir.exists():
+        return None
+    checkpoint = load_checkpoint(ckpt_dir, trainer.params, trainer.optimizer,
+                                 expected=run.ledger(0, secure=account.secure))
+    if run.settings is not None:
+        _check_settings(checkpoint.state.get("config"), run.settings, ckpt_dir)
+    account.resume_from(checkpoint.step, private=run.plan.private)
+    return checkpoint
+
+
+def _check_settings(saved: dict | None, settings: dict, ckpt_dir: Path) -> None:
+    """Refuse a checkpoint made with other training settings than this run's."""
+    if saved is None:
+        raise InputError("checkpoint without its training settings; cannot resume it safely, start again in a new "
+                         "directory", path=ckpt_dir)
+    for key in sorted(set(saved) | set(settings)):
+        if saved.get(key) != settings.get(key):
+            raise InputError(f"checkpoint was made with {key}={saved.get(key)!r}, this run has "
+                             f"{settings.get(key)!r}; cannot resume", path=ckpt_dir)
+
+
+def _random_source(plan: RunPlan, *, secure: bool, seed: int, state: torch.Tensor | None,
+                   ) -> tuple[Random, PoissonUnitSampler | SecurePoissonUnitSampler]:
+    """The run's random source and its Poisson sampler at rate q. A private run draws fresh entropy on
+    every start, resumes included (noise and sampling are never replayed): the OS CSPRNG if ``secure``,
+    else a generator seeded from ``os.urandom``. A non-private run seeds it with ``seed`` and continues
+    a checkpoint's sampler ``state``, so a resumed run equals an uninterrupted one."""
+    if secure:
+        secure_rng = SecureRandom()
+        return secure_rng, SecurePoissonUnitSampler(plan.n_units, plan.sample_rate, secure_rng)
+    rng = torch.Generator().manual_seed(int.from_bytes(os.urandom(8), "little") if plan.private else seed)
+    if state is not None and not plan.private:
+        rng.set_state(state)
+    return rng, PoissonUnitSampler(plan.n_units, plan.sample_rate, rng)
