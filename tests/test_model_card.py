@@ -81,3 +81,19 @@ def test_a_trained_retriever_carries_privrets_card_not_the_base_models(tiny_bert
     assert card.startswith("---\n") and "# Dense retriever trained with privret" in card
     assert _front_matter(card)["base_model"] == str(tiny_bert_dir) and "| batch_size | `2` |" in card
     assert card == render_model_card(out)
+
+
+def test_a_direct_dp_retriever_carries_its_guarantee_in_its_card(tiny_bert_dir, tmp_path):
+    from privret.train.dp_retriever import DPRetrieverConfig, train_dp_retriever
+
+    words = ("risk", "drug", "sleep", "diet", "gene", "virus")
+    pairs = TrainingPairs([QueryDocPair(f"what {w}", f"d{i}") for i, w in enumerate(words)],
+                          {f"d{i}": Document(f"d{i}", "", f"{w} study") for i, w in enumerate(words)})
+    cfg = DPRetrieverConfig(method="batch-clip", model=str(tiny_bert_dir), epsilon=8.0, epochs=1.0, batch_size=3,
+                            trainable="top:1")
+    ledger = train_dp_retriever(pairs, tmp_path / "r", cfg, data_hash="h" * 64)
+    card = (tmp_path / "r" / "README.md").read_text()
+    assert f"({ledger.epsilon:.4g}, {ledger.delta:.3g})-differential privacy" in card
+    assert "direct DP training (`direct-batch-clip`)" in card and "## DP mechanism" in card
+    assert "| method | `batch-clip` |" in card and "| sensitivity | `2.0` |" in card
+    assert card == render_model_card(tmp_path / "r")

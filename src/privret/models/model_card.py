@@ -25,7 +25,7 @@ from privret.privacy.ledger import PrivacyLedger, has_ledger
 
 CARD_FILE = "README.md"
 EVALUATIONS_FILE = "evaluations.json"
-SETTINGS_FILES = ("train_config.json", "dp_mechanism.json")
+SETTINGS_FILES = {"train_config.json": "Training settings", "dp_mechanism.json": "DP mechanism"}
 
 
 def guarantee_text(ledger: PrivacyLedger) -> str:
@@ -71,10 +71,10 @@ def render_model_card(directory: Path) -> str:
                 "(mean pooling, cosine similarity; load it with `SentenceTransformer(path)`).", "",
                 "## Privacy", "", guarantee_text(ledger), "", _table(privacy), "",
                 "## Training data", "", _table(data)]
-    for name in SETTINGS_FILES:
+    for name, heading in SETTINGS_FILES.items():
         if (directory / name).is_file():
             settings = json.loads((directory / name).read_text())
-            sections += ["", "## Training settings", "", _table([(k, f"`{v}`") for k, v in settings.items()])]
+            sections += ["", f"## {heading}", "", _table([(k, f"`{v}`") for k, v in settings.items()])]
     evaluations = _evaluations(directory)
     if evaluations:
         sections += ["", "## Evaluation", "", "| data | split | queries | NDCG@10 | Recall@100 | MRR@10 |",

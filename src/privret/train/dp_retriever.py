@@ -70,6 +70,7 @@ from privret.data.pairs import UNIT_DEFINITIONS, PrivacyUnit, TrainingPairs
 from privret.errors import InputError
 from privret.io import write_json_atomic
 from privret.models.encoder import features, load_encoder
+from privret.models.model_card import write_model_card
 from privret.models.registry import DEFAULT_ENCODER
 from privret.privacy import budget as budget_registry
 from privret.privacy.ledger import PrivacyLedger
@@ -543,3 +544,4 @@ class _RetrieverTrainer:
             "method": self.cfg.method, "sensitivity": mech.sensitivity, "noise_std": mech.noise_std,
             "noise_multiplier": mech.sigma, "batch_cap": mech.cap, "temperature": self.cfg.tau,
             "seconds": round(time.perf_counter() - self.started, 1), "resumed_at_step": resumed_at_step})
+        write_model_card(staged)

@@ -203,10 +203,10 @@ def run_training(run: DPRun, load: Callable[[], Trainer], *, resume: bool) -> Pr
                                 extra={"config": run.settings} if run.settings is not None else None)
     final = run.ledger(account.total(plan.steps), secure=account.secure)
     account.persist(plan.steps)
-    with atomic_path(out_dir) as staged:
-        trainer.save(staged, resumed_at_step=start)
+    with atomic_path(out_dir) as staged:  # the ledger first: the trainer's save may describe it (model card)
         final.save(staged)
         write_json_atomic(staged / "train_config.json", run.train_config)
+        trainer.save(staged, resumed_at_step=start)
     if plan.private:
         budget_registry.record(run.release(final, release_id=account.release_id, status="final"), run.budget)
     return final
