@@ -1,4 +1,10 @@
-"""The bundled demo dataset (written by the privret authors, shipped in the package) and its config."""
+"""The bundled demo dataset (written by the privret authors, shipped in the package) and its config.
+
+The dataset is an organisation's internal help-desk log: staff call the internal systems by
+nicknames and codes that the knowledge-base articles never use, so the public encoder cannot tell
+which system a query means, while a retriever trained on the log learns it from the training
+queries (written by ``tools/make_demo_dataset.py``; see its docstring).
+"""
 
 from __future__ import annotations
 
@@ -25,5 +31,5 @@ def demo_config() -> PipelineConfig:
         generator=GeneratorStage(batch_size=32, epochs=4, trained_layers=8, max_doc_tokens=96, learning_rate=2e-3,
                                  checkpoint_every=5, epsilon=math.inf),
         generate=GenerateConfig(num_queries=2, batch_size=32, max_new_tokens=32),
-        retriever=RetrieverTrainConfig(epochs=2, batch_size=32),
+        retriever=RetrieverTrainConfig(epochs=4, batch_size=32, learning_rate=1e-4),
         budget=BudgetSettings(allow_over=True))
