@@ -14,7 +14,6 @@ from privret.data.beir import Document
 from privret.data.pairs import QueryDocPair, TrainingPairs
 from privret.evaluate import canaries as C
 
-torch.set_num_threads(1)
 
 WORDS = ("aspirin heart risk gene memory mice vitamin blood children sleep immune virus cancer drug trial cells "
          "protein brain diet exercise disease patients study effect increase reduce level high low treatment "
@@ -162,6 +161,7 @@ def test_fast_scoring_equals_the_loss_module(digit_llama):
 
 
 # -- the audit catches a memorising model and not a model that never saw the canary -----------------
+@pytest.mark.slow
 def test_memorised_canaries_are_caught_unseen_ones_are_not(digit_llama, tmp_path):
     cfg = C.CanaryAuditConfig(epsilons=[math.inf], trials=2, repetitions=[50], candidates=100, samples=4,
                               seed=0,

@@ -16,7 +16,6 @@ from privret.evaluate.retrieval import corpus_cache_key, corpus_embeddings, sear
 from privret.models.device import native_bf16
 from privret.models.encoder import load_encoder
 
-torch.set_num_threads(1)
 
 
 @pytest.fixture()

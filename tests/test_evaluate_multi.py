@@ -8,7 +8,6 @@ import subprocess
 import sys
 
 import pytest
-import torch
 from helpers import TOY_DOCS, write_beir_dir
 from typer.testing import CliRunner
 
@@ -19,7 +18,6 @@ from privret.evaluate.retrieval import evaluate_retriever
 from privret.models.encoder import load_encoder
 from privret.privacy.ledger import PrivacyLedger
 
-torch.set_num_threads(1)
 
 
 @pytest.fixture()

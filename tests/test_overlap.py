@@ -20,7 +20,6 @@ from privret.errors import InputError
 from privret.evaluate.overlap import (ExactMatcher, corpus_overlap, iter_records, likelihood_statistic,
                                       likelihood_test, mann_whitney_auc, normalise, per_token_losses)
 
-torch.set_num_threads(1)
 VOCAB = sorted(set(WORDS))
 
 

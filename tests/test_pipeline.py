@@ -7,7 +7,6 @@ import math
 import re
 
 import pytest
-import torch
 
 from privret.config import DirectDPGrid, GeneratorStage, PipelineConfig
 from privret.data.beir import load_beir
@@ -16,7 +15,6 @@ from privret.synth.filter import RoundTripFilterConfig
 from privret.synth.generate import GenerateConfig
 from privret.train.retriever import RetrieverTrainConfig
 
-torch.set_num_threads(1)
 
 
 @pytest.fixture()

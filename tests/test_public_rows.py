@@ -23,7 +23,6 @@ from privret.synth.generate import GenerateConfig, generate_synthetic
 from privret.train.generator import GeneratorTrainConfig
 from privret.train.public import examples_hash, train_public_generator, write_prompted_generator
 
-torch.set_num_threads(1)
 
 PUBLIC_PAIRS = [("what does aspirin reduce", "aspirin can reduce the risk of heart disease"),
                 ("sleep and the immune response", "sleep and exercise increase the immune response"),

@@ -28,7 +28,6 @@ from privret.train import checkpointing
 from privret.train import generator as gtrain
 from privret.train.generator import GeneratorTrainConfig, train_generator
 
-torch.set_num_threads(1)
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 
 

@@ -313,6 +313,7 @@ def plot_pixels(shot: Path) -> int:
     return count
 
 
+@pytest.mark.slow
 def test_report_renders_in_headless_chromium(fake_run, tmp_path):
     html_path, _, _ = build_report(fake_run)
     shot, netlog = tmp_path / "shot.png", tmp_path / "net.json"
@@ -326,6 +327,7 @@ def test_report_renders_in_headless_chromium(fake_run, tmp_path):
     assert page_requests(netlog) == []
 
 
+@pytest.mark.slow
 def test_network_check_catches_a_page_that_loads_something(tmp_path):
     """The NetLog check above can fail: a page with one remote image and no plot is caught on both counts."""
     page = tmp_path / "leaky.html"

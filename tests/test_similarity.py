@@ -8,14 +8,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 from helpers import write_beir_dir
 from typer.testing import CliRunner
 
 from privret.cli import app
 from privret.evaluate.similarity import MauveSettings, align, corpus_bleu, evaluate_similarity, featurise
 
-torch.set_num_threads(1)
 
 DOCS = [("d1", "aspirin can reduce the risk of heart disease"), ("d2", "mice with the gene show low memory"),
         ("d3", "vitamin levels in blood are high in children"), ("d4", "sleep and exercise increase immune response"),

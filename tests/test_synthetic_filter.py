@@ -6,7 +6,6 @@ import json
 
 import numpy as np
 import pytest
-import torch
 
 from helpers import TOY_DOCS, write_beir_dir
 from privret.data.beir import load_beir, load_corpus
@@ -14,7 +13,6 @@ from privret.errors import InputError
 from privret.privacy.ledger import LEDGER_FILE, PrivacyLedger
 from privret.synth.filter import RoundTripFilterConfig, filter_round_trip
 
-torch.set_num_threads(1)
 
 LEDGER = PrivacyLedger(mechanism="dp-sgd", epsilon=4.0, delta=1e-3, noise_multiplier=1.1, sample_rate=0.1, steps=10,
                        planned_steps=10, accountant="prv", unit="query", n_units=50, n_pairs=60, clip_norm=1.0,
