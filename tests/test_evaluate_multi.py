@@ -79,15 +79,6 @@ def test_two_models_and_epsilon_from_the_ledger(root, tiny_bert_dir, tmp_path):
     assert rows[0]["metrics"]["alpha"]["ndcg@10"] == pytest.approx(rows[1]["metrics"]["alpha"]["ndcg@10"])
 
 
-def test_single_dataset_behaviour_is_kept(root, tiny_bert_dir, tmp_path):
-    out_json = tmp_path / "one.json"
-    result = CliRunner().invoke(app, ["evaluate", "--model", str(tiny_bert_dir), "--data", str(root / "beta"),
-                                      "--json", str(out_json)])
-    assert result.exit_code == 0, result.output
-    metrics = json.loads(out_json.read_text())
-    assert metrics["queries"] == 2 and set(metrics) >= {"ndcg@10", "recall@10", "recall@100", "mrr@10"}
-
-
 @pytest.mark.parametrize("args, message", [
     (["--datasets", "alpha,nowhere"], "dataset 'nowhere' not found"),
     (["--datasets", "alpha", "--data", "x"], "exactly one of --data"),
