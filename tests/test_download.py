@@ -7,8 +7,6 @@ import hashlib
 import http.server
 import io
 import socket
-import subprocess
-import sys
 import threading
 import zipfile
 from pathlib import Path
@@ -16,6 +14,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from helpers import run_cli
 from privret.cli import app
 from privret.data.beir import load_beir
 from privret.data.download import BEIR_MD5, download_dataset, source
@@ -135,8 +134,7 @@ def _closed_port() -> int:
 
 def test_offline_is_one_clear_error_exit_2(tmp_path):
     url = f"http://127.0.0.1:{_closed_port()}/scifact.zip"
-    proc = subprocess.run([sys.executable, "-c", "from privret.cli import main; main()", "data", "download", "scifact",
-                           "--out", str(tmp_path / "data"), "--url", url], capture_output=True, text=True)
+    proc = run_cli("data", "download", "scifact", "--out", str(tmp_path / "data"), "--url", url)
     assert proc.returncode == 2
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "cannot download" in lines[0] and "--archive" in lines[0]

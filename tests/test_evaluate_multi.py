@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 
 import pytest
-from helpers import TOY_DOCS, write_beir_dir
+from helpers import TOY_DOCS, run_cli, write_beir_dir
 from typer.testing import CliRunner
 
 from privret.cli import app
@@ -85,7 +83,6 @@ def test_two_models_and_epsilon_from_the_ledger(root, tiny_bert_dir, tmp_path):
     (["--datasets", "alpha", "--label", "a", "--label", "b"], "one --label per --model"),
 ])
 def test_bad_input_exits_2(root, tiny_bert_dir, args, message):
-    proc = subprocess.run([sys.executable, "-c", "from privret.cli import main; main()", "evaluate", "--model",
-                           str(tiny_bert_dir), "--data-root", str(root), *args], capture_output=True, text=True)
+    proc = run_cli("evaluate", "--model", str(tiny_bert_dir), "--data-root", str(root), *args)
     assert proc.returncode == 2, proc.stderr
     assert message in proc.stderr

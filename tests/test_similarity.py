@@ -140,11 +140,9 @@ def test_cli_similarity_without_overlap_is_an_input_error(datasets, tiny_bert_di
     """A synthetic set from another dataset (no shared document with the split) exits 2 with a message."""
     other = write_beir_dir(tmp_path / "other", [{"_id": "x1", "title": "", "text": "unrelated text"}],
                            [{"_id": "syn-x1-0", "text": "unrelated"}], {"train": [("syn-x1-0", "x1", 1)]})
-    import subprocess
-    import sys
+    from helpers import run_cli
 
-    proc = subprocess.run([sys.executable, "-c", "from privret.cli import main; main()", "evaluate", "similarity",
-                           "--synthetic", str(other), "--data", str(datasets[0]), "--featurizer", str(tiny_bert_dir)],
-                          capture_output=True, text=True)
+    proc = run_cli("evaluate", "similarity", "--synthetic", str(other), "--data", str(datasets[0]), "--featurizer",
+                   str(tiny_bert_dir))
     assert proc.returncode == 2
     assert "no synthetic query has a document" in proc.stderr

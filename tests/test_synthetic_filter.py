@@ -104,17 +104,15 @@ def test_filter_refuses_a_privately_trained_encoder(synthetic_dir, tmp_path, tin
 
 
 def test_cli_filter(synthetic_dir, tmp_path, tiny_bert_dir):
-    import subprocess
-    import sys
+    from helpers import run_cli
 
     out = tmp_path / "filtered"
-    args = [sys.executable, "-m", "privret.cli", "filter", "--synthetic", str(synthetic_dir), "--data",
-            str(synthetic_dir), "--out", str(out), "--encoder", str(tiny_bert_dir), "--top-k", "1"]
-    result = subprocess.run(args + ["--cache-dir", str(tmp_path / "cache")], capture_output=True, text=True,
-                            timeout=300)
+    args = ["filter", "--synthetic", str(synthetic_dir), "--data", str(synthetic_dir), "--out", str(out), "--encoder",
+            str(tiny_bert_dir), "--top-k", "1"]
+    result = run_cli(*args, "--cache-dir", str(tmp_path / "cache"))
     assert result.returncode == 0, result.stderr
     kept = len(load_beir(out, splits=["train"]).queries)
     assert f"kept {kept} of 7" in result.stdout
     assert len(list((tmp_path / "cache").glob("*.npy"))) == 1
-    result = subprocess.run(args[:-2] + ["--top-k", "0"], capture_output=True, text=True, timeout=300)
+    result = run_cli(*args[:-2], "--top-k", "0")
     assert result.returncode == 2 and "--top-k" in result.stderr
