@@ -56,6 +56,7 @@ def _toy_ndcg_by_hand(model_dir) -> dict[str, float]:
     return out
 
 
+@pytest.mark.slow
 def test_pipeline_rows_ledgers_and_resume(tiny_config, tmp_path, monkeypatch):
     from privret import pipeline
 
@@ -156,6 +157,7 @@ def test_non_private_synthetic_set_drops_copies_of_private_queries(tiny_config, 
     assert manifest["dropped_copies_of_private_queries"] == len(docs) and manifest["kept"] == len(docs)
 
 
+@pytest.mark.slow
 def test_dp_synthetic_set_is_never_filtered_by_private_text(tiny_config, tmp_path, monkeypatch):
     """Under a finite epsilon the outputs are kept, counted and numbered without reading the log:
     private text is refused as a filter, echoes stay, only a public blocklist drops outputs."""
@@ -413,6 +415,7 @@ def test_interrupted_generator_resumes_only_with_its_settings(small_config, tmp_
     assert seen == [True] and (run_dir / "eps-inf" / "generator" / "stage.json").is_file()
 
 
+@pytest.mark.slow
 def test_interrupted_direct_dp_stage_resumes_with_its_settings_only(small_config, tmp_path, monkeypatch):
     """A direct-DP row killed mid-training resumes from its checkpoint on the next run (charging the lost
     steps), and is refused, not restarted, when its settings changed."""
