@@ -1,10 +1,11 @@
-# Two entry points: `make demo` and `make test`. Both create .venv and install everything.
+# Entry points: `make demo`, `make test` (the whole suite; CI) and `make check` (the fast tier for day-to-day
+# work: no `slow` tests, the quick hypothesis profile). All create .venv and install everything.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install browser demo test clean
+.PHONY: install browser demo test check clean
 
 install: $(STAMP) browser
 
@@ -32,6 +33,9 @@ demo: install
 
 test: install
 	$(BIN)/python -m pytest -q
+
+check: install
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -m "not slow" --hypothesis-profile dev
 
 clean:
 	rm -rf $(VENV) runs

@@ -6,7 +6,12 @@ Imported by name (`from helpers import ...`); `conftest.py` re-exports the fixtu
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -168,3 +173,24 @@ def record_first_results(monkeypatch, module, name: str) -> list:
 
     monkeypatch.setattr(module, name, recording)
     return results
+
+
+def run_cli(*args: str, cwd=None) -> subprocess.CompletedProcess:
+    """``privret ARGS`` in this process, through the entry point :func:`privret.cli.main` (so bad input
+    ends as it does for a user: a one-line message on stderr and exit code 2); stdout, stderr and the exit
+    code come back as a CompletedProcess. An exception main() does not handle propagates to the test.
+    One test per file that needs it runs the real executable in a subprocess instead."""
+    from privret.cli import main
+
+    stdout, stderr, code = io.StringIO(), io.StringIO(), 0
+    argv = sys.argv
+    sys.argv = ["privret", *args]
+    try:
+        with contextlib.chdir(cwd or os.getcwd()), contextlib.redirect_stdout(stdout), \
+                contextlib.redirect_stderr(stderr):
+            main()
+    except SystemExit as exit_:
+        code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
+    finally:
+        sys.argv = argv
+    return subprocess.CompletedProcess(["privret", *args], code, stdout.getvalue(), stderr.getvalue())

@@ -4,17 +4,15 @@ tiny LM that memorised its canaries (caught) next to canaries it never saw (not 
 from __future__ import annotations
 
 import math
-import subprocess
-import sys
 
 import pytest
 import torch
 
+from helpers import run_cli
 from privret.data.beir import Document
 from privret.data.pairs import QueryDocPair, TrainingPairs
 from privret.evaluate import canaries as C
 
-torch.set_num_threads(1)
 
 WORDS = ("aspirin heart risk gene memory mice vitamin blood children sleep immune virus cancer drug trial cells "
          "protein brain diet exercise disease patients study effect increase reduce level high low treatment "
@@ -162,6 +160,7 @@ def test_fast_scoring_equals_the_loss_module(digit_llama):
 
 
 # -- the audit catches a memorising model and not a model that never saw the canary -----------------
+@pytest.mark.slow
 def test_memorised_canaries_are_caught_unseen_ones_are_not(digit_llama, tmp_path):
     cfg = C.CanaryAuditConfig(epsilons=[math.inf], trials=2, repetitions=[50], candidates=100, samples=4,
                               seed=0,
@@ -196,13 +195,9 @@ def test_memorised_canaries_are_caught_unseen_ones_are_not(digit_llama, tmp_path
 
 
 def test_cli_rejects_bad_lists(tmp_path, toy_beir):
-    result = subprocess.run([sys.executable, "-m", "privret.cli", "audit", "canaries", "--data", str(toy_beir),
-                             "--out", str(tmp_path / "a"), "--epsilons", "inf,abc"], capture_output=True, text=True,
-                            timeout=300)
+    result = run_cli("audit", "canaries", "--data", str(toy_beir), "--out", str(tmp_path / "a"), "--epsilons", "inf,abc")
     assert result.returncode == 2 and "--epsilons" in result.stderr and len(result.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "a").exists()
-    result = subprocess.run([sys.executable, "-m", "privret.cli", "audit", "canaries", "--data", str(toy_beir),
-                             "--out", str(tmp_path / "a"), "--epochs", "-1"], capture_output=True, text=True,
-                            timeout=300)
+    result = run_cli("audit", "canaries", "--data", str(toy_beir), "--out", str(tmp_path / "a"), "--epochs", "-1")
     assert result.returncode == 2 and "generator.epochs" in result.stderr, result.stderr
     assert not (tmp_path / "a").exists()

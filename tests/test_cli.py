@@ -8,10 +8,18 @@ import sys
 
 import pytest
 
+from helpers import run_cli
 
-def run_cli(*args: str, cwd=None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "privret.cli", *args], capture_output=True, text=True, cwd=cwd,
-                          timeout=300)
+
+def test_the_installed_entry_point_in_a_subprocess(toy_beir):
+    """The one real process: `python -m privret.cli` exits 2 with one line on bad input, 0 on good."""
+    (toy_beir / "queries.jsonl").write_text('{"_id": "q1"}\n')
+    result = subprocess.run([sys.executable, "-m", "privret.cli", "data", "validate", str(toy_beir)],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2 and "queries.jsonl:1, field 'text': missing" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    result = subprocess.run([sys.executable, "-m", "privret.cli", "--help"], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0 and "Usage" in result.stdout
 
 
 def _commands(group, prefix=()):

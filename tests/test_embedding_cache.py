@@ -3,20 +3,17 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import torch
 
-from helpers import TOY_DOCS
+from helpers import TOY_DOCS, run_cli
 from privret.data.beir import Document
 from privret.evaluate.retrieval import corpus_cache_key, corpus_embeddings, search
 from privret.models.device import native_bf16
 from privret.models.encoder import load_encoder
 
-torch.set_num_threads(1)
 
 
 @pytest.fixture()
@@ -141,12 +138,10 @@ def test_a_corrupt_entry_is_ignored_and_replaced(model, corpus, tmp_path, damage
 
 def test_cli_evaluate_takes_a_cache_dir(toy_beir, tiny_bert_dir, tmp_path):
     cache = tmp_path / "cache"
-    args = [sys.executable, "-m", "privret.cli", "evaluate", "--model", str(tiny_bert_dir), "--data", str(toy_beir),
-            "--cache-dir", str(cache)]
+    args = ["evaluate", "--model", str(tiny_bert_dir), "--data", str(toy_beir), "--cache-dir", str(cache)]
     metrics = []
     for run in range(2):
-        result = subprocess.run(args + ["--json", str(tmp_path / f"m{run}.json")], capture_output=True, text=True,
-                                timeout=300)
+        result = run_cli(*args, "--json", str(tmp_path / f"m{run}.json"))
         assert result.returncode == 0, result.stderr
         metrics.append(json.loads((tmp_path / f"m{run}.json").read_text()))
         if run == 0:

@@ -4,12 +4,9 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 
 import pytest
-import torch
-from helpers import TOY_DOCS, write_beir_dir
+from helpers import TOY_DOCS, run_cli, write_beir_dir
 from typer.testing import CliRunner
 
 from privret.cli import app
@@ -19,7 +16,6 @@ from privret.evaluate.retrieval import evaluate_retriever
 from privret.models.encoder import load_encoder
 from privret.privacy.ledger import PrivacyLedger
 
-torch.set_num_threads(1)
 
 
 @pytest.fixture()
@@ -81,22 +77,12 @@ def test_two_models_and_epsilon_from_the_ledger(root, tiny_bert_dir, tmp_path):
     assert rows[0]["metrics"]["alpha"]["ndcg@10"] == pytest.approx(rows[1]["metrics"]["alpha"]["ndcg@10"])
 
 
-def test_single_dataset_behaviour_is_kept(root, tiny_bert_dir, tmp_path):
-    out_json = tmp_path / "one.json"
-    result = CliRunner().invoke(app, ["evaluate", "--model", str(tiny_bert_dir), "--data", str(root / "beta"),
-                                      "--json", str(out_json)])
-    assert result.exit_code == 0, result.output
-    metrics = json.loads(out_json.read_text())
-    assert metrics["queries"] == 2 and set(metrics) >= {"ndcg@10", "recall@10", "recall@100", "mrr@10"}
-
-
 @pytest.mark.parametrize("args, message", [
     (["--datasets", "alpha,nowhere"], "dataset 'nowhere' not found"),
     (["--datasets", "alpha", "--data", "x"], "exactly one of --data"),
     (["--datasets", "alpha", "--label", "a", "--label", "b"], "one --label per --model"),
 ])
 def test_bad_input_exits_2(root, tiny_bert_dir, args, message):
-    proc = subprocess.run([sys.executable, "-c", "from privret.cli import main; main()", "evaluate", "--model",
-                           str(tiny_bert_dir), "--data-root", str(root), *args], capture_output=True, text=True)
+    proc = run_cli("evaluate", "--model", str(tiny_bert_dir), "--data-root", str(root), *args)
     assert proc.returncode == 2, proc.stderr
     assert message in proc.stderr

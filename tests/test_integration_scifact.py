@@ -17,7 +17,7 @@ from privret.synth.generate import GenerateConfig, generate_synthetic
 from privret.train.generator import GeneratorTrainConfig, train_generator
 from privret.train.retriever import RetrieverTrainConfig, train_retriever
 
-pytestmark = [pytest.mark.integration,
+pytestmark = [pytest.mark.integration, pytest.mark.slow,
               pytest.mark.skipif(not (SHARED_DATA / "scifact").is_dir(), reason="../shared/data not present")]
 
 

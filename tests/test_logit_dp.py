@@ -12,7 +12,6 @@ from privret.privacy.logit_dp import (GhostNorms, contrastive_constants, contras
                                       logit_dp_factor, loss_logit_grads, pair_norm_bounds, reweighting, row_losses,
                                       spreadout_factor)
 
-torch.set_num_threads(1)
 
 
 def _dl(z: torch.Tensor, i: int, spread: float) -> torch.Tensor:

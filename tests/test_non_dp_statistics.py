@@ -11,7 +11,6 @@ import re
 import shutil
 from pathlib import Path
 
-import torch
 from rich.console import Console
 
 from privret.data.beir import load_beir
@@ -22,7 +21,6 @@ from privret.train import dp_retriever as dptrain
 from privret.train import dp_run
 from privret.train import generator as gtrain
 
-torch.set_num_threads(1)
 
 NON_DP_KEYS = {"loss", "losses", "train_loss", "clipped", "clip_fraction", "clipped_fraction"}
 

@@ -5,13 +5,11 @@ from __future__ import annotations
 import gzip
 import json
 import random
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from helpers import WORDS, write_beir_dir, write_tiny_llama
+from helpers import WORDS, run_cli, write_beir_dir, write_tiny_llama
 from hypothesis import given, settings, strategies as st
 from typer.testing import CliRunner
 
@@ -20,7 +18,6 @@ from privret.errors import InputError
 from privret.evaluate.overlap import (ExactMatcher, corpus_overlap, iter_records, likelihood_statistic,
                                       likelihood_test, mann_whitney_auc, normalise, per_token_losses)
 
-torch.set_num_threads(1)
 VOCAB = sorted(set(WORDS))
 
 
@@ -128,9 +125,7 @@ def test_cli_overlap_only_and_bad_corpus_exit_2(private, tmp_path):
     assert result.exit_code == 0, result.output
     saved = json.loads(out_json.read_text())
     assert saved["overlap"]["queries"]["found"] == 1 and "likelihood" not in saved
-    proc = subprocess.run([sys.executable, "-c", "from privret.cli import main; main()", "audit", "overlap",
-                           "--data", str(root), "--corpus", str(tmp_path / "missing.txt"), "--no-likelihood"],
-                          capture_output=True, text=True)
+    proc = run_cli("audit", "overlap", "--data", str(root), "--corpus", str(tmp_path / "missing.txt"), "--no-likelihood")
     assert proc.returncode == 2 and "corpus file not found" in proc.stderr
     assert not (tmp_path / "missing.json").exists()
 

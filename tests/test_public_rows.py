@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import builtins
+import contextlib
 import io
 import json
 import math
@@ -15,15 +16,13 @@ from pydantic import ValidationError
 
 from helpers import TOY_DOCS
 from privret.config import PipelineConfig
-from privret.data.beir import Document
 from privret.errors import InputError
 from privret.models.generator import INSTRUCTION, load_generator, load_trained_generator
 from privret.privacy.ledger import PrivacyLedger
-from privret.synth.generate import GenerateConfig, generate_synthetic
+from privret.synth.generate import GenerateConfig
 from privret.train.generator import GeneratorTrainConfig
 from privret.train.public import examples_hash, train_public_generator, write_prompted_generator
 
-torch.set_num_threads(1)
 
 PUBLIC_PAIRS = [("what does aspirin reduce", "aspirin can reduce the risk of heart disease"),
                 ("sleep and the immune response", "sleep and exercise increase the immune response"),
@@ -38,10 +37,10 @@ def public_pairs(tmp_path) -> Path:
     return path
 
 
-@pytest.fixture()
-def private_unreadable(toy_beir, monkeypatch):
-    """Any open of the private dataset's queries or qrels raises (builtins.open, io.open, os.open)."""
-    private = {(toy_beir / "queries.jsonl").resolve(), (toy_beir / "qrels").resolve()}
+@contextlib.contextmanager
+def private_files_unreadable(dataset: Path):
+    """While active, any open of ``dataset``'s queries or qrels raises (builtins.open, io.open, os.open)."""
+    private = {(dataset / "queries.jsonl").resolve(), (dataset / "qrels").resolve()}
 
     def guard(opener):
         def guarded(file, *args, **kwargs):
@@ -52,10 +51,11 @@ def private_unreadable(toy_beir, monkeypatch):
             return opener(file, *args, **kwargs)
         return guarded
 
-    monkeypatch.setattr(builtins, "open", guard(builtins.open))
-    monkeypatch.setattr(io, "open", guard(io.open))
-    monkeypatch.setattr(os, "open", guard(os.open))
-    return toy_beir
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(builtins, "open", guard(builtins.open))
+        patch.setattr(io, "open", guard(io.open))
+        patch.setattr(os, "open", guard(os.open))
+        yield
 
 
 def _fast(tiny_llama_dir) -> GeneratorTrainConfig:
@@ -65,22 +65,6 @@ def _fast(tiny_llama_dir) -> GeneratorTrainConfig:
 
 def _saved(directory: Path) -> dict:
     return PrivacyLedger.load(directory).model_dump(exclude={"created_at"})
-
-
-def _documents() -> list[Document]:
-    return [Document(i, t, x) for i, t, x in TOY_DOCS[:3]]
-
-
-def test_prompted_and_public_pairs_rows_never_open_the_private_files(private_unreadable, tiny_llama_dir,
-                                                                     public_pairs, tmp_path):
-    with pytest.raises(AssertionError, match="private file"):  # the guard works
-        (private_unreadable / "qrels" / "train.tsv").read_text()
-    cfg = GenerateConfig(num_queries=1, max_new_tokens=4, batch_size=4)
-    prompted = write_prompted_generator(str(tiny_llama_dir), EXAMPLES, tmp_path / "prompted", unit="query")
-    paired = train_public_generator(public_pairs, tmp_path / "pairs", _fast(tiny_llama_dir))
-    for name, ledger in (("prompted", prompted), ("pairs", paired)):
-        manifest = generate_synthetic(tmp_path / name, _documents(), tmp_path / f"{name}-synthetic", cfg)
-        assert manifest["ledger"]["epsilon"] == 0.0 and PrivacyLedger.load(tmp_path / f"{name}-synthetic").is_public
 
 
 def test_public_ledgers_say_epsilon_0_their_mechanism_and_public_data(tiny_llama_dir, public_pairs, tmp_path):
@@ -168,7 +152,11 @@ def test_public_rows_refuse_dp_selected_documents():
                        public_rows={"public_pairs": "p.jsonl"})
 
 
-def test_pipeline_public_rows_and_warm_start(toy_beir, tiny_llama_dir, tiny_bert_dir, public_pairs, tmp_path):
+def test_prompted_and_public_pairs_rows_never_open_the_private_files(toy_beir, tiny_llama_dir, tiny_bert_dir,
+                                                                     public_pairs, tmp_path, monkeypatch):
+    """The pipeline with both public rows and a warm start, on a private dataset whose queries and qrels raise
+    if opened while the pipeline builds either public row (:func:`privret.pipeline._public_row`)."""
+    from privret import pipeline
     from privret.config import GeneratorStage
     from privret.pipeline import run_pipeline
     from privret.train.retriever import RetrieverTrainConfig
@@ -180,11 +168,24 @@ def test_pipeline_public_rows_and_warm_start(toy_beir, tiny_llama_dir, tiny_bert
         generate=GenerateConfig(num_queries=1, max_new_tokens=4, batch_size=4),
         retriever=RetrieverTrainConfig(model=str(tiny_bert_dir), epochs=1, batch_size=4, bf16=False),
         public_rows={"prompted": True, "public_pairs": public_pairs, "examples": 2})
+    built, build_row = [], pipeline._public_row
+
+    def build_without_private_files(stages, name, make_generator, documents, dataset, config):
+        with private_files_unreadable(config.dataset):
+            with pytest.raises(AssertionError, match="private file"):  # the guard works
+                (config.dataset / "qrels" / "train.tsv").read_text()
+            built.append(name)
+            return build_row(stages, name, make_generator, documents, dataset, config)
+
+    monkeypatch.setattr(pipeline, "_public_row", build_without_private_files)
     run_dir = tmp_path / "run"
     rows = {r["row"]: r for r in run_pipeline(cfg, run_dir)}
+    assert built == ["public-prompted", "public-pairs"]
     private_hash = json.loads((run_dir / "original" / "retriever" / "stage.json").read_text())["fingerprint"]["data_hash"]
     for row in ("no private data (prompted)", "no private data (public pairs)"):
         assert (rows[row]["epsilon"], rows[row]["delta"]) == (0.0, 0.0)
+    for name in ("public-prompted", "public-pairs"):
+        assert PrivacyLedger.load(run_dir / name / "synthetic").is_public
     assert "| no private data (prompted) | 0 | - |" in (run_dir / "summary.md").read_text()
     for name in ("public-prompted", "public-pairs"):
         record = json.loads((run_dir / name / "synthetic" / "stage.json").read_text())["fingerprint"]

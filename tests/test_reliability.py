@@ -27,7 +27,6 @@ from privret.runlock import RunLock, recover_directory, recover_tree
 from privret.train import checkpointing, dp_run
 from privret.train.generator import GeneratorTrainConfig, train_generator
 
-torch.set_num_threads(1)
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 
 
@@ -364,8 +363,9 @@ def test_pickle_only_weights_need_explicit_trust(tmp_path, tiny_bert_dir, monkey
     with pytest.raises(InputError, match="--trust-remote-pickle"):
         load_encoder(str(pickled))
     monkeypatch.setenv(TRUST_PICKLE_ENV, "1")
-    assert load_encoder(str(pickled)) is not None
-    load_encoder(str(tiny_bert_dir))  # safetensors: never asks
+    trusted, reference = load_encoder(str(pickled)), load_encoder(str(tiny_bert_dir))  # safetensors: never asks
+    a, b = trusted.state_dict(), reference.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)  # the pickled weights, not a fresh init
 
 
 def test_offline_mode_never_opens_a_socket(tmp_path, tiny_bert_dir, monkeypatch):
@@ -439,3 +439,6 @@ def test_same_seed_same_retriever(tiny_bert_dir, tmp_path):
         train_retriever(pairs, tmp_path / name, cfg, ledger=ledger)
     a, b = tensors(tmp_path / "r1" / "model.safetensors"), tensors(tmp_path / "r2" / "model.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    initial = tensors(tiny_bert_dir / "model.safetensors")
+    changed = [k for k in a if not torch.equal(a[k], initial[k])]
+    assert len(changed) > len(a) // 2, changed  # training moved the weights: equal runs are not two no-ops

@@ -9,11 +9,11 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from helpers import run_cli
 from privret.privacy.ledger import PrivacyLedger
 from privret.report import build_report, collect
 
@@ -258,13 +258,11 @@ def test_bad_metrics_file_is_one_clear_error(fake_run):
 
 def test_cli_report_exit_codes(fake_run, tmp_path):
     utility = tmp_path / "privacy_utility.json"
-    ok = subprocess.run([sys.executable, "-m", "privret.cli", "report", str(fake_run), "--utility-json", str(utility)],
-                        capture_output=True, text=True, timeout=300)
+    ok = run_cli("report", str(fake_run), "--utility-json", str(utility))
     assert ok.returncode == 0, ok.stderr
     assert "DP synthetic queries (ε=16)" in ok.stdout and (fake_run / "report.html").is_file()
     assert json.loads(utility.read_text())[0]["dataset"] == "private"
-    bad = subprocess.run([sys.executable, "-m", "privret.cli", "report", str(tmp_path / "missing")],
-                         capture_output=True, text=True, timeout=300)
+    bad = run_cli("report", str(tmp_path / "missing"))
     assert bad.returncode == 2 and "run directory not found" in bad.stderr
 
 
@@ -313,6 +311,7 @@ def plot_pixels(shot: Path) -> int:
     return count
 
 
+@pytest.mark.slow
 def test_report_renders_in_headless_chromium(fake_run, tmp_path):
     html_path, _, _ = build_report(fake_run)
     shot, netlog = tmp_path / "shot.png", tmp_path / "net.json"
@@ -326,6 +325,7 @@ def test_report_renders_in_headless_chromium(fake_run, tmp_path):
     assert page_requests(netlog) == []
 
 
+@pytest.mark.slow
 def test_network_check_catches_a_page_that_loads_something(tmp_path):
     """The NetLog check above can fail: a page with one remote image and no plot is caught on both counts."""
     page = tmp_path / "leaky.html"

@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 import torch
 
-torch.set_num_threads(1)
 ROOT = Path(__file__).resolve().parents[1]
 DIM = 256
 # glibc raises its mmap threshold after large frees, so freed per-chunk buffers then stay in the heap
@@ -71,6 +70,7 @@ def _peak(model_dir: Path, n: int, chunk: int) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_peak_memory_is_bounded_by_the_chunk_not_the_corpus(wide_encoder):
     small, large = _peak(wide_encoder, 20_000, 4096), _peak(wide_encoder, 100_000, 4096)
     assert small["embedding_dim"] == DIM and large["n_docs"] == 100_000

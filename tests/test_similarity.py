@@ -8,14 +8,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 from helpers import write_beir_dir
 from typer.testing import CliRunner
 
 from privret.cli import app
 from privret.evaluate.similarity import MauveSettings, align, corpus_bleu, evaluate_similarity, featurise
 
-torch.set_num_threads(1)
 
 DOCS = [("d1", "aspirin can reduce the risk of heart disease"), ("d2", "mice with the gene show low memory"),
         ("d3", "vitamin levels in blood are high in children"), ("d4", "sleep and exercise increase immune response"),
@@ -79,8 +77,8 @@ def test_bleu_matches_sacrebleu_called_directly(datasets):
     assert ours["score"] == pytest.approx(direct.score, abs=1e-9)
     assert ours["bleu"] == pytest.approx(direct.score / 100)
     assert 0 < ours["bleu"] < 1
-    # and a single-reference corpus differs (the second reference matters)
-    assert sacrebleu.corpus_bleu(hyps, [refs1]).score != pytest.approx(direct.score)
+    # our BLEU uses every reference of a hypothesis: with the second one dropped it is lower
+    assert corpus_bleu(aligned.hypotheses, [refs[:1] for refs in aligned.references])["score"] < ours["score"]
 
 
 def test_bleu_is_one_for_identical_queries():
@@ -142,11 +140,9 @@ def test_cli_similarity_without_overlap_is_an_input_error(datasets, tiny_bert_di
     """A synthetic set from another dataset (no shared document with the split) exits 2 with a message."""
     other = write_beir_dir(tmp_path / "other", [{"_id": "x1", "title": "", "text": "unrelated text"}],
                            [{"_id": "syn-x1-0", "text": "unrelated"}], {"train": [("syn-x1-0", "x1", 1)]})
-    import subprocess
-    import sys
+    from helpers import run_cli
 
-    proc = subprocess.run([sys.executable, "-c", "from privret.cli import main; main()", "evaluate", "similarity",
-                           "--synthetic", str(other), "--data", str(datasets[0]), "--featurizer", str(tiny_bert_dir)],
-                          capture_output=True, text=True)
+    proc = run_cli("evaluate", "similarity", "--synthetic", str(other), "--data", str(datasets[0]), "--featurizer",
+                   str(tiny_bert_dir))
     assert proc.returncode == 2
     assert "no synthetic query has a document" in proc.stderr

@@ -140,6 +140,7 @@ def test_squad_config_loads_once_the_dataset_exists(tmp_path):
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 @pytest.mark.skipif(not REAL_SQUAD.is_file(), reason="../shared/data/squad not present")
 def test_real_squad_file(tmp_path):
     manifest = build_squad_beir(REAL_SQUAD, tmp_path / "beir")

@@ -6,7 +6,6 @@ import json
 
 import numpy as np
 import pytest
-import torch
 
 from helpers import TOY_DOCS, write_beir_dir
 from privret.data.beir import load_beir, load_corpus
@@ -14,7 +13,6 @@ from privret.errors import InputError
 from privret.privacy.ledger import LEDGER_FILE, PrivacyLedger
 from privret.synth.filter import RoundTripFilterConfig, filter_round_trip
 
-torch.set_num_threads(1)
 
 LEDGER = PrivacyLedger(mechanism="dp-sgd", epsilon=4.0, delta=1e-3, noise_multiplier=1.1, sample_rate=0.1, steps=10,
                        planned_steps=10, accountant="prv", unit="query", n_units=50, n_pairs=60, clip_norm=1.0,
@@ -106,17 +104,15 @@ def test_filter_refuses_a_privately_trained_encoder(synthetic_dir, tmp_path, tin
 
 
 def test_cli_filter(synthetic_dir, tmp_path, tiny_bert_dir):
-    import subprocess
-    import sys
+    from helpers import run_cli
 
     out = tmp_path / "filtered"
-    args = [sys.executable, "-m", "privret.cli", "filter", "--synthetic", str(synthetic_dir), "--data",
-            str(synthetic_dir), "--out", str(out), "--encoder", str(tiny_bert_dir), "--top-k", "1"]
-    result = subprocess.run(args + ["--cache-dir", str(tmp_path / "cache")], capture_output=True, text=True,
-                            timeout=300)
+    args = ["filter", "--synthetic", str(synthetic_dir), "--data", str(synthetic_dir), "--out", str(out), "--encoder",
+            str(tiny_bert_dir), "--top-k", "1"]
+    result = run_cli(*args, "--cache-dir", str(tmp_path / "cache"))
     assert result.returncode == 0, result.stderr
     kept = len(load_beir(out, splits=["train"]).queries)
     assert f"kept {kept} of 7" in result.stdout
     assert len(list((tmp_path / "cache").glob("*.npy"))) == 1
-    result = subprocess.run(args[:-2] + ["--top-k", "0"], capture_output=True, text=True, timeout=300)
+    result = run_cli(*args[:-2], "--top-k", "0")
     assert result.returncode == 2 and "--top-k" in result.stderr

@@ -49,6 +49,7 @@ def _stop(proc: subprocess.Popen) -> None:
             os.killpg(proc.pid, signal.SIGKILL)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(shutil.which("flower-superlink", path=str(BIN)) is None, reason="Flower executables missing")
 def test_superlink_and_two_supernodes_run_two_rounds(tiny_squad, tiny_encoder, tmp_path):
     data = tmp_path / "fed"

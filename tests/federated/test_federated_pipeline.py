@@ -51,11 +51,21 @@ def test_metrics_on_a_hand_made_ranking(fed_dir):
     assert m["mrr@10"] == pytest.approx((1.0 + expected_rr1) / 2)
 
 
-def test_federated_run_all_stages_bytes_and_resume(fed_dir, tiny_encoder, tmp_path):
+def test_federated_run_all_stages_bytes_and_resume(fed_dir, tiny_encoder, tmp_path, monkeypatch):
     pytest.importorskip("flwr")
+    from privret.federated import runner
+    from privret.federated.apps import _evaluate_all, _load_arrays
     from privret.federated.runner import run_federated_local
 
-    cfg = _cfg(tiny_encoder)
+    grids = []
+
+    class RecordedGrid(runner.InProcessGrid):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            grids.append(self)
+
+    monkeypatch.setattr(runner, "InProcessGrid", RecordedGrid)
+    cfg = _cfg(tiny_encoder, personal_learning_rate=1e-2)  # personal encoders far enough from the global one
     res = run_federated_local(cfg, fed_dir, tmp_path / "run", resume=False)
     assert [r["stage"] for r in res["rounds"]] == ["bm25", "hard"]
     ev = res["evaluations"]
@@ -72,7 +82,17 @@ def test_federated_run_all_stages_bytes_and_resume(fed_dir, tiny_encoder, tmp_pa
     s = [len(c.sentences) for c in clients]
     assert ex["query_bytes"] == (q[0] + q[1]) * 32 * 4
     assert ex["answer_bytes"] == q[0] * min(2, s[1]) * 33 * 4 + q[1] * min(2, s[0]) * 33 * 4
-    # personalised query encoders differ from the global model, the global evaluation does not change
+    # personalised query encoders differ from the global model; the global model, evaluated again on the
+    # clients after personalisation, scores exactly as before it
+    global_arrays = _load_arrays(tmp_path / "run" / "global.npz")
+    (grid,) = grids
+    for context in grid.contexts.values():
+        for variant in ("local", "fed"):
+            personal = context.state.array_records[f"query-encoder-{variant}"]
+            assert set(personal) == set(global_arrays)
+            assert any(not np.array_equal(personal[k].numpy(), global_arrays[k].numpy()) for k in personal)
+    again_global = _evaluate_all(grid, sorted(grid.contexts), global_arrays, f"round-{cfg.rounds}", "global")
+    assert again_global == ev["pdd-as2"]
     ledger = json.loads((tmp_path / "run" / "privacy_ledger.json").read_text())
     assert ledger["mechanism"] == "none" and ledger["unit"] == "client"
     state = json.loads((tmp_path / "run" / "state.json").read_text())
@@ -99,14 +119,23 @@ def test_dp_flag_records_a_finite_epsilon(side, fed_dir, tiny_encoder, tmp_path)
 
 
 def test_baselines_run_per_client(fed_dir, tiny_encoder):
-    from privret.federated.runner import evaluate_bm25_all, train_central, train_local_only
+    """Each baseline scores every client; pooled = the per-client metrics weighted by test questions; the
+    trained baselines score differently from the untrained encoder they start from."""
+    from privret.federated.runner import evaluate_bm25_all, evaluate_zero_shot, train_central, train_local_only
 
     clients = load_fed_squad(fed_dir)
-    cfg = _cfg(tiny_encoder)
+    cfg = _cfg(tiny_encoder, learning_rate=1e-2)  # large enough for 2 epochs to change a ranking
+    questions = {c.name: len(c.split("test")) for c in clients}
+    zero_shot = evaluate_zero_shot(cfg, clients)
     for result in (evaluate_bm25_all(clients), train_local_only(cfg, clients), train_central(cfg, clients)):
-        assert set(result["per_client"]) == {c.name for c in clients}
+        assert set(result["per_client"]) == set(questions)
         for level in local.LEVELS:
+            assert {c: m[level]["queries"] for c, m in result["per_client"].items()} == questions
+            for metric in ("recall@1", "recall@100", "mrr@10"):
+                weighted = sum(m[level][metric] * questions[c] for c, m in result["per_client"].items())
+                assert result["pooled"][level][metric] == pytest.approx(weighted / sum(questions.values()))
             assert 0 <= result["pooled"][level]["recall@1"] <= result["pooled"][level]["recall@100"] <= 1
+        assert result["per_client"] != zero_shot["per_client"]
     # BM25 finds "Boats sail on the Nile." for "What sails on the Nile?" at rank 1
     bm25 = evaluate_bm25_all(clients)
     assert bm25["pooled"]["sentence"]["mrr@10"] > 0.3
