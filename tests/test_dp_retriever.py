@@ -282,14 +282,170 @@ def test_config_rejects_bad_options(tiny_bert_dir):
     assert cap == cfg.cap and sens < 1e3  # small temperature: the capped (swap) bound is used
 
 
+@pytest.mark.parametrize("method", ["naive", "batch-clip", "logit-dp", "public-negatives"])
+def test_released_gradient_equals_brute_force(method, tiny, pool, tiny_bert_dir):
+    model, params = tiny
+    cfg = _cfg(method, tiny_bert_dir)
+    batch = _batch(pool, [0, 3, 5, 7], method)
+    got, stats = clipped_sum(method, model, params, batch, cfg)
+    ref = _reference(method, model, params, batch, cfg)
+    assert stats["clipped"] > 0  # clipping is active, so the comparison means something
+    for g, r in zip(got, ref):
+        assert torch.allclose(g, r, atol=1e-6, rtol=1e-4)
+
+
+@pytest.mark.parametrize("spec", ["all", "top:1", "lora"])
+def test_public_negatives_book_keeping_equals_brute_force_for_every_trainable(spec, pool, tiny_bert_dir):
+    """The clipped sum by book-keeping (no second backward) against materialised per-unit gradients, for
+    every ``--trainable`` choice, with a clip norm between the smallest and largest unit norm (so factors
+    differ and some are 1); leaving out any single unit's factor must fail the comparison."""
+    from privret.models.encoder import load_encoder
+
+    model = load_encoder(str(tiny_bert_dir), max_seq_length=32).eval()
+    params = list(make_trainable(model, spec, lora_rank=2).values())
+    if spec == "lora":  # B starts at zero: randomise so every adapter gets a gradient
+        with torch.no_grad():
+            for p in params:
+                p.normal_(0, 0.1)
+    batch = _batch(pool, [0, 3, 5, 7, 8], "public-negatives")
+    e_q, e_d = _encode(model, batch.queries, 32), _encode(model, batch.docs, 32)
+    with torch.no_grad():
+        e_n = _encode(model, [n.full_text for n in batch.negatives], 32)
+    losses = public_negative_losses(e_q, e_d, e_n, 0.5, mask=false_negative_mask(batch))
+    per_unit = [_grads(losses[batch.unit_of_row == k].sum(), params, retain=True) for k in range(batch.n_units)]
+    norms = torch.stack([_norm(g) for g in per_unit])
+    clip = float((norms.min() * norms.max()).sqrt())
+    cfg = _cfg("public-negatives", tiny_bert_dir, clip_norm=clip, trainable=spec)
+    got, stats = clipped_sum("public-negatives", model, params, batch, cfg)
+    assert 0 < stats["clipped"] < 1
+    # the method inflates norms by NORM_MARGIN before clipping; with cancelling unit gradients that 1e-5
+    # shows in small coordinates, so the reference uses the same factors
+    factors = (clip / (norms * (1 + NORM_MARGIN))).clamp(max=1.0).tolist()
+
+    def combine(fs):
+        return [sum(f * g[i] for f, g in zip(fs, per_unit)) for i in range(len(params))]
+
+    def close(a, b):
+        return all(torch.allclose(x, y, atol=1e-6, rtol=1e-4) for x, y in zip(a, b))
+
+    assert close(got, combine(factors))
+    for k in range(batch.n_units):
+        if factors[k] < 1:  # that unit's factor dropped: a different (wrong) sum
+            assert not close(got, combine(factors[:k] + [1.0] + factors[k + 1:]))
+
+
+# -- (b) noise scale ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("method", ["naive", "batch-clip", "logit-dp", "public-negatives"])
+def test_noise_std_is_sensitivity_times_sigma(method, tiny, pool, tiny_bert_dir):
+    model, params = tiny
+    cfg = _cfg(method, tiny_bert_dir, epsilon=4.0)
+    _, _, _, mech = plan(cfg, n_units=100)
+    expected_sens = {"naive": 2 * cfg.cap * cfg.clip_norm, "batch-clip": 2 * cfg.clip_norm,
+                     "public-negatives": cfg.clip_norm,
+                     "logit-dp": min(2 * (1 + math.exp(2 / cfg.tau)),  # uncapped, or capped with swaps
+                                     2 * contrastive_factor(1 / cfg.tau, cfg.cap)) * cfg.clip_norm}[method]
+    assert mech.sensitivity == pytest.approx(expected_sens)
+    assert mech.noise_std == pytest.approx(mech.sensitivity * mech.sigma)
+    batch = _batch(pool, [1, 2, 3], method)
+    clean, _ = clipped_sum(method, model, params, batch, cfg)
+    dp_step(model, params, batch, cfg, mech, expected_batch=4.0, rng=torch.Generator().manual_seed(1))
+    noise = torch.cat([(p.grad * 4.0 - c).flatten() for p, c in zip(params, clean)])
+    for p in params:
+        p.grad = None
+    assert noise.numel() > 10_000
+    assert noise.std().item() == pytest.approx(mech.noise_std, rel=0.03)
+    assert abs(noise.mean().item()) < 0.03 * mech.noise_std
+
+
+# -- (c) empirical sensitivity: add / remove one unit ---------------------------------------------------------------
+
+
+def _change(method, model, params, cfg, pool, a, b):
+    ga, _ = clipped_sum(method, model, params, _batch(pool, a, method), cfg)
+    gb, _ = clipped_sum(method, model, params, _batch(pool, b, method), cfg)
+    return _norm([x - y for x, y in zip(ga, gb)]).item()
+
+
+@pytest.mark.parametrize("method", ["naive", "batch-clip", "logit-dp", "public-negatives"])
+def test_adding_or_removing_a_unit_stays_within_the_sensitivity(method, tiny, pool, tiny_bert_dir):
+    model, params = tiny
+    # logit-dp: a mild temperature keeps the bound small enough for the check to bite
+    cfg = _cfg(method, tiny_bert_dir, max_batch_units=5, **({"temperature": 2.0} if method == "logit-dp" else {}))
+    bound, cap = sensitivity(cfg)
+    gen = torch.Generator().manual_seed(7)
+    worst = 0.0
+    for _ in range(5):
+        perm = torch.randperm(10, generator=gen).tolist()
+        size = int(torch.randint(1, 5, (1,), generator=gen))
+        base, extra = perm[:size], perm[size]
+        worst = max(worst, _change(method, model, params, cfg, pool, base + [extra], base))
+        if cap is not None and size >= 2:  # truncation can swap a unit for another one
+            worst = max(worst, _change(method, model, params, cfg, pool, base[1:] + [extra], base))
+    assert worst <= bound
+    assert worst > 0.05 * bound or method == "logit-dp"  # not vacuous
+    if method == "naive":
+        assert worst > cfg.clip_norm  # the per-unit clip C alone would understate the sensitivity
+
+
+def test_logit_dp_change_within_bound_when_every_pair_is_clipped(tiny, pool, tiny_bert_dir):
+    """Every g_ij clipped (tiny B), growing batches: the change stays below B * f. (How close the bound can
+    be approached, with aligned gradients, is checked on synthetic vectors in test_logit_dp.py.)"""
+    model, params = tiny
+    cfg = _cfg("logit-dp", tiny_bert_dir, temperature=4.0, clip_norm=1e-4)
+    bound, _ = sensitivity(cfg)
+    worst = max(_change("logit-dp", model, params, cfg, pool, list(range(k + 1)), list(range(k)))
+                for k in range(1, 6))
+    assert 0.0 < worst <= bound
+
+
+# -- sampling, truncation, config ---------------------------------------------------------------------------------
+
+
+def _pairs():
+    corpus = {f"d{i}": Document(f"d{i}", "", f"document {w}") for i, w in enumerate(WORDS[:12])}
+    rows = [QueryDocPair(query=f"what {w}", doc_id=f"d{i}", query_id=f"q{i}") for i, w in enumerate(WORDS[:10])]
+    rows.append(QueryDocPair(query="what " + WORDS[3], doc_id="d11", query_id="q3"))  # unit q3 has two rows
+    return TrainingPairs(pairs=rows, corpus=corpus)
+
+
+def test_build_batch_caps_units_and_takes_one_row_per_unit_for_logit_dp(tiny_bert_dir):
+    pairs = _pairs()
+    units = pairs.units("query")
+    rng = torch.Generator().manual_seed(0)
+    cfg = _cfg("logit-dp", tiny_bert_dir)
+    b = build_batch(pairs, units, list(range(len(units))), cfg, rng, None, cap=4)
+    assert b.n_units == 4 and len(b.queries) == 4
+    cfg = _cfg("naive", tiny_bert_dir)
+    b = build_batch(pairs, units, [3], cfg, rng, None, cap=None)
+    assert b.n_units == 1 and len(b.queries) == 2 and b.unit_of_row.tolist() == [0, 0]
+    cfg = _cfg("public-negatives", tiny_bert_dir, public_negatives=5)
+    b = build_batch(pairs, units, [0, 1], cfg, rng, [pairs.corpus["d10"], pairs.corpus["d11"]], cap=None)
+    assert len(b.negatives) == 5 and {n.id for n in b.negatives} <= {"d10", "d11"}
+
+
+def test_config_rejects_bad_options(tiny_bert_dir):
+    with pytest.raises(ValueError):
+        DPRetrieverConfig(method="naive", spreadout_weight=0.1)
+    with pytest.raises(ValueError):
+        DPRetrieverConfig(trainable="top:0")
+    with pytest.raises(ValueError):
+        DPRetrieverConfig(method="bogus")
+    with pytest.raises(ValueError):
+        DPRetrieverConfig(epsilon=math.inf)
+    assert DPRetrieverConfig(method="logit-dp").tau == 0.5 and DPRetrieverConfig(method="naive").tau == 0.05
+    cfg = DPRetrieverConfig(method="logit-dp", temperature=0.05, batch_size=16)
+    sens, cap = sensitivity(cfg)
+    assert cap == cfg.cap and sens < 1e3  # small temperature: the capped (swap) bound is used
+
+
 SAVED_UNMERGED = ("known bug: the LoRA adapters are never merged (sentence-transformers' Transformer.auto_model is a "
                   "read-only property, so make_trainable's and _finalise's assignments miss the model it saves); the "
                   "saved query/key/value weights are lost and re-initialised at random on load")
 
 
-@pytest.mark.parametrize("method", ["naive", "batch-clip",
-                                    pytest.param("logit-dp", marks=pytest.mark.xfail(strict=True, reason=SAVED_UNMERGED)),
-                                    "public-negatives"])
+@pytest.mark.parametrize("method", ["naive", "batch-clip", "logit-dp", "public-negatives"])
 def test_train_dp_retriever_end_to_end(method, tmp_path, tiny_bert_dir):
     from privret.models.encoder import load_encoder
 

@@ -343,7 +343,7 @@ def make_trainable(model, spec: str, *, lora_rank: int = 8) -> dict[str, torch.n
                                                                  auto.named_modules())] or ["q_proj", "v_proj"]
         peft_model = get_peft_model(auto, LoraConfig(r=lora_rank, lora_alpha=2 * lora_rank, lora_dropout=0.0,
                                                      target_modules=targets))
-        model[0].auto_model = peft_model
+        _replace_auto_model(model[0], peft_model)
         return {n: p for n, p in model.named_parameters() if "lora_" in n}
     layers = _layer_list(auto)
     if spec == "all":
@@ -365,11 +365,23 @@ def _layer_list(auto) -> torch.nn.ModuleList:
     raise InputError("cannot find the transformer layers of this encoder", field="trainable")
 
 
+def _replace_auto_model(transformer, new) -> None:
+    """Put ``new`` where ``transformer`` (a sentence-transformers Transformer module) keeps its HF model.
+
+    sentence-transformers >= 5 keeps it in ``model`` and ``auto_model`` is a read-only alias: assigning
+    to the alias would only register a second, unused submodule (and the saved file would miss the
+    adapters' merge)."""
+    if isinstance(getattr(type(transformer), "auto_model", None), property):
+        transformer.model = new
+    else:
+        transformer.auto_model = new
+
+
 def _finalise(model) -> None:
     """Merge LoRA adapters so the saved model is a plain SentenceTransformer."""
     auto = model[0].auto_model
     if hasattr(auto, "merge_and_unload"):
-        model[0].auto_model = auto.merge_and_unload()
+        _replace_auto_model(model[0], auto.merge_and_unload())
 
 
 # ---------------------------------------------------------------------------------------------------------------
