@@ -81,6 +81,7 @@ from privret.errors import InputError
 from privret.evaluate.retrieval import evaluate_per_query, mean_metrics
 from privret.evaluate.statistics import EXPLANATION, PER_QUERY_FILE, versus_zero_shot
 from privret.io import file_sha256, write_json_atomic, write_text_atomic
+from privret.models.device import use_device
 from privret.models.encoder import load_encoder
 from privret.models.generator import GENERATOR_FILE
 from privret.privacy.budget import BudgetPolicy, dataset_id, run_composition, run_composition_sentence
@@ -433,8 +434,13 @@ def _exclusive_run_dir(run):
 
 @_exclusive_run_dir
 def run_pipeline(cfg: PipelineConfig, run_dir: str | Path) -> list[dict]:
-    """Run (or finish) ``cfg``'s grid in ``run_dir``; its DP releases are checked against ``cfg.budget``."""
-    run_dir = Path(run_dir)
+    """Run (or finish) ``cfg``'s grid in ``run_dir`` with its models on ``cfg.device``; its DP releases are
+    checked against ``cfg.budget``."""
+    with use_device(cfg.device):
+        return _run_grid(cfg, Path(run_dir))
+
+
+def _run_grid(cfg: PipelineConfig, run_dir: Path) -> list[dict]:
     run_dir.mkdir(parents=True, exist_ok=True)
     dataset = load_beir(cfg.dataset, splits=[cfg.train_split, cfg.eval_split])
     pairs = pairs_from_beir(dataset, cfg.train_split)

@@ -8,13 +8,14 @@ from typing import Annotated, Optional
 import typer
 
 from privret.cli.common import out
-from privret.cli.options import JsonResultOpt, PrivateDataOpt
+from privret.cli.options import JsonResultOpt, PrivateDataOpt, device_option
 from privret.errors import InputError
 
 app = typer.Typer()
 
 
 @app.callback(invoke_without_command=True)
+@device_option
 def evaluate(
     ctx: typer.Context,
     model: Annotated[Optional[list[str]], typer.Option(
@@ -84,6 +85,7 @@ def evaluate(
 
 
 @app.command("similarity")
+@device_option
 def evaluate_similarity(
     synthetic: Annotated[Path, typer.Option(help="synthetic BEIR dataset written by `privret generate`")],
     data: PrivateDataOpt,
