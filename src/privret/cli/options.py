@@ -48,7 +48,8 @@ CheckpointEveryOpt = Annotated[int, typer.Option(
 # where models run (privret.models.device)
 DEVICE_HELP = "where models run: auto (CUDA when available, else CPU), cpu, cuda or cuda:N"
 DeviceOpt = Annotated[str, typer.Option("--device", help=DEVICE_HELP)]
-ConfigDeviceOpt = Annotated[Optional[str], typer.Option("--device", help=f"{DEVICE_HELP} (default: the config's device)")]
+ConfigDeviceOpt = Annotated[Optional[str], typer.Option(
+    "--device", help=f"{DEVICE_HELP} (default: the config's device)")]
 
 # audits of a private dataset
 PrivateDataOpt = Annotated[Path, typer.Option("--data", help="the private BEIR dataset")]

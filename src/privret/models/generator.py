@@ -397,7 +397,8 @@ def _right_pad(seqs: list[torch.Tensor], pad: int) -> tuple[torch.Tensor, torch.
 
 
 def load_generator(name: str, *, max_doc_tokens: int = 128, max_query_tokens: int = 48,
-                   trained_layers: int | None = None, bf16: bool = True, device: str | None = None) -> QueryGenerator:
+                   trained_layers: int | None = None, bf16: bool = True,
+                   device: str | None = None) -> QueryGenerator:
     """Load a pretrained generator by registry name, local path or hub id, onto ``device``
     (:func:`privret.models.device.resolve_device`; None: the command's ``--device``)."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer
