@@ -50,14 +50,24 @@ def timed(fn, repeats: int):
     return best, out
 
 
-def compare(corpus_emb: np.ndarray, query_emb: np.ndarray, repeats: int, score=None) -> list[dict]:
-    """One row per setting: build and search seconds, search time / exact's, recall@100 vs exact."""
+def compare(corpus_emb: np.ndarray, query_emb: np.ndarray, repeats: int, kinds: set[str], score=None) -> list[dict]:
+    """One row per setting of ``kinds`` (exact always first): build and search seconds, search time /
+    exact's, recall@100 vs exact."""
     from privret.evaluate.index import SearchIndex, build_index, overlap_at_k, top_k
 
-    rows, exact = [], None
+    rows, exact, built = [], None, {}
     for label, fields in SETTINGS:
         spec = SearchIndex(**fields)
-        build_s, index = timed(lambda: build_index(corpus_emb, spec), 1)
+        if spec.index != "exact" and spec.index not in kinds:
+            continue
+        structure = json.dumps(spec.model_dump(exclude={"hnsw_ef_search", "ivf_nprobe"}), sort_keys=True)
+        if structure not in built:  # a search-time knob alone does not rebuild the index
+            built[structure] = timed(lambda: build_index(corpus_emb, spec), 1)
+        build_s, index = built[structure]
+        if spec.index == "hnsw":
+            index.hnsw.efSearch = spec.hnsw_ef_search
+        elif spec.index == "ivf":
+            index.nprobe = min(spec.ivf_nprobe, index.nlist)
         search_s, (scores, hits) = timed(lambda: top_k(index, query_emb, K), repeats)
         if exact is None:
             exact = (search_s, hits)
@@ -73,7 +83,7 @@ def compare(corpus_emb: np.ndarray, query_emb: np.ndarray, repeats: int, score=N
     return rows
 
 
-def scifact(data: Path, embeddings: Path, repeats: int) -> dict:
+def scifact(data: Path, embeddings: Path, repeats: int, kinds: set[str]) -> dict:
     from privret.data.beir import load_beir
     from privret.evaluate.retrieval import encode, per_query_metrics
     from privret.models.encoder import load_encoder
@@ -94,10 +104,10 @@ def scifact(data: Path, embeddings: Path, repeats: int) -> dict:
 
     return {"corpus": "SciFact test (BEIR)", "encoder": "all-MiniLM-L6-v2 (zero-shot)", "n_docs": len(doc_ids),
             "dim": int(corpus_emb.shape[1]), "queries": len(qids),
-            "rows": compare(corpus_emb, query_emb, repeats, score=ndcg)}
+            "rows": compare(corpus_emb, query_emb, repeats, kinds, score=ndcg)}
 
 
-def scale(n_docs: int, repeats: int) -> dict:
+def scale(n_docs: int, repeats: int, kinds: set[str]) -> dict:
     import torch
 
     from bench_scale import documents, queries
@@ -125,7 +135,7 @@ def scale(n_docs: int, repeats: int) -> dict:
         query_emb = encode(model, list(qs.values()), batch_size=512)
     return {"corpus": "bench_scale.py generated documents", "encoder": "2-layer BERT, hidden 32 (tests/helpers.py)",
             "n_docs": n_docs, "dim": int(corpus_emb.shape[1]), "queries": len(qs), "encode_s": round(encode_s, 1),
-            "rows": compare(corpus_emb, query_emb, repeats)}
+            "rows": compare(corpus_emb, query_emb, repeats, kinds)}
 
 
 def main() -> None:
@@ -134,6 +144,7 @@ def main() -> None:
     parser.add_argument("--scifact-embeddings", type=Path, help="cached zero-shot corpus embeddings (.npy)")
     parser.add_argument("--scale-docs", type=int, default=1_000_000)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--kinds", default="hnsw,ivf", help="approximate indexes to compare with exact search")
     parser.add_argument("--json", type=Path, default=ROOT / "bench" / "results" / "ann.json")
     args = parser.parse_args()
     import faiss
@@ -144,10 +155,11 @@ def main() -> None:
     result = {"machine": f"{os.cpu_count()} CPUs, 1 thread", "k": K, "faiss": faiss.__version__,
               "recall_definition": "fraction of exact search's top-100 documents also returned, mean over queries",
               "time_definition": "best of --repeats searches of all queries at once; ratio = setting / exact"}
+    kinds = set(args.kinds.split(","))
     if args.scifact_embeddings is not None:
-        result["scifact"] = scifact(args.scifact, args.scifact_embeddings, args.repeats)
+        result["scifact"] = scifact(args.scifact, args.scifact_embeddings, args.repeats, kinds)
     if args.scale_docs:
-        result["scale"] = scale(args.scale_docs, args.repeats)
+        result["scale"] = scale(args.scale_docs, args.repeats, kinds)
     from privret.io import write_json_atomic
 
     write_json_atomic(args.json, result)
