@@ -1,10 +1,16 @@
-"""bf16 autocast only where the device runs bf16 natively (emulated bf16 is far slower on CPUs)."""
+"""Choosing the device (--device, config field device) and bf16 autocast only where the device runs bf16
+natively (emulated bf16 is far slower on CPUs); tests marked gpu run on CUDA only."""
 
 from __future__ import annotations
 
+import math
+
+import pytest
 import torch
 
+from helpers import WORDS
 from privret.models import device
+from privret.privacy.budget import BudgetPolicy
 
 
 def test_bf16_autocast_follows_native_support(monkeypatch):
@@ -33,14 +39,6 @@ def test_native_bf16_on_cpu_is_onednn_support():
 
 
 # -- choosing the device (--device, config field device) ---------------------------------------------------------
-import math  # noqa: E402
-
-import pytest  # noqa: E402
-
-from helpers import WORDS  # noqa: E402
-
-from privret.privacy.budget import BudgetPolicy  # noqa: E402
-
 NO_CUDA = not torch.cuda.is_available()
 UNRECORDED = BudgetPolicy(enabled=False)  # the same data trained twice here: the registry would refuse the second
 

@@ -396,8 +396,8 @@ def release_memory() -> None:
 
 
 def _evaluate_stage(stage: Stage, model_name: str, dataset: BeirDataset, split: str, extra: dict, *,
-                    search: SearchIndex, cache_dir: Path | None = None) -> dict:
-    """Metrics of a retriever searched with ``search``, unless done; ``cache_dir`` only for a public encoder
+                    search: SearchIndex | None = None, cache_dir: Path | None = None) -> dict:
+    """Metrics of a retriever searched with ``search`` (default exact), unless done; ``cache_dir`` only for a public encoder
     (privacy).
 
     Writes the means to ``metrics.json`` and, first, each query's metrics to ``per_query.json`` beside it.
