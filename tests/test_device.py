@@ -1,10 +1,16 @@
-"""bf16 autocast only where the device runs bf16 natively (emulated bf16 is far slower on CPUs)."""
+"""Choosing the device (--device, config field device) and bf16 autocast only where the device runs bf16
+natively (emulated bf16 is far slower on CPUs); tests marked gpu run on CUDA only."""
 
 from __future__ import annotations
 
+import math
+
+import pytest
 import torch
 
+from helpers import WORDS
 from privret.models import device
+from privret.privacy.budget import BudgetPolicy
 
 
 def test_bf16_autocast_follows_native_support(monkeypatch):
@@ -30,3 +36,157 @@ def test_generator_uses_bf16_only_where_native(monkeypatch, tiny_llama_dir):
 
 def test_native_bf16_on_cpu_is_onednn_support():
     assert device.native_bf16("cpu") is bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+# -- choosing the device (--device, config field device) ---------------------------------------------------------
+NO_CUDA = not torch.cuda.is_available()
+UNRECORDED = BudgetPolicy(enabled=False)  # the same data trained twice here: the registry would refuse the second
+
+
+@pytest.mark.parametrize("available", [True, False])
+def test_auto_is_cuda_exactly_when_available(monkeypatch, available):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: available)
+    assert device.resolve_device("auto").type == ("cuda" if available else "cpu")
+    assert device.resolve_device("cpu").type == "cpu"
+
+
+@pytest.mark.parametrize("spec", ["gpu", "CPU", "cuda:", "cuda:x", "cuda:-1", "cuda:0:1", "", " cpu", "mps"])
+def test_malformed_device_strings_are_refused(spec):
+    with pytest.raises(ValueError, match="is not a device"):
+        device.resolve_device(spec)
+
+
+def test_cuda_without_cuda_and_a_missing_gpu_are_refused(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    for spec in ("cuda", "cuda:0"):
+        with pytest.raises(ValueError, match="CUDA is not available on this machine"):
+            device.resolve_device(spec)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert device.resolve_device("cuda:0") == torch.device("cuda:0")
+    with pytest.raises(ValueError, match="has 1 CUDA device"):
+        device.resolve_device("cuda:1")
+
+
+def test_use_device_sets_where_models_go_and_restores_it(monkeypatch, tiny_bert_dir, tiny_llama_dir):
+    from privret.models.encoder import load_encoder
+    from privret.models.generator import load_generator
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # so that 'auto' would mean cuda
+    with device.use_device("cpu"):
+        assert device.resolve_device() == torch.device("cpu")
+        assert load_encoder(str(tiny_bert_dir), max_seq_length=32).device.type == "cpu"
+        assert load_generator(str(tiny_llama_dir)).device.type == "cpu"
+    assert device.resolve_device().type == "cuda"  # back to auto
+    with pytest.raises(ValueError, match="is not a device"):
+        with device.use_device("gpu"):
+            pass
+    assert device.resolve_device().type == "cuda"
+
+
+def test_cli_device_errors_are_one_line_naming_the_flag(toy_beir, tmp_path):
+    from test_cli import run_cli
+
+    for args in (["evaluate", "--model", "minilm-l6", "--data", str(toy_beir), "--device", "gpu"],
+                 ["retriever", "train", "--data", str(toy_beir), "--out", str(tmp_path / "r"), "--device", "cuda:x"]):
+        proc = run_cli(*args)
+        assert proc.returncode == 2, proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1 and "field '--device'" in proc.stderr
+        assert "is not a device" in proc.stderr
+    if NO_CUDA:
+        proc = run_cli("evaluate", "--model", "minilm-l6", "--data", str(toy_beir), "--device", "cuda")
+        assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
+        assert "field '--device'" in proc.stderr and "CUDA is not available" in proc.stderr
+
+
+def test_pipeline_config_device_field_is_checked(tmp_path):
+    from privret.config import load_config
+    from privret.errors import InputError
+
+    path = tmp_path / "c.yaml"
+    path.write_text("name: x\ndataset: d\nepsilons: [8]\ndevice: gpu\n")
+    with pytest.raises(InputError, match="field 'device': .*is not a device") as err:
+        load_config(path)
+    assert str(path) in err.value.one_line()
+    path.write_text("name: x\ndataset: d\nepsilons: [8]\n")
+    assert load_config(path).device == "auto"
+
+
+def _dp_ledger(tmp_path, tiny_bert_dir, spec: str, name: str):
+    from privret.data.beir import Document
+    from privret.data.pairs import QueryDocPair, TrainingPairs
+    from privret.train.dp_retriever import DPRetrieverConfig, train_dp_retriever
+
+    corpus = {f"d{i}": Document(f"d{i}", "", f"document {w}") for i, w in enumerate(WORDS[:8])}
+    pairs = TrainingPairs(pairs=[QueryDocPair(query=f"what {w}", doc_id=f"d{i}", query_id=f"q{i}")
+                                 for i, w in enumerate(WORDS[:8])], corpus=corpus)
+    cfg = DPRetrieverConfig(method="naive", model=str(tiny_bert_dir), epsilon=8.0, epochs=1.0, batch_size=4,
+                            clip_norm=0.1, max_query_tokens=16, max_doc_tokens=16, trainable="top:1")
+    with device.use_device(spec):
+        ledger = train_dp_retriever(pairs, tmp_path / name, cfg, data_hash="h", budget=UNRECORDED)
+    return ledger.model_dump(exclude={"created_at"})  # created_at: the wall-clock time of the release
+
+
+def test_dp_ledger_does_not_depend_on_the_device_string(tmp_path, tiny_bert_dir):
+    """'cpu' and 'auto' (what 'auto' resolves to here) release under the same ledger, field for field."""
+    cpu = _dp_ledger(tmp_path, tiny_bert_dir, "cpu", "cpu")
+    auto = _dp_ledger(tmp_path, tiny_bert_dir, "auto", "auto")
+    assert cpu == auto and cpu["steps"] > 0 and math.isfinite(cpu["epsilon"])
+
+
+# -- on a CUDA GPU (pytest -m gpu; skipped without CUDA) ---------------------------------------------------------
+
+
+@pytest.mark.gpu
+def test_noise_is_drawn_for_and_placed_on_the_gradients_device():
+    from privret.privacy.secure_rng import SecureRandom, noise_like
+
+    grad = torch.zeros(1000, device="cuda")
+    for rng in (torch.Generator().manual_seed(0), SecureRandom()):
+        noise = noise_like(grad, 2.0, rng)
+        assert noise.device == grad.device and noise.dtype == torch.float32
+        assert 1.5 < float(noise.std()) < 2.5
+
+
+@pytest.mark.gpu
+def test_encoder_on_cuda_agrees_with_the_cpu(tiny_bert_dir):
+    from privret.evaluate.retrieval import encode
+    from privret.models.encoder import load_encoder
+
+    texts = [" ".join(WORDS[i: i + 6]) for i in range(0, 60, 6)]
+    on_gpu = load_encoder(str(tiny_bert_dir), max_seq_length=32, device="cuda")
+    assert on_gpu.device.type == "cuda"
+    gpu = encode(on_gpu, texts, bf16=False)
+    cpu = encode(load_encoder(str(tiny_bert_dir), max_seq_length=32, device="cpu"), texts, bf16=False)
+    assert torch.isfinite(torch.from_numpy(gpu)).all()
+    assert abs(gpu - cpu).max() < 1e-4
+    assert abs(encode(on_gpu, texts, bf16=True) - cpu).max() < 5e-2  # bf16 autocast where native
+
+
+@pytest.mark.gpu
+def test_tiny_dp_run_on_cuda_has_the_cpu_ledger_and_finite_weights(tmp_path, tiny_bert_dir):
+    from privret.models.encoder import load_encoder
+
+    assert _dp_ledger(tmp_path, tiny_bert_dir, "cuda", "gpu") == _dp_ledger(tmp_path, tiny_bert_dir, "cpu", "cpu")
+    trained = load_encoder(str(tmp_path / "gpu"), device="cuda")
+    assert all(torch.isfinite(p).all() for p in trained.parameters())
+
+
+@pytest.mark.gpu
+def test_dp_generator_on_cuda_has_the_cpu_ledger_and_samples(tmp_path, tiny_llama_dir):
+    from helpers import toy_pairs
+    from privret.models.generator import load_trained_generator
+    from privret.train.generator import GeneratorTrainConfig, train_generator
+
+    cfg = GeneratorTrainConfig(model=str(tiny_llama_dir), epsilon=8.0, batch_size=4, epochs=1, trained_layers=1,
+                               lora_rank=4)
+    ledgers = {}
+    for spec in ("cuda", "cpu"):
+        with device.use_device(spec):
+            ledgers[spec] = train_generator(toy_pairs(), tmp_path / spec, cfg, data_hash="abc",
+                                            budget=UNRECORDED).model_dump(exclude={"created_at"})
+    assert ledgers["cuda"] == ledgers["cpu"]
+    gen = load_trained_generator(tmp_path / "cuda", device="cuda")
+    assert gen.device.type == "cuda" and gen.bf16 is torch.cuda.is_bf16_supported(including_emulation=False)
+    assert all(torch.isfinite(p).all() for p in gen.model.parameters())
+    assert len(gen.generate(["the cell gene protein"], max_new_tokens=4, seed=0)[0]) == 1

@@ -14,6 +14,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from privret.data.pairs import PrivacyUnit
 from privret.errors import InputError
+from privret.evaluate.index import SearchIndex
+from privret.models.device import check_device_spec
 from privret.synth.documents import DocumentChoice
 from privret.privacy.budget import DEFAULT_CAP, BudgetPolicy, Cap
 from privret.synth.filter import RoundTripFilterConfig
@@ -142,6 +144,15 @@ class PipelineConfig(BaseModel):
         None, description="also train on the round-trip-filtered synthetic set (extra rows eps-<e>-filtered)")
     public_rows: PublicRows = Field(PublicRows(), description="rows without private data (epsilon = 0)")
     budget: BudgetSettings = BudgetSettings()
+    search: SearchIndex = Field(SearchIndex(), description="the FAISS index every evaluation searches: exact "
+                                                            "(default), hnsw or ivf (privret.evaluate.index)")
+    device: str = Field("auto", description="where models run: auto (CUDA when available, else CPU), cpu, cuda or "
+                                            "cuda:N (privret.models.device); the command line's --device overrides it")
+
+    @field_validator("device")
+    @classmethod
+    def _device_string(cls, value: str) -> str:
+        return check_device_spec(value)
 
     @field_validator("epsilons")
     @classmethod

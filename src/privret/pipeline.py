@@ -78,9 +78,11 @@ from privret.config import PipelineConfig
 from privret.data.beir import BeirDataset, load_beir
 from privret.data.pairs import UNIT_DEFINITIONS, PrivacyUnit, TrainingPairs, pairs_from_beir
 from privret.errors import InputError
+from privret.evaluate.index import SearchIndex
 from privret.evaluate.retrieval import evaluate_per_query, mean_metrics
 from privret.evaluate.statistics import EXPLANATION, PER_QUERY_FILE, versus_zero_shot
 from privret.io import file_sha256, write_json_atomic, write_text_atomic
+from privret.models.device import use_device
 from privret.models.encoder import load_encoder
 from privret.models.generator import GENERATOR_FILE
 from privret.models.model_card import record_evaluation
@@ -181,6 +183,8 @@ def plan_stages(cfg: PipelineConfig, run_dir: Path, *, data_hash: str, evaluatio
     plan = StagePlan(run_dir)
     train = {"train_split": cfg.train_split, "unit": cfg.unit.value, "data_hash": data_hash}
     metrics = {"eval_split": cfg.eval_split, "eval_data": evaluation}
+    if cfg.search.index != "exact":  # approximate search changes the metrics; exact keeps older runs' fingerprints
+        metrics["search"] = cfg.search.model_dump(mode="json")
     retriever = cfg.retriever.model_dump(mode="json")
     plan.add("zero_shot/metrics.json", {"model": cfg.retriever.model, **metrics})
     original = plan.add("original/retriever", {"retriever": retriever, **train},
@@ -393,8 +397,9 @@ def release_memory() -> None:
 
 
 def _evaluate_stage(stage: Stage, model_name: str, dataset: BeirDataset, split: str, extra: dict, *,
-                    cache_dir: Path | None = None) -> dict:
-    """Metrics of a retriever, unless done; ``cache_dir`` only for a public encoder (privacy).
+                    search: SearchIndex | None = None, cache_dir: Path | None = None) -> dict:
+    """Metrics of a retriever searched with ``search`` (default exact), unless done; ``cache_dir`` only for a public encoder
+    (privacy).
 
     Writes the means to ``metrics.json`` and, first, each query's metrics to ``per_query.json`` beside it.
     The row returned adds ``stage`` (the directory) and ``per_query`` (NDCG@10 per query id; None for a
@@ -409,7 +414,7 @@ def _evaluate_stage(stage: Stage, model_name: str, dataset: BeirDataset, split: 
         started = time.time()
         model = load_encoder(model_name)
         per_query = evaluate_per_query(model, dataset.corpus, dataset.queries, dataset.split(split),
-                                       cache_dir=cache_dir)
+                                       cache_dir=cache_dir, index=search)
         del model
         result = {**extra, **mean_metrics(per_query), "eval_seconds": round(time.time() - started, 1)}
         write_json_atomic(per_query_path, per_query)  # before metrics.json, which marks the stage done
@@ -436,8 +441,13 @@ def _exclusive_run_dir(run):
 
 @_exclusive_run_dir
 def run_pipeline(cfg: PipelineConfig, run_dir: str | Path) -> list[dict]:
-    """Run (or finish) ``cfg``'s grid in ``run_dir``; its DP releases are checked against ``cfg.budget``."""
-    run_dir = Path(run_dir)
+    """Run (or finish) ``cfg``'s grid in ``run_dir`` with its models on ``cfg.device``; its DP releases are
+    checked against ``cfg.budget``."""
+    with use_device(cfg.device):
+        return _run_grid(cfg, Path(run_dir))
+
+
+def _run_grid(cfg: PipelineConfig, run_dir: Path) -> list[dict]:
     run_dir.mkdir(parents=True, exist_ok=True)
     dataset = load_beir(cfg.dataset, splits=[cfg.train_split, cfg.eval_split])
     pairs = pairs_from_beir(dataset, cfg.train_split)
@@ -458,7 +468,8 @@ def run_pipeline(cfg: PipelineConfig, run_dir: str | Path) -> list[dict]:
     console.rule("zero-shot encoder")
     public = not has_ledger(cfg.retriever.model)  # not trained by privret on private data
     zero = _evaluate_stage(stages["zero_shot/metrics.json"], cfg.retriever.model, dataset, cfg.eval_split,
-                           {"row": "zero-shot", "epsilon": None, "delta": None}, cache_dir=cache if public else None)
+                           {"row": "zero-shot", "epsilon": None, "delta": None}, cache_dir=cache if public else None,
+                           search=cfg.search)
     rows.append(zero)
 
     console.rule("retriever on the original (private) pairs, non-private")
@@ -471,7 +482,8 @@ def run_pipeline(cfg: PipelineConfig, run_dir: str | Path) -> list[dict]:
         write_json_atomic(original / "timing.json", {"retriever_seconds": round(time.time() - started, 1)})
         release_memory()
     rows.append(_evaluate_stage(stages["original/metrics.json"], str(original / "retriever"), dataset, cfg.eval_split,
-                                {"row": "original pairs (non-private)", "epsilon": math.inf, "delta": 0.0}))
+                                {"row": "original pairs (non-private)", "epsilon": math.inf, "delta": 0.0},
+                                search=cfg.search))
 
     documents, selection = _synthetic_documents(stages[DOCUMENTS_STAGE], cfg, dataset, pairs, data_hash, charged_to,
                                                 budget)
@@ -510,7 +522,8 @@ def run_pipeline(cfg: PipelineConfig, run_dir: str | Path) -> list[dict]:
         ledger = PrivacyLedger.load(stage / "synthetic")  # the generator's, composed with a DP document choice
         rows.append(_evaluate_stage(stages[f"eps-{label}/metrics.json"], str(stage / "retriever"), dataset,
                                     cfg.eval_split, {"row": f"DP synthetic (epsilon={label})",
-                                                     "epsilon": ledger.epsilon, "delta": ledger.delta}))
+                                                     "epsilon": ledger.epsilon, "delta": ledger.delta},
+                                    search=cfg.search))
         if cfg.synthetic_filter is not None:
             filtered = run_dir / f"eps-{label}-filtered"
             console.rule(f"DP synthetic queries, round-trip filtered, epsilon = {label}")
@@ -527,7 +540,7 @@ def run_pipeline(cfg: PipelineConfig, run_dir: str | Path) -> list[dict]:
             rows.append(_evaluate_stage(stages[f"eps-{label}-filtered/metrics.json"], str(filtered / "retriever"),
                                         dataset, cfg.eval_split,
                                         {"row": f"DP synthetic, round-trip filtered (epsilon={label})",
-                                         "epsilon": ledger.epsilon, "delta": ledger.delta}))
+                                         "epsilon": ledger.epsilon, "delta": ledger.delta}, search=cfg.search))
     for epsilon in cfg.direct_dp.epsilons:  # every method at the first epsilon before the next epsilon
         for method in cfg.direct_dp.methods:
             name = f"direct-{method}-eps-{eps_label(epsilon)}"
@@ -545,7 +558,8 @@ def run_pipeline(cfg: PipelineConfig, run_dir: str | Path) -> list[dict]:
             ledger = PrivacyLedger.load(stage / "retriever")
             rows.append(_evaluate_stage(stages[f"{name}/metrics.json"], str(stage / "retriever"), dataset,
                                         cfg.eval_split, {"row": f"direct DP {method} (epsilon={eps_label(epsilon)})",
-                                                         "epsilon": ledger.epsilon, "delta": ledger.delta}))
+                                                         "epsilon": ledger.epsilon, "delta": ledger.delta},
+                                        search=cfg.search))
     write_summary(run_dir, rows, cfg)
     return rows
 
@@ -579,7 +593,8 @@ def _public_row(stages: dict[str, Stage], name: str, make_generator, documents: 
     _add_timing(row, timing)
     ledger = PrivacyLedger.load(row / "synthetic")
     return _evaluate_stage(stages[f"{name}/metrics.json"], str(row / "retriever"), dataset, cfg.eval_split,
-                           {"row": PUBLIC_ROWS[name], "epsilon": ledger.epsilon, "delta": ledger.delta})
+                           {"row": PUBLIC_ROWS[name], "epsilon": ledger.epsilon, "delta": ledger.delta},
+                           search=cfg.search)
 
 
 def _train_on_synthetic(record: Stage, synthetic_dir: Path, cfg: PipelineConfig) -> dict:

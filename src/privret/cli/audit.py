@@ -19,6 +19,7 @@ from privret.cli.options import (
     PrivateDataOpt,
     SeedOpt,
     SplitOpt,
+    device_option,
     generator_training_options,
 )
 from privret.errors import InputError
@@ -27,6 +28,7 @@ app = typer.Typer(help="Privacy audits of the data and the models.", no_args_is_
 
 
 @app.command("overlap")
+@device_option
 def audit_overlap(
     data: PrivateDataOpt,
     corpus: Annotated[Optional[list[Path]], typer.Option(
@@ -85,6 +87,7 @@ def audit_overlap(
 
 
 @app.command("canaries")
+@device_option
 @generator_training_options(clip_norm=1.0, batch_size=32, epochs=2.0, learning_rate=1e-3, trainable="lora",
                             lora_rank=16, trained_layers=4, max_doc_tokens=64)
 def audit_canaries(

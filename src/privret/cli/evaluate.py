@@ -7,14 +7,15 @@ from typing import Annotated, Optional
 
 import typer
 
-from privret.cli.common import out
-from privret.cli.options import JsonResultOpt, PrivateDataOpt
+from privret.cli.common import build_config, out
+from privret.cli.options import JsonResultOpt, PrivateDataOpt, device_option
 from privret.errors import InputError
 
 app = typer.Typer()
 
 
 @app.callback(invoke_without_command=True)
+@device_option
 def evaluate(
     ctx: typer.Context,
     model: Annotated[Optional[list[str]], typer.Option(
@@ -33,8 +34,16 @@ def evaluate(
     cache_dir: Annotated[Optional[Path], typer.Option(
         help="reuse or store corpus embeddings here (a .npy per model weights and corpus); they reveal what "
              "the model does, so keep them where the model may be kept")] = None,
+    index: Annotated[str, typer.Option(
+        help="FAISS index: exact, or approximate hnsw or ivf for large corpora (may miss some true top-100 "
+             "documents; docs/scaling.md)")] = "exact",
+    hnsw_m: Annotated[int, typer.Option(help="--index hnsw: links per node")] = 32,
+    hnsw_ef_search: Annotated[int, typer.Option(help="--index hnsw: candidates kept while searching")] = 128,
+    ivf_nlist: Annotated[Optional[int], typer.Option(
+        help="--index ivf: k-means cells (default 4 sqrt(N), at most N/39)")] = None,
+    ivf_nprobe: Annotated[int, typer.Option(help="--index ivf: cells scanned per query")] = 32,
 ) -> None:
-    """Exact FAISS search over the corpus; NDCG@10, Recall@10/100, MRR@10 (pytrec_eval).
+    """FAISS search over the corpus (exact by default); NDCG@10, Recall@10/100, MRR@10 (pytrec_eval).
 
     `--data D` scores one dataset. `--datasets a,b,c` scores each --model on every dataset and prints
     the seed's Table 5 layout (NDCG@10 and Recall@10; a row per retriever, a column per dataset).
@@ -48,13 +57,17 @@ def evaluate(
         raise InputError("give the retriever to evaluate with --model", field="--model")
     if (data is None) == (datasets is None):
         raise InputError("give exactly one of --data DIR or --datasets a,b,c", field="--data")
+    from privret.evaluate.index import SearchIndex
     from privret.io import write_json_atomic
 
+    searched = build_config(SearchIndex, index=index, hnsw_m=hnsw_m, hnsw_ef_search=hnsw_ef_search,
+                            ivf_nlist=ivf_nlist, ivf_nprobe=ivf_nprobe)
     if datasets is not None:
         from privret.evaluate.multi import evaluate_many, resolve_datasets, rich_tables
 
         paths = resolve_datasets(datasets.split(","), data_root)
-        result = evaluate_many(list(model), paths, split, labels=list(label) if label else None, cache_dir=cache_dir)
+        result = evaluate_many(list(model), paths, split, labels=list(label) if label else None, cache_dir=cache_dir,
+                               index=searched)
         for table in rich_tables(result):
             out.print(table)
         if json_out is not None:
@@ -71,7 +84,7 @@ def evaluate(
 
     dataset = load_beir(data, splits=[split])
     per_query = evaluate_per_query(load_encoder(model[0]), dataset.corpus, dataset.queries, dataset.split(split),
-                                   cache_dir=cache_dir)
+                                   cache_dir=cache_dir, index=searched)
     metrics = mean_metrics(per_query)
     record_evaluation(model[0], data=data.resolve().name, split=split, metrics=metrics)
     table = Table(title=f"{model[0]} on {data.name}/{split} ({metrics['queries']} queries)")
@@ -86,6 +99,7 @@ def evaluate(
 
 
 @app.command("similarity")
+@device_option
 def evaluate_similarity(
     synthetic: Annotated[Path, typer.Option(help="synthetic BEIR dataset written by `privret generate`")],
     data: PrivateDataOpt,

@@ -11,7 +11,7 @@ from typing import Annotated, Optional
 import typer
 
 from privret.cli.common import build_config, out
-from privret.cli.options import ENCODER_HELP
+from privret.cli.options import ENCODER_HELP, ConfigDeviceOpt, checked_device
 from privret.errors import InputError
 
 app = typer.Typer(help="Federated dense retrieval for answer sentence selection (PDD-AS2, Flower).",
@@ -57,6 +57,7 @@ def federated_train(
     dp_clip_norm: Annotated[Optional[float], typer.Option()] = None,
     threads: Annotated[int, typer.Option(help="torch CPU threads")] = 1,
     resume: Annotated[bool, typer.Option(help="continue from the last finished round in --out")] = True,
+    device: ConfigDeviceOpt = None,
 ) -> None:
     """PDD-AS2 + client-customized query encoders + Fed-Negative with the Flower apps on this machine."""
     import torch
@@ -66,7 +67,9 @@ def federated_train(
     torch.set_num_threads(threads)
     cfg = _fed_config(config, model=model, rounds=rounds, warmup_rounds=warmup_rounds, local_epochs=local_epochs,
                       train_fraction=train_fraction, dp=dp, dp_noise_multiplier=dp_noise_multiplier,
-                      dp_clip_norm=dp_clip_norm)
+                      dp_clip_norm=dp_clip_norm, device=device)
+    checked_device(cfg.device, field="--device" if device is not None else "device",
+                   path=None if device is not None else config)
     clients = runner.require_data(data)
     if baseline == "pdd-as2":
         results = runner.run_federated_local(cfg, data, out_dir, resume=resume)

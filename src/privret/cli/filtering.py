@@ -8,9 +8,10 @@ from typing import Annotated, Optional
 import typer
 
 from privret.cli.common import build_config, out
-from privret.cli.options import ENCODER_HELP
+from privret.cli.options import ENCODER_HELP, device_option
 
 
+@device_option
 def filter_synthetic(
     synthetic: Annotated[Path, typer.Option(help="synthetic BEIR dataset written by `privret generate`")],
     data: Annotated[Path, typer.Option("--data", help="BEIR dataset whose (public) corpus is searched")],

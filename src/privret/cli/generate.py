@@ -8,9 +8,10 @@ from typing import Annotated, Optional
 import typer
 
 from privret.cli.common import build_config, out
-from privret.cli.options import SeedOpt
+from privret.cli.options import SeedOpt, device_option
 
 
+@device_option
 def generate(
     generator: Annotated[Path, typer.Option(help="directory written by `privret generator train`")],
     data: Annotated[Path, typer.Option("--data", help="BEIR dataset with the public documents")],

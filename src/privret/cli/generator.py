@@ -24,6 +24,7 @@ from privret.cli.options import (
     SecureRngOpt,
     SeedOpt,
     SplitOpt,
+    device_option,
     generator_training_options,
 )
 
@@ -31,6 +32,7 @@ app = typer.Typer(help="DP fine-tuning of the query generator.", no_args_is_help
 
 
 @app.command("train")
+@device_option
 @generator_training_options(clip_norm=1.0, batch_size=64, epochs=3.0, learning_rate=2e-3, trainable="lora",
                             lora_rank=8, trained_layers=8, max_doc_tokens=128)
 def generator_train(

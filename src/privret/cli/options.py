@@ -45,6 +45,12 @@ SecureRngOpt = Annotated[bool, typer.Option(help="DP noise and sampling from the
 CheckpointEveryOpt = Annotated[int, typer.Option(
     min=1, help="DP training: write a resumable checkpoint every N steps (one write of the trained weights)")]
 
+# where models run (privret.models.device)
+DEVICE_HELP = "where models run: auto (CUDA when available, else CPU), cpu, cuda or cuda:N"
+DeviceOpt = Annotated[str, typer.Option("--device", help=DEVICE_HELP)]
+ConfigDeviceOpt = Annotated[Optional[str], typer.Option(
+    "--device", help=f"{DEVICE_HELP} (default: the config's device)")]
+
 # audits of a private dataset
 PrivateDataOpt = Annotated[Path, typer.Option("--data", help="the private BEIR dataset")]
 JsonResultOpt = Annotated[Optional[Path], typer.Option("--json", help="write the result here (JSON)")]
@@ -60,6 +66,40 @@ _GENERATOR_TRAINING = {
     "trained_layers": Annotated[int, typer.Option(help="train the top k layers (0 = all)")],
     "max_doc_tokens": Annotated[int, typer.Option()],
 }
+
+
+def checked_device(spec: str, *, field: str = "--device", path: Path | None = None) -> str:
+    """``spec`` if it names a device present here; else a one-line :class:`~privret.errors.InputError`
+    naming ``field`` (and the config file ``path``)."""
+    from privret.errors import InputError
+    from privret.models.device import resolve_device
+
+    try:
+        resolve_device(spec)
+    except ValueError as err:
+        raise InputError(str(err), field=field, path=path) from None
+    return spec
+
+
+def device_option(command):
+    """Decorator: the command gets a last option ``--device`` (default ``auto``) and runs with its
+    models placed there (:func:`privret.models.device.use_device`); the command itself never sees the option."""
+    signature = inspect.signature(command, eval_str=True)
+    parameters = [*signature.parameters.values(),
+                  inspect.Parameter("device", inspect.Parameter.POSITIONAL_OR_KEYWORD, default="auto",
+                                    annotation=DeviceOpt)]
+
+    @functools.wraps(command)
+    def on_device(*, device: str = "auto", **values):
+        from privret.models.device import use_device
+
+        with use_device(checked_device(device)):
+            return command(**values)
+
+    on_device.__signature__ = signature.replace(parameters=parameters)
+    on_device.__annotations__ = {p.name: p.annotation for p in parameters}
+    on_device.__annotations__["return"] = signature.return_annotation
+    return on_device
 
 
 def generator_training_options(*, clip_norm: float, batch_size: int, epochs: float, learning_rate: float,

@@ -9,7 +9,7 @@ import typer
 
 from privret.chatter import RUN_LOG, also_log_to
 from privret.cli.common import budget_policy, out
-from privret.cli.options import AllowOverOpt, BudgetCapOpt, DatasetNameOpt
+from privret.cli.options import AllowOverOpt, BudgetCapOpt, ConfigDeviceOpt, DatasetNameOpt, DeviceOpt, checked_device
 
 
 def pipeline(
@@ -18,6 +18,7 @@ def pipeline(
     budget_cap: BudgetCapOpt = None,
     allow_over_budget: AllowOverOpt = False,
     dataset_name: DatasetNameOpt = None,
+    device: ConfigDeviceOpt = None,
 ) -> None:
     """Zero-shot, original pairs and DP synthetic at every epsilon; re-running skips finished stages.
 
@@ -29,6 +30,10 @@ def pipeline(
     cfg.budget = budget_policy(budget_cap, allow_over_budget, base=cfg.budget)
     if dataset_name:
         cfg.budget.dataset_name = dataset_name
+    if device is not None:
+        cfg.device = device
+    checked_device(cfg.device, field="--device" if device is not None else "device",
+                   path=None if device is not None else config)
     target = run_dir or Path("runs") / cfg.name
     also_log_to(target / RUN_LOG)
     rows = run_pipeline(cfg, target)
@@ -36,12 +41,14 @@ def pipeline(
     out.print(f"results: {target.resolve()}/summary.md")
 
 
-def demo(run_dir: Annotated[Path, typer.Option(help="where to write the demo run")] = Path("runs/demo")) -> None:
+def demo(run_dir: Annotated[Path, typer.Option(help="where to write the demo run")] = Path("runs/demo"),
+         device: DeviceOpt = "auto") -> None:
     """The pipeline at epsilon = 8 plus the non-private references on the bundled demo dataset."""
     from privret.data.demo import demo_config
     from privret.pipeline import run_pipeline, summary_table
 
+    checked_device(device)
     also_log_to(run_dir / RUN_LOG)
-    rows = run_pipeline(demo_config(), run_dir)
+    rows = run_pipeline(demo_config().model_copy(update={"device": device}), run_dir)
     out.print(summary_table(rows))
     out.print(f"results: {run_dir.resolve()}/summary.md")

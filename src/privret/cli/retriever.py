@@ -25,6 +25,7 @@ from privret.cli.options import (
     SecureRngOpt,
     SeedOpt,
     SplitOpt,
+    device_option,
 )
 from privret.errors import InputError
 
@@ -32,6 +33,7 @@ app = typer.Typer(help="Training the dual-encoder retriever.", no_args_is_help=T
 
 
 @app.command("train")
+@device_option
 def retriever_train(
     out_dir: Annotated[Path, typer.Option("--out", help="output directory (SentenceTransformer)")],
     data: DataOpt = None, split: SplitOpt = "train", pairs: PairsOpt = None,

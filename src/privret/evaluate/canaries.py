@@ -79,6 +79,7 @@ from privret.data.beir import Document
 from privret.data.pairs import QueryDocPair, TrainingPairs
 from privret.errors import InputError
 from privret.io import write_json_atomic
+from privret.models.device import bf16_autocast
 from privret.privacy import budget as budget_registry
 from privret.privacy.accounting import default_delta
 from privret.progress import Progress
@@ -262,7 +263,7 @@ def _autocast(generator):
     maker = getattr(generator, "autocast", None)
     if callable(maker):
         return maker()
-    return torch.autocast(generator.device.type, dtype=torch.bfloat16)
+    return bf16_autocast(generator.device)
 
 
 @torch.no_grad()

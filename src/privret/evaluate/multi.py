@@ -55,14 +55,15 @@ def _parts(path: Path) -> list[Path]:
     return subs
 
 
-def evaluate_dataset(model, path: Path, split: str, *, cache_dir: Path | None = None) -> dict:
+def evaluate_dataset(model, path: Path, split: str, *, cache_dir: Path | None = None, index=None) -> dict:
     """Metrics of ``model`` on one dataset (mean over sub-datasets for a CQADupStack-style folder);
-    ``cache_dir``: corpus embeddings reused or stored there (:func:`~privret.evaluate.retrieval.search`)."""
+    ``cache_dir``: corpus embeddings reused or stored there, ``index``: the FAISS index searched
+    (:func:`~privret.evaluate.retrieval.search`)."""
     per_part = []
     for part in _parts(path):
         dataset = load_beir(part, splits=[split])
         per_part.append(evaluate_retriever(model, dataset.corpus, dataset.queries, dataset.split(split),
-                                           cache_dir=cache_dir))
+                                           cache_dir=cache_dir, index=index))
     if len(per_part) == 1:
         return per_part[0]
     mean = {m: sum(r[m] for r in per_part) / len(per_part) for m in METRICS}
@@ -81,7 +82,7 @@ def retriever_epsilon(model_name: str) -> float | None:
 
 
 def evaluate_many(models: list[str], datasets: dict[str, Path], split: str, *,
-                  labels: list[str] | None = None, cache_dir: Path | None = None) -> dict:
+                  labels: list[str] | None = None, cache_dir: Path | None = None, index=None) -> dict:
     """Every model on every dataset; the rows of the Table 5 layout as JSON-ready dicts."""
     from privret.models.encoder import load_encoder
 
@@ -91,7 +92,8 @@ def evaluate_many(models: list[str], datasets: dict[str, Path], split: str, *,
     rows = []
     for i, name in enumerate(models):
         model = load_encoder(name)
-        metrics = {label: evaluate_dataset(model, path, split, cache_dir=cache_dir) for label, path in datasets.items()}
+        metrics = {label: evaluate_dataset(model, path, split, cache_dir=cache_dir, index=index)
+                   for label, path in datasets.items()}
         rows.append({"source": labels[i] if labels else Path(name).name or name, "model": name,
                      "epsilon": retriever_epsilon(name), "metrics": metrics})
     return {"split": split, "datasets": {k: str(v) for k, v in datasets.items()}, "rows": rows}

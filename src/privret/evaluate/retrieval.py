@@ -1,7 +1,8 @@
-"""Exact dense retrieval with FAISS and the standard IR metrics (via pytrec_eval).
+"""Dense retrieval with FAISS and the standard IR metrics (via pytrec_eval).
 
-The corpus is encoded in chunks (:func:`corpus_embeddings`) and added to an exact inner-product
-index (embeddings are L2-normalised, so inner product = cosine). Metrics: NDCG@10, Recall@10,
+The corpus is encoded in chunks (:func:`corpus_embeddings`) and added to an inner-product index
+(embeddings are L2-normalised, so inner product = cosine): exact by default, or approximate
+(HNSW, IVF; :mod:`privret.evaluate.index`). Metrics: NDCG@10, Recall@10,
 Recall@100, MRR@10 (reciprocal rank of the first relevant document within the top 10, 0 if none),
 per query (:func:`per_query_metrics`, for paired statistics) and as means (:func:`mean_metrics`).
 
@@ -26,6 +27,7 @@ import numpy as np
 import torch
 
 from privret.data.beir import Document, Qrels
+from privret.evaluate.index import SearchIndex, build_index, top_k
 from privret.io import atomic_path
 from privret.models.device import bf16_autocast, native_bf16
 from privret.models.encoder import features
@@ -131,27 +133,27 @@ def corpus_embeddings(model, corpus: dict[str, Document], *, batch_size: int = 6
 
 
 def search(model, corpus: dict[str, Document], queries: dict[str, str], *, k: int = 100,
-           batch_size: int = 64, chunk: int = 50_000,
-           cache_dir: str | Path | None = None) -> dict[str, dict[str, float]]:
-    """Top-``k`` documents per query by exact inner product; the run as {qid: {doc_id: score}}.
+           batch_size: int = 64, chunk: int = 50_000, cache_dir: str | Path | None = None,
+           index: SearchIndex | None = None) -> dict[str, dict[str, float]]:
+    """Top-``k`` documents per query by inner product; the run as {qid: {doc_id: score}}.
 
+    ``index``: the FAISS index searched (default exact; :class:`privret.evaluate.index.SearchIndex`).
     ``cache_dir``: reuse or store the corpus embeddings there (:func:`corpus_embeddings`). Peak
-    memory beyond the model: the embedding matrix and the index's copy of it (2 N d 4 bytes).
+    memory beyond the model: the embedding matrix and the index's copy of it (2 N d 4 bytes; an
+    HNSW graph adds N 2 M 4 bytes).
     """
-    import faiss
-
     doc_ids = list(corpus)
-    index = faiss.IndexFlatIP(model.get_embedding_dimension())
     model.eval()
     with Progress() as progress:
         task = progress.add_task("encoding corpus", total=len(doc_ids))
-        index.add(corpus_embeddings(model, corpus, batch_size=batch_size, chunk=chunk, cache_dir=cache_dir,
-                                    progress=lambda n: progress.advance(task, n)))
+        searched = build_index(corpus_embeddings(model, corpus, batch_size=batch_size, chunk=chunk,
+                                                 cache_dir=cache_dir, progress=lambda n: progress.advance(task, n)),
+                               index)
         qids = list(queries)
         task = progress.add_task("encoding queries", total=len(qids))
         q = encode(model, [queries[i] for i in qids], batch_size=batch_size,
                    progress=lambda n: progress.advance(task, n))
-    scores, hits = index.search(q, min(k, len(doc_ids)))
+    scores, hits = top_k(searched, q, min(k, len(doc_ids)))
     return {qid: {doc_ids[h]: float(s) for s, h in zip(scores[row], hits[row]) if h >= 0}
             for row, qid in enumerate(qids)}
 
@@ -183,15 +185,17 @@ def retrieval_metrics(run: dict[str, dict[str, float]], qrels: Qrels) -> dict[st
 
 
 def evaluate_per_query(model, corpus: dict[str, Document], queries: dict[str, str], qrels: Qrels,
-                       *, batch_size: int = 64, cache_dir: str | Path | None = None) -> dict[str, dict[str, float]]:
-    """:func:`per_query_metrics` of the top 100 per judged query; ``cache_dir`` as in :func:`search`."""
+                       *, batch_size: int = 64, cache_dir: str | Path | None = None,
+                       index: SearchIndex | None = None) -> dict[str, dict[str, float]]:
+    """:func:`per_query_metrics` of the top 100 per judged query; ``cache_dir`` and ``index`` as in :func:`search`."""
     judged_queries = {q: queries[q] for q in qrels if q in queries}
-    run = search(model, corpus, judged_queries, k=100, batch_size=batch_size, cache_dir=cache_dir)
+    run = search(model, corpus, judged_queries, k=100, batch_size=batch_size, cache_dir=cache_dir, index=index)
     return per_query_metrics(run, qrels)
 
 
 def evaluate_retriever(model, corpus: dict[str, Document], queries: dict[str, str], qrels: Qrels,
-                       *, batch_size: int = 64, cache_dir: str | Path | None = None) -> dict[str, float]:
-    """:func:`retrieval_metrics` of the top 100 per judged query; ``cache_dir`` as in :func:`search`."""
+                       *, batch_size: int = 64, cache_dir: str | Path | None = None,
+                       index: SearchIndex | None = None) -> dict[str, float]:
+    """:func:`retrieval_metrics` of the top 100 per judged query; ``cache_dir`` and ``index`` as in :func:`search`."""
     return mean_metrics(evaluate_per_query(model, corpus, queries, qrels, batch_size=batch_size,
-                                           cache_dir=cache_dir))
+                                           cache_dir=cache_dir, index=index))

@@ -74,10 +74,10 @@ def _model(cfg: FedConfig, slot: str = "main"):
     """One encoder object per process and slot, reloaded with whatever weights a message carries."""
     from privret.models.encoder import load_encoder
 
-    key = ("model", cfg.model, slot)
+    key = ("model", cfg.model, slot, cfg.device)
     if key not in _CACHE:
         torch.manual_seed(cfg.seed)
-        _CACHE[key] = load_encoder(cfg.model, max_seq_length=cfg.max_sentence_tokens)
+        _CACHE[key] = load_encoder(cfg.model, max_seq_length=cfg.max_sentence_tokens, device=cfg.device)
     return _CACHE[key]
 
 

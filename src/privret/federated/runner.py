@@ -137,7 +137,7 @@ def train_local_only(cfg: FedConfig, clients: list[ClientData], *, on_client=Non
     for c in clients:
         torch.manual_seed(cfg.seed)
         rng = random.Random(f"{cfg.seed}:{c.name}:local-only")
-        model = load_encoder(cfg.model, max_seq_length=cfg.max_sentence_tokens)
+        model = load_encoder(cfg.model, max_seq_length=cfg.max_sentence_tokens, device=cfg.device)
         optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.learning_rate)
         questions = local.train_questions(c, cfg.max_train_questions, cfg.seed, cfg.train_fraction)
         gold = local.gold_indices(c, questions)
@@ -165,7 +165,7 @@ def train_central(cfg: FedConfig, clients: list[ClientData]) -> dict:
 
     torch.manual_seed(cfg.seed)
     rng = random.Random(f"{cfg.seed}:central")
-    model = load_encoder(cfg.model, max_seq_length=cfg.max_sentence_tokens)
+    model = load_encoder(cfg.model, max_seq_length=cfg.max_sentence_tokens, device=cfg.device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.learning_rate)
     data = []
     for c in clients:
@@ -192,7 +192,7 @@ def train_central(cfg: FedConfig, clients: list[ClientData]) -> dict:
 def evaluate_zero_shot(cfg: FedConfig, clients: list[ClientData]) -> dict:
     from privret.models.encoder import load_encoder
 
-    model = load_encoder(cfg.model, max_seq_length=cfg.max_sentence_tokens)
+    model = load_encoder(cfg.model, max_seq_length=cfg.max_sentence_tokens, device=cfg.device)
     per_client = {c.name: local.evaluate_dense(model, model, c, max_query_tokens=cfg.max_query_tokens,
                                                max_sentence_tokens=cfg.max_sentence_tokens, bf16=cfg.bf16)
                   for c in clients}

@@ -1,21 +1,96 @@
-"""The compute device and the number formats it runs fast."""
+"""The compute device, chosen once per run, and the number formats it runs fast.
+
+**Choosing the device.** Every command that runs a model takes ``--device`` (a pipeline config:
+``device``; a federated config: ``device``) with one of
+
+* ``auto`` (default): the first CUDA GPU when ``torch.cuda.is_available()``, else the CPU;
+* ``cpu``;
+* ``cuda`` (the current CUDA device) or ``cuda:N`` (GPU ``N``): refused, with one line, where
+  CUDA or that GPU is absent.
+
+The device is a *placement*, not a training setting: it is not in any trainer's config, stage
+fingerprint or checkpoint, so a run started on one device resumes on another, and a privacy
+ledger never depends on it (sigma, q, steps and the guarantee come from the accountant alone).
+The CLI sets it for the command (:func:`use_device`); every model loader
+(:func:`privret.models.encoder.load_encoder`, :func:`privret.models.generator.load_generator`)
+puts its model there unless given a device of its own, and batches follow the model
+(``.to(model.device)``). DP noise is drawn on the CPU, from a CPU ``torch.Generator`` or the OS
+CSPRNG (:mod:`privret.privacy.secure_rng`), and moved to the gradient's device, so the noise
+source and its secrecy are the same on every device.
+
+**Number formats.** Autocast is bf16 where the device runs bf16 natively and none (float32)
+elsewhere: on CUDA, GPUs with native bf16 (compute capability 8.0 and later, i.e. Ampere, Hopper)
+get bf16 autocast; older GPUs run float32. fp16 autocast is deliberately not used: it needs loss
+scaling (``GradScaler``), which skips steps whose gradients overflow, and under DP-SGD a skipped
+step would still be charged by the accountant while its clipping would act on scaled gradients;
+float32 keeps per-unit clipping and noise exactly as the accountant assumes.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import re
+
 import torch
+
+DEVICE_CHOICES = "auto, cpu, cuda or cuda:N"
+_SPEC = re.compile(r"auto|cpu|cuda(:\d+)?")
+_current = "auto"  # what load_encoder / load_generator use when given no device; set by use_device
+
+
+def check_device_spec(spec: str) -> str:
+    """``spec`` if it is a device string privret accepts (``auto``, ``cpu``, ``cuda``, ``cuda:N``), else ValueError."""
+    if not isinstance(spec, str) or not _SPEC.fullmatch(spec):
+        raise ValueError(f"'{spec}' is not a device ({DEVICE_CHOICES})")
+    return spec
+
+
+def resolve_device(spec: str | torch.device | None = None) -> torch.device:
+    """The ``torch.device`` that ``spec`` names on this machine (None: the one :func:`use_device` set).
+
+    ``auto`` is CUDA when available, else the CPU. ValueError (one line) for a malformed string, for
+    ``cuda`` without CUDA, and for ``cuda:N`` beyond the GPUs present.
+    """
+    if isinstance(spec, torch.device):
+        spec = str(spec)
+    spec = check_device_spec(_current if spec is None else spec)
+    if spec == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(spec)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"'{spec}' asked for, but CUDA is not available on this machine "
+                             f"(torch {torch.__version__}, torch.cuda.is_available() is False); use cpu or auto")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ValueError(f"'{spec}' asked for, but this machine has {torch.cuda.device_count()} CUDA device(s)")
+    return device
+
+
+@contextlib.contextmanager
+def use_device(spec: str):
+    """Within the block, models loaded without a device of their own go to ``spec`` (checked first)."""
+    global _current
+    resolve_device(spec)
+    previous, _current = _current, spec
+    try:
+        yield resolve_device(spec)
+    finally:
+        _current = previous
 
 
 def native_bf16(device: str | torch.device) -> bool:
     """Whether ``device`` runs bfloat16 matrix products natively, so that bf16 autocast is faster.
 
-    CUDA: ``torch.cuda.is_bf16_supported()``. CPU: oneDNN's bf16 path (AVX512-BF16 or AMX). Without
-    it, PyTorch emulates bf16 on the CPU: a 512 x 576 x 1536 linear layer took 8.6x longer under
-    bf16 autocast than in float32 on this project's 2-core AMD EPYC (AVX2 only), one thread. Every
-    ``bf16`` setting of privret means "bf16 where it is native" and falls back to float32 elsewhere.
+    CUDA: ``torch.cuda.is_bf16_supported(including_emulation=False)`` (PyTorch would otherwise
+    report emulated bf16 on pre-Ampere GPUs as supported). CPU: oneDNN's bf16 path (AVX512-BF16 or
+    AMX). Without it, PyTorch emulates bf16 on the CPU: a 512 x 576 x 1536 linear layer took 8.6x
+    longer under bf16 autocast than in float32 on this project's 2-core AMD EPYC (AVX2 only), one
+    thread. Every ``bf16`` setting of privret means "bf16 where it is native" and falls back to
+    float32 elsewhere (never fp16: see the module docstring).
     """
     device = torch.device(device)
     if device.type == "cuda":
-        return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+        return torch.cuda.is_available() and torch.cuda.is_bf16_supported(including_emulation=False)
     if device.type == "cpu":
         return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
     return False

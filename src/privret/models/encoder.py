@@ -11,17 +11,19 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from privret.models.device import resolve_device
 from privret.models.loading import load_pretrained
 
 
-def load_encoder(name: str, *, max_seq_length: int = 256):
+def load_encoder(name: str, *, max_seq_length: int = 256, device: str | None = None):
     """A SentenceTransformer from a registry name, a saved retriever, a local HF dir or a hub id.
 
-    A plain HF encoder (no ``modules.json``) gets mean pooling + L2 normalisation.
+    A plain HF encoder (no ``modules.json``) gets mean pooling + L2 normalisation. ``device``: where
+    it runs (:func:`privret.models.device.resolve_device`; None: the command's ``--device``).
     """
     from sentence_transformers import SentenceTransformer, models
 
-    device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = str(resolve_device(device))
 
     def build(location: str):
         if Path(location).is_dir() and (Path(location) / "modules.json").is_file():

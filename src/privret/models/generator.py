@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from privret.models.device import native_bf16
+from privret.models.device import native_bf16, resolve_device
 from privret.models.loading import load_pretrained
 
 INSTRUCTION = "Write a short search query that this document answers."
@@ -51,17 +51,13 @@ class Example:
     target_ids: list[int]
 
 
-def _device() -> torch.device:
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-
-
 class QueryGenerator:
     """Common interface; build with :func:`load_generator`."""
 
     kind: str
 
     def __init__(self, model, tokenizer, *, name: str, max_doc_tokens: int, max_query_tokens: int,
-                 trained_layers: int | None = None, bf16: bool = True):
+                 trained_layers: int | None = None, bf16: bool = True, device: str | None = None):
         self.model = model
         self.tokenizer = tokenizer
         self.name = name
@@ -70,7 +66,7 @@ class QueryGenerator:
         self.trained_layers = trained_layers
         self.trainable = "none"
         self.examples: list[tuple[str, str]] = []  # few-shot (document, query) pairs shown in every prompt
-        self.device = _device()
+        self.device = resolve_device(device)  # None: the command's --device
         # bf16 autocast (and bf16 activation cache) where native: ~2-3x faster on AMX CPUs and GPUs, far slower elsewhere
         self.bf16 = bf16 and native_bf16(self.device)
         self.model.to(self.device)
@@ -401,8 +397,10 @@ def _right_pad(seqs: list[torch.Tensor], pad: int) -> tuple[torch.Tensor, torch.
 
 
 def load_generator(name: str, *, max_doc_tokens: int = 128, max_query_tokens: int = 48,
-                   trained_layers: int | None = None, bf16: bool = True) -> QueryGenerator:
-    """Load a pretrained generator by registry name, local path or hub id."""
+                   trained_layers: int | None = None, bf16: bool = True,
+                   device: str | None = None) -> QueryGenerator:
+    """Load a pretrained generator by registry name, local path or hub id, onto ``device``
+    (:func:`privret.models.device.resolve_device`; None: the command's ``--device``)."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer
 
     def build(location: str) -> QueryGenerator:
@@ -412,7 +410,7 @@ def load_generator(name: str, *, max_doc_tokens: int = 128, max_query_tokens: in
                      else (CausalQueryGenerator, AutoModelForCausalLM))
         model = auto.from_pretrained(location, trust_remote_code=False, dtype=torch.float32)
         return cls(model, tokenizer, name=name, max_doc_tokens=max_doc_tokens, max_query_tokens=max_query_tokens,
-                   trained_layers=trained_layers, bf16=bf16)
+                   trained_layers=trained_layers, bf16=bf16, device=device)
 
     return load_pretrained(name, build)
 
@@ -420,7 +418,8 @@ def load_generator(name: str, *, max_doc_tokens: int = 128, max_query_tokens: in
 def load_trained_generator(directory: str | Path, **settings) -> QueryGenerator:
     """Load what :meth:`QueryGenerator.save` wrote (LoRA adapters are merged for fast sampling).
 
-    ``settings`` (``max_doc_tokens``, ``max_query_tokens``, ``trained_layers``, ``bf16``) replace the saved
+    ``settings`` (``max_doc_tokens``, ``max_query_tokens``, ``trained_layers``, ``bf16``; and ``device``, as in
+    :func:`load_generator`) replace the saved
     ones: to train further from this generator (a warm start) with other settings.
     """
     directory = Path(directory)
