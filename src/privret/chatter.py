@@ -45,12 +45,14 @@ def route_library_output(*, verbose: bool, log_file: Path | None = None) -> Path
         return None
     path = log_file or default_log_file()
     handler = _file_handler(path)
+    logging.captureWarnings(False)  # re-install: something (a test harness) may have replaced showwarning since
     logging.captureWarnings(True)
     warnings.simplefilter("default")  # each distinct warning once per location, as Python does by default
     for name in LIBRARY_LOGGERS:
         logger = logging.getLogger(name)
         for old in [h for h in logger.handlers if getattr(h, "_privret", False)]:
             logger.removeHandler(old)
+            old.close()
         handler._privret = True
         logger.addHandler(handler)
         logger.propagate = False
