@@ -4,7 +4,7 @@ Every step is a `privret` CLI call; a step whose output exists is skipped, so th
 after a crash without spending budget twice (the generator and the selections are made once).
 
     OMP_NUM_THREADS=1 python bench/document_choice.py --generator runs/i11/gen-eps8 --work runs/i11 \
-        --json bench/results/document_choice.json
+        --json bench/results/document_choice.json --utility-json bench/results/privacy_utility.json
 
 The generator is `privret generator train --data ../shared/data/scifact --split train --epsilon 8
 --out runs/i11/gen-eps8` (the settings of configs/scifact.yaml, which are the CLI defaults).
@@ -79,6 +79,9 @@ def main() -> None:
     parser.add_argument("--sample", type=int, default=565)
     parser.add_argument("--selection-epsilons", default="8", help="comma-separated; empty for none")
     parser.add_argument("--original", type=float, default=None, help="NDCG@10 of the original-pairs row")
+    parser.add_argument("--utility-json", type=Path, default=None,
+                        help="also write the rows in the privacy-utility format of issue 12 "
+                             "(bench/results/privacy_utility.json: one object per dataset)")
     args = parser.parse_args()
     zero = evaluate("minilm-l6", args.work / "zero-shot", cache=args.work / "cache")
     rows = [synthetic_row(f"corpus-sample-{args.sample}", ["--documents", "corpus", "--sample", str(args.sample)],
@@ -94,6 +97,12 @@ def main() -> None:
               "original": {"ndcg10": args.original}, "rows": rows}
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(result, indent=2) + "\n")
+    if args.utility_json is not None:
+        keys = ("name", "epsilon", "ndcg10_mean", "ndcg10_sd", "seeds", "delta_ci95", "retention")
+        existing = json.loads(args.utility_json.read_text()) if args.utility_json.exists() else {}
+        existing["scifact"] = {"zero_shot": result["zero_shot"], "original": result["original"],
+                               "rows": [{k: row[k] for k in keys} for row in rows]}
+        args.utility_json.write_text(json.dumps(existing, indent=2) + "\n")
     print(json.dumps(result, indent=2))
 
 
