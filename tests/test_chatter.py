@@ -16,10 +16,9 @@ from privret.progress import Progress
 @pytest.fixture()
 def restore_logging():
     saved = {n: (list(logging.getLogger(n).handlers), logging.getLogger(n).propagate) for n in LIBRARY_LOGGERS}
-    filters = warnings.filters[:]
+    filters, shown = warnings.filters[:], warnings.showwarning
     yield
-    logging.captureWarnings(False)
-    warnings.filters[:] = filters
+    warnings.filters[:], warnings.showwarning = filters, shown
     for name, (handlers, propagate) in saved.items():
         logger = logging.getLogger(name)
         for h in logger.handlers:
@@ -55,6 +54,17 @@ def test_library_warnings_and_logs_go_to_the_log_file_not_stderr(restore_logging
     text = log.read_text()
     assert "FutureWarning: the old name is deprecated" in text and "some weights were not used" in text
     assert "optimal order" in text and "optimal order" in (tmp_path / "run" / "privret.log").read_text()
+
+
+def test_privrets_own_warnings_still_reach_the_user(restore_logging, tmp_path):
+    from privret.privacy.budget import BudgetWarning
+
+    log = tmp_path / "chatter.log"
+    with pytest.warns(BudgetWarning, match="over the cap"):
+        route_library_output(verbose=False, log_file=log)
+        route_library_output(verbose=False, log_file=log)  # twice, as in-process CLI calls do
+        warnings.warn("over the cap", BudgetWarning)
+    assert "over the cap" not in log.read_text()
 
 
 def test_verbose_leaves_library_output_where_it_was(restore_logging, tmp_path):

@@ -3,9 +3,10 @@
 transformers, sentence-transformers, Opacus and torch talk on their own: FutureWarnings about
 renamed methods, Opacus' "optimal order" remark, the backward-hook UserWarning, tqdm bars while
 loading, converting (GGUF) or saving weights. None of it is privret's output. The CLI calls
-:func:`route_library_output` once: Python warnings and the libraries' loggers then go to a log file
+:func:`route_library_output` once: the libraries' Python warnings and loggers then go to a log file
 (``--log-file``, default :func:`default_log_file`) instead of the terminal, the libraries' tqdm bars
-are switched off, and privret's own output (rich tables, progress bars, errors) is all that is left.
+are switched off, and privret's own output (rich tables, progress bars, errors, and its own
+warnings such as the budget registry's) is all that is left.
 ``--verbose`` keeps the old behaviour: everything on stderr. A pipeline run also appends the
 chatter to ``RUN_DIR/privret.log`` (:func:`also_log_to`).
 """
@@ -45,17 +46,15 @@ def route_library_output(*, verbose: bool, log_file: Path | None = None) -> Path
         return None
     path = log_file or default_log_file()
     handler = _file_handler(path)
-    logging.captureWarnings(False)  # re-install: something (a test harness) may have replaced showwarning since
-    logging.captureWarnings(True)
-    warnings.simplefilter("default")  # each distinct warning once per location, as Python does by default
+    handler._privret = True
     for name in LIBRARY_LOGGERS:
         logger = logging.getLogger(name)
         for old in [h for h in logger.handlers if getattr(h, "_privret", False)]:
             logger.removeHandler(old)
             old.close()
-        handler._privret = True
         logger.addHandler(handler)
         logger.propagate = False
+    _route_warnings()
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     try:
@@ -66,6 +65,24 @@ def route_library_output(*, verbose: bool, log_file: Path | None = None) -> Path
     hf_logging.disable_default_handler()
     hf_logging.set_verbosity_warning()
     return path
+
+
+def _route_warnings() -> None:
+    """Show privret's own warnings (their category is defined in privret) as Python does; log the others.
+
+    Installed as ``warnings.showwarning``, over whatever was there (kept for privret's warnings)."""
+    shown = warnings.showwarning
+    original = getattr(shown, "_privret_original", shown)
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if category.__module__.split(".")[0] == "privret":
+            original(message, category, filename, lineno, file, line)
+        else:
+            logging.getLogger("py.warnings").warning(
+                warnings.formatwarning(message, category, filename, lineno, line).rstrip())
+
+    show._privret_original = original
+    warnings.showwarning = show
 
 
 def also_log_to(path: Path) -> None:
