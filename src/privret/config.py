@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from privret.data.pairs import PrivacyUnit
 from privret.errors import InputError
 from privret.evaluate.index import SearchIndex
-from privret.models.device import check_device_spec
+from privret.models.device import DeviceSpec
 from privret.synth.documents import DocumentChoice
 from privret.privacy.budget import DEFAULT_CAP, BudgetPolicy, Cap
 from privret.synth.filter import RoundTripFilterConfig
@@ -146,13 +146,9 @@ class PipelineConfig(BaseModel):
     budget: BudgetSettings = BudgetSettings()
     search: SearchIndex = Field(SearchIndex(), description="the FAISS index every evaluation searches: exact "
                                                             "(default), hnsw or ivf (privret.evaluate.index)")
-    device: str = Field("auto", description="where models run: auto (CUDA when available, else CPU), cpu, cuda or "
+    device: DeviceSpec = Field("auto", description="where models run: auto (CUDA when available, else CPU), cpu, cuda or "
                                             "cuda:N (privret.models.device); the command line's --device overrides it")
 
-    @field_validator("device")
-    @classmethod
-    def _device_string(cls, value: str) -> str:
-        return check_device_spec(value)
 
     @field_validator("epsilons")
     @classmethod

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from privret.models.device import check_device_spec
+from privret.models.device import DeviceSpec
 from privret.models.registry import DEFAULT_ENCODER
 
 
@@ -55,13 +55,9 @@ class FedConfig(BaseModel):
     dp_noise_multiplier: float = Field(1.0, ge=0, allow_inf_nan=False)
     dp_clip_norm: float = Field(1.0, gt=0, allow_inf_nan=False)
     dp_delta: float = Field(1e-3, gt=0, lt=1)
-    device: str = Field("auto", description="where each process runs its models: auto, cpu, cuda or cuda:N "
+    device: DeviceSpec = Field("auto", description="where each process runs its models: auto, cpu, cuda or cuda:N "
                                             "(privret.models.device)")
 
-    @field_validator("device")
-    @classmethod
-    def _device_string(cls, value: str) -> str:
-        return check_device_spec(value)
 
     @model_validator(mode="after")
     def _check(self) -> FedConfig:

@@ -30,8 +30,10 @@ from __future__ import annotations
 
 import contextlib
 import re
+from typing import Annotated
 
 import torch
+from pydantic import AfterValidator
 
 DEVICE_CHOICES = "auto, cpu, cuda or cuda:N"
 _SPEC = re.compile(r"auto|cpu|cuda(:\d+)?")
@@ -43,6 +45,10 @@ def check_device_spec(spec: str) -> str:
     if not isinstance(spec, str) or not _SPEC.fullmatch(spec):
         raise ValueError(f"'{spec}' is not a device ({DEVICE_CHOICES})")
     return spec
+
+
+DeviceSpec = Annotated[str, AfterValidator(check_device_spec)]
+"""A config field holding a device string, checked by :func:`check_device_spec`."""
 
 
 def resolve_device(spec: str | torch.device | None = None) -> torch.device:
