@@ -4,8 +4,10 @@ sentence-transformers saves the base model's card with the weights; that card de
 else's training. :func:`write_model_card` replaces it with one built from what privret recorded in
 the same directory, so the directory can be published as it is:
 
-* ``privacy_ledger.json``: the base model, the training data's identity (``data_hash``,
-  ``dataset_id``), (epsilon, delta), unit and accountant, and what the guarantee covers;
+* ``privacy_ledger.json``: the base model, (epsilon, delta), unit and accountant, and what the
+  guarantee covers; the training data's identity (``data_hash``, ``dataset_id``, pair count) only for
+  a model without a DP guarantee: for a DP model these are exact functions of the private log that
+  the guarantee does not cover, so a card meant for publishing leaves them out;
 * ``train_config.json`` (non-private training) or the DP trainer's settings file, when present;
 * ``evaluations.json``: figures added by :func:`record_evaluation` after each evaluation.
 
@@ -63,9 +65,15 @@ def render_model_card(directory: Path) -> str:
     eps = "inf" if math.isinf(ledger.epsilon) else f"{ledger.epsilon:.4g}"
     privacy = [("mechanism", f"`{ledger.mechanism}`"), ("epsilon", eps), ("delta", f"{ledger.delta:.3g}"),
                ("unit", f"`{ledger.unit}`"), ("accountant", f"`{ledger.accountant}`"),
-               ("units in the private log", str(ledger.n_units)), ("pairs", str(ledger.n_pairs))]
-    data = [("training data (sha256 of what was read)", f"`{ledger.data_hash}`" if ledger.data_hash else "-"),
-            ("dataset id (budget registry)", f"`{ledger.dataset_id}`" if ledger.dataset_id else "-")]
+               ("units in the private log (public by assumption)", str(ledger.n_units))]
+    if ledger.is_private:  # exact functions of the private log, outside the guarantee: not on a card to publish
+        data = [("training data", "the private log (its hash, pair count and registry id stay in "
+                                  "privacy_ledger.json for privret's book-keeping; they are not covered by the "
+                                  "guarantee, so leave that file out when publishing)")]
+    else:
+        data = [("training data (sha256 of what was read)", f"`{ledger.data_hash}`" if ledger.data_hash else "-"),
+                ("pairs", str(ledger.n_pairs)),
+                ("dataset id (budget registry)", f"`{ledger.dataset_id}`" if ledger.dataset_id else "-")]
     sections = [_front_matter(ledger), "", "# Dense retriever trained with privret", "",
                 f"A dual encoder fine-tuned from `{HUB_IDS.get(ledger.model, ledger.model)}` by privret {__version__} "
                 "(mean pooling, cosine similarity; load it with `SentenceTransformer(path)`).", "",
