@@ -38,6 +38,8 @@ def test_library_warnings_and_logs_go_to_the_log_file_not_stderr(restore_logging
     log = tmp_path / "chatter.log"
     assert route_library_output(verbose=False, log_file=log) == log
     also_log_to(tmp_path / "run" / "privret.log")
+    also_log_to(tmp_path / "run" / "privret.log")  # a second pipeline call in one process: still one handler
+    assert sum(getattr(h, "baseFilename", "").endswith("privret.log") for h in logging.getLogger("opacus").handlers) == 1
     reached_root: list[logging.LogRecord] = []
     root_spy = logging.Handler()
     root_spy.emit = reached_root.append

@@ -86,7 +86,10 @@ def _route_warnings() -> None:
 
 
 def also_log_to(path: Path) -> None:
-    """Append the libraries' output to ``path`` as well (the run's own log), whatever the routing."""
+    """Append the libraries' output to ``path`` as well (the run's own log), whatever the routing; once per path."""
+    target = str(Path(path).resolve())
+    if any(getattr(h, "baseFilename", None) == target for h in logging.getLogger(LIBRARY_LOGGERS[0]).handlers):
+        return
     handler = _file_handler(path)
     for name in LIBRARY_LOGGERS:
         logging.getLogger(name).addHandler(handler)
