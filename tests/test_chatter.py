@@ -37,9 +37,11 @@ def _speak():
 def test_library_warnings_and_logs_go_to_the_log_file_not_stderr(restore_logging, tmp_path, capfd):
     log = tmp_path / "chatter.log"
     assert route_library_output(verbose=False, log_file=log) == log
+    also_log_to(tmp_path / "earlier-run" / "privret.log")  # an earlier pipeline run in this process
     also_log_to(tmp_path / "run" / "privret.log")
-    also_log_to(tmp_path / "run" / "privret.log")  # a second pipeline call in one process: still one handler
-    assert sum(getattr(h, "baseFilename", "").endswith("privret.log") for h in logging.getLogger("opacus").handlers) == 1
+    also_log_to(tmp_path / "run" / "privret.log")  # a second call for the same run: still one handler
+    run_logs = [h.baseFilename for h in logging.getLogger("opacus").handlers if getattr(h, "_privret_run_log", False)]
+    assert run_logs == [str((tmp_path / "run" / "privret.log").resolve())]
     reached_root: list[logging.LogRecord] = []
     root_spy = logging.Handler()
     root_spy.emit = reached_root.append
@@ -56,6 +58,7 @@ def test_library_warnings_and_logs_go_to_the_log_file_not_stderr(restore_logging
     text = log.read_text()
     assert "FutureWarning: the old name is deprecated" in text and "some weights were not used" in text
     assert "optimal order" in text and "optimal order" in (tmp_path / "run" / "privret.log").read_text()
+    assert "optimal order" not in (tmp_path / "earlier-run" / "privret.log").read_text()
 
 
 def test_privrets_own_warnings_still_reach_the_user(restore_logging, tmp_path):

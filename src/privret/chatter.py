@@ -86,10 +86,21 @@ def _route_warnings() -> None:
 
 
 def also_log_to(path: Path) -> None:
-    """Append the libraries' output to ``path`` as well (the run's own log), whatever the routing; once per path."""
+    """Append the libraries' output to ``path`` as well (the run's own log), whatever the routing.
+
+    One run log at a time: a later call (the next pipeline run in the same process) replaces the
+    earlier run's handler, so a run's log never receives another run's chatter."""
     target = str(Path(path).resolve())
+    for name in LIBRARY_LOGGERS:
+        logger = logging.getLogger(name)
+        for old in [h for h in logger.handlers if getattr(h, "_privret_run_log", False)]:
+            if old.baseFilename == target:
+                continue
+            logger.removeHandler(old)
+            old.close()
     if any(getattr(h, "baseFilename", None) == target for h in logging.getLogger(LIBRARY_LOGGERS[0]).handlers):
         return
     handler = _file_handler(path)
+    handler._privret_run_log = True
     for name in LIBRARY_LOGGERS:
         logging.getLogger(name).addHandler(handler)
