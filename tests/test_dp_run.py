@@ -78,7 +78,7 @@ class _Toy:
         return 0.0
 
     def save(self, staged, *, resumed_at_step: int) -> None:
-        staged.mkdir()
+        staged.mkdir(exist_ok=True)  # the run saved the ledger there first
         (staged / "toy.json").write_text(json.dumps({"resumed_at_step": resumed_at_step,
                                                      "w": self.params["w"].tolist()}))
 
