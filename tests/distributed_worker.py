@@ -10,10 +10,14 @@ sets: WORLD_SIZE, RANK, LOCAL_RANK, MASTER_ADDR, MASTER_PORT). Not a test module
     python distributed_worker.py generator-train LLAMA_DIR OUT_DIR EPSILON [SLEEP]
         train the generator on tests/test_dp_generator.py's toy pairs into OUT_DIR (resuming if it holds an
         interrupted run), each step slowed by SLEEP seconds; the budget registry is $PRIVRET_BUDGET_DIR.
+    python distributed_worker.py generate GENERATOR_DIR OUT_DIR [DIE_ON_CALL]
+        write the synthetic dataset of :func:`generation_docs` (resuming an interrupted one); with DIE_ON_CALL,
+        rank 0 dies (os._exit) at its DIE_ON_CALL-th batch.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -28,6 +32,18 @@ from privret.train import generator as gtrain
 torch.set_num_threads(1)
 
 NOISE_SHAPE, SIGMA, DELTA = (4096, 64), 1.5, 0.7
+GENERATION_TEXTS = ["aspirin heart risk", "gene memory mice", "vitamin blood", "sleep immune", "cancer drug trial",
+                    "immune cells", "the brain", "diet and exercise", "a virus"]
+
+
+def generation_config():
+    from privret.synth.generate import GenerateConfig
+
+    return GenerateConfig(num_queries=2, max_new_tokens=5, batch_size=2, seed=3)
+
+
+def generation_docs() -> list[Document]:
+    return [Document(f"d{i}", "", t) for i, t in enumerate(GENERATION_TEXTS)]
 
 
 def _generator_setup(llama_dir: str):
@@ -132,6 +148,23 @@ def generator_train(llama_dir: str, out_dir: str, epsilon: str, sleep: str = "0"
                            budget=BudgetPolicy(allow_over=True))
 
 
+def generate(generator_dir: str, out_dir: str, die_on_call: str = "0") -> None:
+    from privret.models import generator as genmod
+    from privret.synth.generate import generate_synthetic
+
+    if int(die_on_call) and distributed.launched().main:
+        original, calls = genmod.CausalQueryGenerator.generate, []
+
+        def dies(self, *args, **kwargs):
+            calls.append(1)
+            if len(calls) == int(die_on_call):
+                os._exit(9)
+            return original(self, *args, **kwargs)
+
+        genmod.CausalQueryGenerator.generate = dies
+    generate_synthetic(generator_dir, generation_docs(), out_dir, generation_config(), resume=True)
+
+
 if __name__ == "__main__":
     {"generator-step": generator_step, "retriever-step": retriever_step,
-     "generator-train": generator_train}[sys.argv[1]](*sys.argv[2:])
+     "generator-train": generator_train, "generate": generate}[sys.argv[1]](*sys.argv[2:])

@@ -21,6 +21,7 @@ import torch
 from privret.privacy.accounting import spent_epsilon
 from privret.privacy.ledger import PrivacyLedger
 from privret.train.checkpointing import CHECKPOINT_DIR, STEP_LOG, distinct_steps
+from privret.train.generator import train_generator
 
 pytestmark = pytest.mark.distributed
 
@@ -156,4 +157,28 @@ def test_a_rank_killed_mid_run_then_resumed_counts_every_step_once(tiny_llama_di
     releases = [json.loads(line) for f in sorted(budget.rglob("*.jsonl")) for line in f.read_text().splitlines()]
     assert len({r["release_id"] for r in releases}) == 1 and releases[-1]["status"] == "final"
     assert releases[-1]["steps"] == ledger.steps
+
+
+def test_generation_sharded_over_two_processes_resumes_and_equals_one_process(tiny_llama_dir, tmp_path):
+    """Synthetic generation on 2 ranks (batches 0, 2, 4 on rank 0; 1, 3 on rank 1) writes byte for byte the
+    dataset one process writes with the same seed; so does a 2-rank run whose rank 0 dies at its second batch,
+    resumed by 1 process (its shards are kept and merged in document order)."""
+    from distributed_worker import generation_config, generation_docs
+    from privret.synth.generate import generate_synthetic
+    from test_reliability import cfg_for, toy_pairs
+
+    train_generator(toy_pairs(), tmp_path / "gen", cfg_for(tiny_llama_dir, epsilon=math.inf, epochs=1),
+                    data_hash="h")
+    generate_synthetic(tmp_path / "gen", generation_docs(), tmp_path / "one", generation_config())
+    args = ["generate", str(tmp_path / "gen")]
+    _wait(_start(args + [str(tmp_path / "two")], tmp_path, world=2, tag="two"), tmp_path, "two")
+    procs = _start(args + [str(tmp_path / "cut"), "2"], tmp_path, world=2, tag="cut")
+    assert [p.wait(timeout=TIMEOUT) != 0 for p in procs] == [True, True]  # rank 1 fails at the barrier
+    shards = sorted(p.name for p in (tmp_path / "cut.partial").glob("generated*.jsonl"))
+    assert shards == ["generated.jsonl", "generated.rank1.jsonl"] and not (tmp_path / "cut").exists()
+    _wait(_start(args + [str(tmp_path / "cut")], tmp_path, world=1, tag="resumed"), tmp_path, "resumed")
+    for name in ("corpus.jsonl", "queries.jsonl", "qrels/train.tsv"):
+        expected = (tmp_path / "one" / name).read_bytes()
+        assert (tmp_path / "two" / name).read_bytes() == expected and (tmp_path / "cut" / name).read_bytes() == expected
+    assert len((tmp_path / "one" / "queries.jsonl").read_text().splitlines()) >= 9
 
