@@ -13,6 +13,9 @@ sets: WORLD_SIZE, RANK, LOCAL_RANK, MASTER_ADDR, MASTER_PORT). Not a test module
     python distributed_worker.py generate GENERATOR_DIR OUT_DIR [DIE_ON_CALL]
         write the synthetic dataset of :func:`generation_docs` (resuming an interrupted one); with DIE_ON_CALL,
         rank 0 dies (os._exit) at its DIE_ON_CALL-th batch.
+    python distributed_worker.py fit-retriever BERT_DIR OUT_FILE
+        non-private retriever training (:func:`privret.train.retriever.fit_retriever`) on :func:`retrieval_pairs`;
+        rank 0 saves the trained parameters to OUT_FILE.
 """
 
 from __future__ import annotations
@@ -148,6 +151,32 @@ def generator_train(llama_dir: str, out_dir: str, epsilon: str, sleep: str = "0"
                            budget=BudgetPolicy(allow_over=True))
 
 
+def retrieval_pairs():
+    from helpers import WORDS
+    from privret.data.pairs import QueryDocPair, TrainingPairs
+
+    corpus = {f"d{i}": Document(f"d{i}", "", f"{w} {WORDS[i + 20]} of the {WORDS[i + 40]}")
+              for i, w in enumerate(WORDS[:12])}
+    rows = [QueryDocPair(query=f"what {WORDS[i + 30]} {w}", doc_id=f"d{i}", query_id=f"q{i}")
+            for i, w in enumerate(WORDS[:12])]
+    return TrainingPairs(pairs=rows, corpus=corpus)
+
+
+def retriever_config(bert_dir: str):
+    from privret.train.retriever import RetrieverTrainConfig
+
+    return RetrieverTrainConfig(model=bert_dir, epochs=2, batch_size=5, learning_rate=1e-3, max_query_tokens=16,
+                                max_doc_tokens=16, bf16=False, seed=1)
+
+
+def fit_retriever(bert_dir: str, out_file: str) -> None:
+    from privret.train import retriever
+
+    model = retriever.fit_retriever(retrieval_pairs(), retriever_config(bert_dir))
+    if distributed.launched().main:
+        torch.save({n: p.detach() for n, p in model.named_parameters()}, out_file)
+
+
 def generate(generator_dir: str, out_dir: str, die_on_call: str = "0") -> None:
     from privret.models import generator as genmod
     from privret.synth.generate import generate_synthetic
@@ -167,4 +196,5 @@ def generate(generator_dir: str, out_dir: str, die_on_call: str = "0") -> None:
 
 if __name__ == "__main__":
     {"generator-step": generator_step, "retriever-step": retriever_step,
-     "generator-train": generator_train, "generate": generate}[sys.argv[1]](*sys.argv[2:])
+     "generator-train": generator_train, "generate": generate,
+     "fit-retriever": fit_retriever}[sys.argv[1]](*sys.argv[2:])

@@ -109,6 +109,19 @@ class Group:
             t.copy_(flat[offset: offset + t.numel()].view_as(t))
             offset += t.numel()
 
+    def gather_rows(self, local: torch.Tensor, sizes: Sequence[int]) -> torch.Tensor:
+        """Every rank's rows of a 2-d tensor, in rank order (rank r holds ``sizes[r]`` rows): this rank's
+        rows are ``local`` itself (gradients flow into them), the others' are constants."""
+        if not self.distributed:
+            return local
+        import torch
+
+        padded = local.new_zeros((max(sizes), *local.shape[1:]))
+        padded[: len(local)] = local.detach()
+        parts = [torch.empty_like(padded) for _ in range(self.world_size)]
+        _dist().all_gather(parts, padded)
+        return torch.cat([local if r == self.rank else parts[r][: sizes[r]] for r in range(self.world_size)])
+
     def barrier(self) -> None:
         if self.distributed:
             _dist().barrier()
