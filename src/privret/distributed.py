@@ -109,6 +109,14 @@ class Group:
             t.copy_(flat[offset: offset + t.numel()].view_as(t))
             offset += t.numel()
 
+    def gather(self, value: T) -> list[T]:
+        """Every rank's ``value`` (pickled), in rank order, on every rank."""
+        if not self.distributed:
+            return [value]
+        out: list = [None] * self.world_size
+        _dist().all_gather_object(out, value)
+        return out
+
     def gather_rows(self, local: torch.Tensor, sizes: Sequence[int]) -> torch.Tensor:
         """Every rank's rows of a 2-d tensor, in rank order (rank r holds ``sizes[r]`` rows): this rank's
         rows are ``local`` itself (gradients flow into them), the others' are constants."""

@@ -51,6 +51,10 @@ for, or one made with other settings, is refused. The final SentenceTransformer 
 atomically. The release is recorded in the budget registry before any update can reach disk (one
 release id across resumes) and again when done. ``secure_rng`` draws the noise, the Poisson sampling
 and the batch truncation / row choice from the OS CSPRNG (:mod:`privret.privacy.secure_rng`).
+
+Under ``torchrun`` (:mod:`privret.train.dp_parallel`) only the methods of :data:`PARALLEL_METHODS` run: each
+rank clips the units of its shard and rank 0 draws the step's public negatives for all; the other methods'
+clipped sums couple the units of a batch and are refused.
 """
 
 from __future__ import annotations

@@ -18,7 +18,8 @@ every DP trainer shares, :mod:`privret.train.dp_run`, whose docstring states its
 ``docs/reliability.md``. Every ledger (checkpoint and final) counts every noisy update that could have
 reached disk. Non-private runs store the sampler's RNG state with the checkpoint, so a resumed run
 equals an uninterrupted one. Each private run is recorded in the dataset's budget registry
-(:mod:`privret.privacy.budget`) before its first update can reach disk, with a cap check.
+(:mod:`privret.privacy.budget`) before its first update can reach disk, with a cap check. Under
+``torchrun`` each rank caches and clips the units of its shard (:mod:`privret.train.dp_parallel`).
 
 ``public=True`` marks ``pairs`` as public data (``data_hash`` is then its hash): the run is
 non-private training on data that holds nothing of the private log, so its ledger is a public
