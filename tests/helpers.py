@@ -138,18 +138,19 @@ def tiny_t5_dir(tmp_path_factory) -> Path:
     return write_tiny_t5(tmp_path_factory.mktemp("tiny-t5"))
 
 
-def record_updates(monkeypatch, trainer, chosen: list[int]) -> list[list[torch.Tensor]]:
-    """Make the DP steps of ``trainer`` (the module :mod:`privret.train.generator` or
-    :mod:`privret.train.dp_retriever`) exact and observable: the run's sampler (:mod:`privret.train.dp_run`)
-    returns the units ``chosen`` at every step, the trainer's DP noise is zero (so the noise calibration, slow
+def record_updates(monkeypatch, chosen: list[int]) -> list[list[torch.Tensor]]:
+    """Make the DP steps of both trainers (:mod:`privret.train.generator`, :mod:`privret.train.dp_retriever`)
+    exact and observable: the run's sampler (:mod:`privret.train.dp_run`) returns the units ``chosen`` at
+    every step, the DP noise (:mod:`privret.train.dp_parallel`) is zero (so the noise calibration, slow
     for tiny n, is skipped: sigma = 1), and the gradients every Adam step is about to apply are recorded (the
     returned list gets one list of tensors per step, in the optimizer's parameter order)."""
-    from privret.train import dp_run
+    from privret.train import dp_parallel, dp_run
 
     monkeypatch.setattr(dp_run, "calibrate_noise", lambda **plan: 1.0)
     monkeypatch.setattr(dp_run, "PoissonUnitSampler",
                         lambda n_units, sample_rate, rng: SimpleNamespace(sample=lambda: list(chosen)))
-    monkeypatch.setattr(trainer, "noise_like", lambda tensor, std, rng: torch.zeros_like(tensor, dtype=torch.float32))
+    monkeypatch.setattr(dp_parallel, "noise_like",
+                        lambda tensor, std, rng: torch.zeros_like(tensor, dtype=torch.float32))
     applied: list[list[torch.Tensor]] = []
     adam_step = torch.optim.Adam.step
 

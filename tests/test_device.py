@@ -50,6 +50,18 @@ def test_auto_is_cuda_exactly_when_available(monkeypatch, available):
     assert device.resolve_device("cpu").type == "cpu"
 
 
+def test_under_torchrun_auto_and_cuda_mean_the_ranks_own_gpu(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    assert device.resolve_device("auto") == torch.device("cuda")  # one process: the current GPU
+    for name, value in {"WORLD_SIZE": "4", "RANK": "2", "LOCAL_RANK": "2"}.items():
+        monkeypatch.setenv(name, value)
+    assert device.resolve_device("auto") == torch.device("cuda", 2)
+    assert device.resolve_device("cuda") == torch.device("cuda", 2)
+    assert device.resolve_device("cuda:1") == torch.device("cuda", 1)  # as written
+    assert device.resolve_device("cpu") == torch.device("cpu")
+
+
 @pytest.mark.parametrize("spec", ["gpu", "CPU", "cuda:", "cuda:x", "cuda:-1", "cuda:0:1", "", " cpu", "mps"])
 def test_malformed_device_strings_are_refused(spec):
     with pytest.raises(ValueError, match="is not a device"):

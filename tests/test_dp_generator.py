@@ -124,7 +124,7 @@ def test_training_loop_divides_the_clipped_sum_by_the_expected_batch(tiny_llama_
     units = pairs.units("query")
     chosen = [0, 6, 7]
     assert [len(units[u]) for u in chosen] == [3, 2, 1]
-    applied = record_updates(monkeypatch, gtrain, chosen)
+    applied = record_updates(monkeypatch, chosen)
     clipped = record_first_results(monkeypatch, gtrain, "clip_units")
     cfg = GeneratorTrainConfig(model=str(tiny_llama_dir), epsilon=8.0, batch_size=4, epochs=1, trained_layers=1,
                                lora_rank=4, bf16=False, physical_batch=3)

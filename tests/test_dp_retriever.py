@@ -20,6 +20,7 @@ from privret.privacy.logit_dp import contrastive_factor
 from privret.train import dp_retriever as dptrain
 from privret.train.dp_retriever import (NORM_MARGIN, DPRetrieverConfig, Mechanism, StepBatch, _encode, _grads,
                                         _masked_logits, _norm, build_batch, clipped_sum, dp_step,
+                                        draw_negatives,
                                         false_negative_mask, make_trainable, negative_pool, plan,
                                         public_negative_losses, sensitivity, train_dp_retriever)
 
@@ -263,7 +264,8 @@ def test_build_batch_caps_units_and_takes_one_row_per_unit_for_logit_dp(tiny_ber
     b = build_batch(pairs, units, [3], cfg, rng, None, cap=None)
     assert b.n_units == 1 and len(b.queries) == 2 and b.unit_of_row.tolist() == [0, 0]
     cfg = _cfg("public-negatives", tiny_bert_dir, public_negatives=5)
-    b = build_batch(pairs, units, [0, 1], cfg, rng, [pairs.corpus["d10"], pairs.corpus["d11"]], cap=None)
+    negatives = draw_negatives([pairs.corpus["d10"], pairs.corpus["d11"]], cfg, rng)
+    b = build_batch(pairs, units, [0, 1], cfg, rng, negatives, cap=None)
     assert len(b.negatives) == 5 and {n.id for n in b.negatives} <= {"d10", "d11"}
 
 
@@ -319,7 +321,7 @@ def test_training_loop_divides_the_clipped_sum_by_the_expected_batch(tmp_path, t
     units = pairs.units("query")
     chosen = [1, 3, 5, 7, 8]
     assert sum(len(units[u]) for u in chosen) == 6
-    applied = record_updates(monkeypatch, dptrain, chosen)
+    applied = record_updates(monkeypatch, chosen)
     clipped = record_first_results(monkeypatch, dptrain, "clipped_sum")
     cfg = _cfg("batch-clip", tiny_bert_dir, epochs=1.0, batch_size=4, trainable="top:1")
     train_dp_retriever(pairs, tmp_path / "r", cfg, data_hash="h")
@@ -415,8 +417,9 @@ def test_public_negatives_unit_term_independent_of_another_units_inline_document
     with_v = load_pairs_jsonl(_pairs_file(tmp_path, u_rows + [v_row]), public)
 
     def released(pairs, chosen):
-        batch = build_batch(pairs, pairs.units("query"), chosen, cfg, torch.Generator().manual_seed(3),
-                            negative_pool(pairs, pairs.corpus), cap=None)
+        rng = torch.Generator().manual_seed(3)
+        batch = build_batch(pairs, pairs.units("query"), chosen, cfg, rng,
+                            draw_negatives(negative_pool(pairs, pairs.corpus), cfg, rng), cap=None)
         return batch, clipped_sum("public-negatives", model, params, batch, cfg)[0]
 
     batch_a, term_u = released(without_v, [0])

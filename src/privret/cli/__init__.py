@@ -9,6 +9,7 @@ live in :mod:`privret.cli.common`. Commands import their heavy dependencies when
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
@@ -18,6 +19,7 @@ from rich.console import Console
 
 from privret.chatter import route_library_output
 from privret.cli import audit, data, evaluate, federated, filtering, generate, generator, pipeline, report, retriever
+from privret.distributed import launched
 from privret.errors import EXIT_BAD_INPUT, InputError
 from privret.runtime import keep_freed_memory
 
@@ -58,9 +60,13 @@ def _global_options(
 
 
 def main() -> None:
-    """The ``privret`` entry point: bad input ends in a one-line message and exit code 2."""
+    """The ``privret`` entry point: bad input ends in a one-line message and exit code 2. Under torchrun
+    (:mod:`privret.distributed`) every rank runs the command and only rank 0 prints: the others' standard
+    output goes nowhere, so all they can show is an error (on standard error)."""
     keep_freed_memory()
     try:
+        if not launched().main:
+            sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (for the life of the process)
         app()
     except InputError as err:
         Console(stderr=True).print(f"[bold red]error:[/] {err.one_line()}", highlight=False, soft_wrap=True)

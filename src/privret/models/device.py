@@ -8,6 +8,10 @@
 * ``cuda`` (the current CUDA device) or ``cuda:N`` (GPU ``N``): refused, with one line, where
   CUDA or that GPU is absent.
 
+Under ``torchrun`` (:mod:`privret.distributed`) ``auto`` and ``cuda`` mean GPU ``LOCAL_RANK``, so the
+processes on one machine never share a GPU whatever order they join the process group in; ``cuda:N``
+is taken as written.
+
 The device is a *placement*, not a training setting: it is not in any trainer's config, stage
 fingerprint or checkpoint, so a run started on one device resumes on another, and a privacy
 ledger never depends on it (sigma, q, steps and the guarantee come from the accountant alone).
@@ -35,6 +39,8 @@ from typing import Annotated
 import torch
 from pydantic import AfterValidator
 
+from privret.distributed import launched
+
 DEVICE_CHOICES = "auto, cpu, cuda or cuda:N"
 _SPEC = re.compile(r"auto|cpu|cuda(:\d+)?")
 _current = "auto"  # what load_encoder / load_generator use when given no device; set by use_device
@@ -61,8 +67,10 @@ def resolve_device(spec: str | torch.device | None = None) -> torch.device:
         spec = str(spec)
     spec = check_device_spec(_current if spec is None else spec)
     if spec == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        spec = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(spec)
+    if spec == "cuda" and launched().distributed:
+        device = torch.device("cuda", launched().local_rank)
     if device.type == "cuda":
         if not torch.cuda.is_available():
             raise ValueError(f"'{spec}' asked for, but CUDA is not available on this machine "

@@ -22,6 +22,14 @@ only on power loss, is cut off and its documents generated again). Batches are t
 resumed generation writes exactly what an uninterrupted one writes. ``partial/meta.json`` pins
 the generator, the settings and the document list; a partial run made with others is refused.
 The dataset and its ledger are renamed into place together.
+
+**Several processes** (``torchrun``, :mod:`privret.distributed`): batch b goes to rank ``b mod W``, which
+appends it to its own file of the partial directory (``generated.jsonl`` for rank 0,
+``generated.rank<r>.jsonl`` for rank r; the directory must be on a file system every rank sees). A batch
+is generated with the seed of its index whichever rank generates it, every rank skips the documents any
+file already holds (a resume may use another number of processes), and rank 0 merges the files in the
+order of ``documents``, so the dataset is the one a single process writes with the same seed (on the same
+kind of device, with the same number of threads). Rank 0 alone checks and writes everything else.
 """
 
 from __future__ import annotations
@@ -35,13 +43,14 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from privret import distributed
 from privret.data.beir import BeirDataset, Document, write_beir
 from privret.errors import InputError
 from privret.io import atomic_path, write_json_atomic
 from privret.models.generator import load_trained_generator
 from privret.privacy.ledger import PrivacyLedger
 from privret.progress import Progress
-from privret.runlock import RunLock, recover_directory
+from privret.runlock import recover_directory
 
 
 class GenerateConfig(BaseModel):
@@ -124,39 +133,34 @@ def generate_synthetic(generator_dir: str | Path, documents: list[Document], out
     if private_copies is not None and ledger.is_private:
         raise InputError("the generator is DP: filtering its outputs by the private queries would leak them "
                          "(only a public blocklist may filter a DP release)", field="private_copies")
-    with RunLock(out_dir, what="synthetic dataset"):
+    with distributed.main_lock(out_dir, what="synthetic dataset"):
         return _generate(generator_dir, ledger, documents, out_dir, cfg, blocklist=blocklist,
                          private_copies=private_copies, resume=resume)
 
 
 def _generate(generator_dir, ledger: PrivacyLedger, documents, out_dir: Path, cfg: GenerateConfig, *, blocklist,
               private_copies, resume):
-    recover_directory(out_dir)
+    group = distributed.current()
     partial_dir = out_dir.with_name(out_dir.name + ".partial")
-    if out_dir.exists():
-        if (out_dir / "manifest.json").is_file():  # finished; its clean-up was cut short
-            shutil.rmtree(partial_dir, ignore_errors=True)
-        raise InputError("already exists (remove it or choose another output)", path=out_dir)
-    if partial_dir.exists() and not resume:
-        raise InputError(f"an interrupted generation is in {partial_dir}; pass --resume to continue it",
-                         path=out_dir)
-    partial_dir.mkdir(parents=True, exist_ok=True)
     ids = [d.id for d in documents]
-    _check_meta(partial_dir, {"generator": str(Path(generator_dir).absolute()), "generator_ledger": ledger.created_at,
-                              "config": cfg.model_dump(mode="json"),
-                              "documents": hashlib.sha256("\n".join(ids).encode("utf-8")).hexdigest()})
-    partial_file = partial_dir / "generated.jsonl"
-    done, good = _read_partial(partial_file, known=set(ids))
-    if partial_file.exists() and partial_file.stat().st_size != good:
-        os.truncate(partial_file, good)  # cut a torn tail: its documents are generated again
+    meta = {"generator": str(Path(generator_dir).absolute()), "generator_ledger": ledger.created_at,
+            "config": cfg.model_dump(mode="json"),
+            "documents": hashlib.sha256("\n".join(ids).encode("utf-8")).hexdigest()}
+    group.from_main(lambda: _open_partial(out_dir, partial_dir, meta, resume=resume))
+    own_file = partial_dir / ("generated.jsonl" if group.main else f"generated.rank{group.rank}.jsonl")
+    _, good = _read_partial(own_file, known=set(ids))
+    if own_file.exists() and own_file.stat().st_size != good:
+        os.truncate(own_file, good)  # cut a torn tail: its documents are generated again
+    group.barrier()  # every file is whole before any rank reads the others
+    done = _read_partials(partial_dir, set(ids))
     generator = load_trained_generator(generator_dir)
-    fd = os.open(partial_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    fd = os.open(own_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         with Progress() as progress:
             task = progress.add_task("generating synthetic queries", total=len(documents), completed=len(done))
             for lo in range(0, len(documents), cfg.batch_size):
                 batch = [d for d in documents[lo: lo + cfg.batch_size] if d.id not in done]
-                if not batch:
+                if not batch or not group.owns(lo // cfg.batch_size):
                     continue
                 outputs = generator.generate([d.full_text for d in batch], num_queries=cfg.num_queries,
                                              top_p=cfg.top_p, temperature=cfg.temperature,
@@ -165,12 +169,42 @@ def _generate(generator_dir, ledger: PrivacyLedger, documents, out_dir: Path, cf
                                 for doc, queries in zip(batch, outputs)).encode("utf-8")
                 _write_all(fd, lines)  # one batch, one append
                 os.fsync(fd)
-                for doc, queries in zip(batch, outputs):
-                    done[doc.id] = queries
                 progress.advance(task, len(batch))
     finally:
         os.close(fd)
+    group.barrier()  # every rank's batches are on disk
+    return group.from_main(lambda: _write_dataset(generator_dir, ledger, documents, out_dir, partial_dir, cfg,
+                                                  blocklist=blocklist, private_copies=private_copies))
 
+
+def _open_partial(out_dir: Path, partial_dir: Path, meta: dict, *, resume: bool) -> None:
+    """Recover ``out_dir`` after a kill, refuse a finished one (or an interrupted one without ``resume``), and
+    create or check the partial directory (its ``meta.json`` pins the settings)."""
+    recover_directory(out_dir)
+    if out_dir.exists():
+        if (out_dir / "manifest.json").is_file():  # finished; its clean-up was cut short
+            shutil.rmtree(partial_dir, ignore_errors=True)
+        raise InputError("already exists (remove it or choose another output)", path=out_dir)
+    if partial_dir.exists() and not resume:
+        raise InputError(f"an interrupted generation is in {partial_dir}; pass --resume to continue it",
+                         path=out_dir)
+    partial_dir.mkdir(parents=True, exist_ok=True)
+    _check_meta(partial_dir, meta)
+
+
+def _read_partials(partial_dir: Path, known: set[str]) -> dict[str, list[str]]:
+    """The complete rows of every rank's partial file (a torn tail is left out)."""
+    done: dict[str, list[str]] = {}
+    for path in sorted(partial_dir.glob("generated*.jsonl")):
+        done.update(_read_partial(path, known)[0])
+    return done
+
+
+def _write_dataset(generator_dir, ledger: PrivacyLedger, documents, out_dir: Path, partial_dir: Path,
+                   cfg: GenerateConfig, *, blocklist, private_copies) -> dict:
+    """Merge the partial files in the order of ``documents``, filter, and write the dataset and its ledger."""
+    merged = _read_partials(partial_dir, {d.id for d in documents})
+    done = {d.id: merged[d.id] for d in documents if d.id in merged}
     blocked = {normalise(q) for q in blocklist}
     copies = {normalise(q) for q in private_copies or ()}
     queries: dict[str, str] = {}

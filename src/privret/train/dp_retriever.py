@@ -51,6 +51,10 @@ for, or one made with other settings, is refused. The final SentenceTransformer 
 atomically. The release is recorded in the budget registry before any update can reach disk (one
 release id across resumes) and again when done. ``secure_rng`` draws the noise, the Poisson sampling
 and the batch truncation / row choice from the OS CSPRNG (:mod:`privret.privacy.secure_rng`).
+
+Under ``torchrun`` (:mod:`privret.train.dp_parallel`) only the methods of :data:`PARALLEL_METHODS` run: each
+rank clips the units of its shard and rank 0 draws the step's public negatives for all; the other methods'
+clipped sums couple the units of a batch and are refused.
 """
 
 from __future__ import annotations
@@ -65,6 +69,7 @@ import torch
 import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from privret import distributed
 from privret.data.beir import Document
 from privret.data.pairs import UNIT_DEFINITIONS, PrivacyUnit, TrainingPairs
 from privret.errors import InputError
@@ -76,9 +81,9 @@ from privret.privacy import budget as budget_registry
 from privret.privacy.ledger import PrivacyLedger
 from privret.privacy.logit_dp import (GhostNorms, logit_dp_factor, loss_logit_grads, pair_norm_bounds, reweighting,
                                       row_losses)
-from privret.privacy.secure_rng import SecureRandom, noise_like
+from privret.privacy.secure_rng import SecureRandom
 from privret.progress import Progress
-from privret.runlock import RunLock
+from privret.train.dp_parallel import set_noisy_mean
 from privret.train.dp_run import DPRun, plan_run, run_training
 
 METHODS = ("naive", "batch-clip", "logit-dp", "public-negatives")
@@ -90,6 +95,8 @@ MECHANISM_FILE = "dp_mechanism.json"  # only a finished output holds it (with th
 # config fields that do not change what is trained: free to differ on resume, and left out of pipeline
 # fingerprints (secure_rng only when off: see privret.pipeline.direct_dp_fingerprint)
 RESUME_FREE = ("checkpoint_every", "secure_rng")
+# the methods whose clipped sum is a sum of per-unit terms, so it can be split across processes (torchrun)
+PARALLEL_METHODS = ("public-negatives",)
 
 
 class DPRetrieverConfig(BaseModel):
@@ -400,11 +407,18 @@ def mechanism(cfg: DPRetrieverConfig, sigma: float) -> Mechanism:
     return Mechanism(sensitivity=sens, cap=cap, sigma=sigma)
 
 
-def build_batch(pairs: TrainingPairs, units: list[list[int]], chosen: list[int], cfg: DPRetrieverConfig,
-                rng: torch.Generator | SecureRandom, public: list[Document] | None, cap: int | None) -> StepBatch:
-    """Rows of the chosen units: truncated to ``cap`` units (uniformly), one random row each for logit-dp;
-    for public-negatives ``cfg.public_negatives`` documents drawn uniformly (with replacement) from
+def draw_negatives(public: list[Document], cfg: DPRetrieverConfig, rng: torch.Generator | SecureRandom,
+                   ) -> list[Document]:
+    """A step's public negatives: ``cfg.public_negatives`` documents drawn uniformly (with replacement) from
     ``public`` (:func:`negative_pool`), whatever the private data."""
+    return [public[i] for i in _randint(len(public), cfg.public_negatives, rng).tolist()]
+
+
+def build_batch(pairs: TrainingPairs, units: list[list[int]], chosen: list[int], cfg: DPRetrieverConfig,
+                rng: torch.Generator | SecureRandom | None, negatives: list[Document] | None,
+                cap: int | None) -> StepBatch:
+    """Rows of the chosen units: truncated to ``cap`` units (uniformly), one random row each for logit-dp;
+    ``negatives``: the step's public negatives (public-negatives, :func:`draw_negatives`), else None."""
     if cap is not None and len(chosen) > cap:
         keep = _permutation(len(chosen), rng)[:cap].sort().values.tolist()
         chosen = [chosen[k] for k in keep]
@@ -416,9 +430,6 @@ def build_batch(pairs: TrainingPairs, units: list[list[int]], chosen: list[int],
         rows += unit_rows
         owner += [k] * len(unit_rows)
     chosen_pairs = [pairs.pairs[r] for r in rows]
-    negatives = None
-    if cfg.method == "public-negatives":
-        negatives = [public[i] for i in _randint(len(public), cfg.public_negatives, rng).tolist()]
     return StepBatch(queries=[p.query for p in chosen_pairs],
                      docs=[pairs.corpus[p.doc_id].full_text for p in chosen_pairs],
                      unit_of_row=torch.tensor(owner, dtype=torch.long), doc_ids=[p.doc_id for p in chosen_pairs],
@@ -440,13 +451,14 @@ def _randint(high: int, size: int, rng: torch.Generator | SecureRandom) -> torch
 
 
 def dp_step(model, params: list[torch.Tensor], batch: StepBatch, cfg: DPRetrieverConfig, mech: Mechanism,
-            expected_batch: float, rng: torch.Generator | SecureRandom) -> dict:
-    """Set ``p.grad = (s(batch) + N(0, (sigma Delta)^2)) / (q N)`` for every trainable parameter; return
-    the step statistics of :func:`clipped_sum` (not DP: terminal display only)."""
+            expected_batch: float, rng: torch.Generator | SecureRandom | None,
+            group: distributed.Group = distributed.SINGLE) -> dict:
+    """Set ``p.grad = (s(batch) + N(0, (sigma Delta)^2)) / (q N)`` for every trainable parameter (under
+    torchrun ``batch`` holds this rank's shard of the units, the sum runs over every rank's and the noise is
+    drawn once: :func:`~privret.train.dp_parallel.set_noisy_mean`); return the step statistics of
+    :func:`clipped_sum` (not DP: terminal display only)."""
     summed, stats = clipped_sum(cfg.method, model, params, batch, cfg)
-    for p, g in zip(params, summed):
-        noisy = g.float() + noise_like(g, mech.noise_std, rng)
-        p.grad = (noisy / expected_batch).to(p.dtype)
+    set_noisy_mean(params, summed, std=mech.noise_std, expected_batch=expected_batch, rng=rng, group=group)
     return stats
 
 
@@ -463,7 +475,11 @@ def train_dp_retriever(pairs: TrainingPairs, out_dir: str | Path, cfg: DPRetriev
     ``out_dir`` (see the module docstring); a finished one is returned as it is, spending nothing more.
     """
     dataset_id = dataset_id or budget_registry.dataset_id(pairs)
-    with RunLock(out_dir, what="retriever directory"):
+    if distributed.launched().distributed and cfg.method not in PARALLEL_METHODS:
+        raise InputError(f"{cfg.method} couples the units of a batch (in-batch negatives or a batch-wide clip), so "
+                         f"its clipped sum cannot be split across processes; under torchrun use "
+                         f"{' or '.join(PARALLEL_METHODS)}", field="method")
+    with distributed.main_lock(Path(out_dir), what="retriever directory"):
         return _train_dp_retriever(pairs, Path(out_dir), cfg, data_hash=data_hash, dataset_id=dataset_id,
                                    public_corpus=public_corpus, budget=budget, resume=resume)
 
@@ -513,7 +529,7 @@ def _train_dp_retriever(pairs: TrainingPairs, out_dir: Path, cfg: DPRetrieverCon
         return _RetrieverTrainer(model=model, params=named, optimizer=torch.optim.Adam(named.values(),
                                                                                       lr=cfg.learning_rate),
                                  pairs=pairs, units=units, cfg=cfg, mech=mech, public=public,
-                                 expected_batch=run_plan.expected_batch)
+                                 expected_batch=run_plan.expected_batch, group=distributed.current())
 
     run = DPRun(out_dir=out_dir, plan=run_plan, describe=describe, what="retriever", finished_marker=MECHANISM_FILE,
                 label=f"DP retriever ({cfg.method}, epsilon={cfg.epsilon:g})", train_config=cfg.model_dump(mode="json"),
@@ -524,8 +540,9 @@ def _train_dp_retriever(pairs: TrainingPairs, out_dir: Path, cfg: DPRetrieverCon
 
 @dataclass
 class _RetrieverTrainer:
-    """The encoder in a DP run (:class:`privret.train.dp_run.Trainer`): one step is :func:`build_batch` and
-    :func:`dp_step`; the artefact is the SentenceTransformer (LoRA merged) and :data:`MECHANISM_FILE`."""
+    """The encoder in a DP run (:class:`privret.train.dp_run.Trainer`): one step is :func:`build_batch` (of
+    this rank's shard of the sampled units, with the negatives rank 0 drew) and :func:`dp_step`; the artefact
+    is the SentenceTransformer (LoRA merged) and :data:`MECHANISM_FILE`."""
 
     model: object
     params: dict[str, torch.nn.Parameter]
@@ -536,16 +553,20 @@ class _RetrieverTrainer:
     mech: Mechanism
     public: list[Document] | None
     expected_batch: float
+    group: distributed.Group = distributed.SINGLE
     started: float = 0.0
 
     def prepare(self, progress: Progress) -> None:
         self.model.train()
         self.started = time.perf_counter()
 
-    def step(self, chosen: list[int], rng: torch.Generator | SecureRandom) -> float:
-        batch = build_batch(self.pairs, self.units, chosen, self.cfg, rng, self.public, self.mech.cap)
+    def step(self, chosen: list[int], rng: torch.Generator | SecureRandom | None) -> float:
+        negatives = (self.group.from_main(lambda: draw_negatives(self.public, self.cfg, rng))
+                     if self.cfg.method == "public-negatives" else None)
+        batch = build_batch(self.pairs, self.units, self.group.shard(chosen), self.cfg, rng, negatives,
+                            self.mech.cap)
         return dp_step(self.model, list(self.params.values()), batch, self.cfg, self.mech, self.expected_batch,
-                       rng)["loss"]
+                       rng, self.group)["loss"]
 
     def save(self, staged: Path, *, resumed_at_step: int) -> None:
         self.model.eval()

@@ -36,6 +36,13 @@ interrupted run's files (:data:`RUN_FILES`) is refused rather than replaced, and
 
 A non-private run (epsilon = inf: sigma = 0, nothing recorded in the budget registry) goes through the
 same loop; its sampler is seeded and checkpointed, so a resumed run equals an uninterrupted one.
+
+**Several processes** (``torchrun``, :mod:`privret.distributed`): the run is rank 0's. It alone holds the
+lock, recovers and checks the directory, keeps the step log, writes checkpoints and the artefact, records
+the release and owns the random source; the other ranks get its parameters and Adam state (fresh or
+resumed), each step's sampled units and the final ledger. How a step is split so that the mechanism, and
+hence the ledger, stays that of one process is :mod:`privret.train.dp_parallel`'s docstring. A kill of
+any rank stops the run (torchrun ends the others); ``--resume`` continues it with the same rules.
 """
 
 from __future__ import annotations
@@ -49,6 +56,7 @@ from typing import Protocol
 
 import torch
 
+from privret import distributed
 from privret.errors import InputError
 from privret.io import atomic_path, write_json_atomic
 from privret.privacy import budget as budget_registry
@@ -60,6 +68,7 @@ from privret.progress import Progress
 from privret.runlock import recover_directory
 from privret.train.checkpointing import (CHECKPOINT_DIR, STEP_LOG, Checkpoint, StepAccount, check_finished,
                                          load_checkpoint, save_checkpoint)
+from privret.train.dp_parallel import sync_from_main
 
 # What the directory of an interrupted run may hold: its checkpoint, its step log and the record a
 # pipeline stage writes before it starts the run (privret.pipeline.STAGE_FILE).
@@ -125,10 +134,12 @@ class Trainer(Protocol):
     def prepare(self, progress: Progress) -> None:
         """Get ready for the first step (once, after any resume; may show its own progress)."""
 
-    def step(self, chosen: list[int], rng: Random) -> float:
+    def step(self, chosen: list[int], rng: Random | None) -> float:
         """Set ``p.grad`` of every trainable parameter for the sampled units ``chosen`` (a private run: the
-        noisy clipped sum divided by q N, its noise from ``rng``). Returns the batch's mean loss, computed
-        without noise: **not DP**, for the live terminal only, never for a file, a log or a report."""
+        noisy clipped sum divided by q N, its noise from ``rng``). Under torchrun every rank gets the same
+        ``chosen``, computes on its own shard of it and combines through :mod:`privret.train.dp_parallel`;
+        ``rng`` is None on every rank but 0. Returns the (shard's) mean loss, computed without noise:
+        **not DP**, for the live terminal only, never for a file, a log or a report."""
 
     def save(self, staged: Path, *, resumed_at_step: int) -> None:
         """Write the trained artefact into ``staged``, the output directory before its atomic rename."""
@@ -165,45 +176,83 @@ class DPRun:
 
 def run_training(run: DPRun, load: Callable[[], Trainer], *, resume: bool) -> PrivacyLedger:
     """Train the model ``load()`` returns as ``run`` plans, into ``run.out_dir``; returns the final ledger
-    (see the module docstring). Call it while holding the directory's :class:`~privret.runlock.RunLock`."""
+    (see the module docstring). Call it while holding the directory's lock
+    (:func:`privret.distributed.main_lock`).
+
+    Under ``torchrun`` (:mod:`privret.train.dp_parallel`) every rank calls it: rank 0 alone reads and writes
+    the directory, the step log and the budget registry, draws the sampling and the noise, and hands the
+    others its parameters and Adam state, each step's sampled units and the final ledger."""
     plan, out_dir = run.plan, run.out_dir
     ckpt_dir = out_dir / CHECKPOINT_DIR
-    recover_directory(out_dir)
-    recover_directory(ckpt_dir)
-    finished = (out_dir / run.finished_marker).exists()
-    _refuse_directory(out_dir, run.what, finished=finished, resume=resume)
-    if finished:  # nothing to resume, spend nothing more
-        return check_finished(out_dir, expected=run.ledger(plan.steps, secure=plan.private and run.secure_rng),
-                              what=f"a {run.what}")
+    group = distributed.current()
+    finished = group.from_main(lambda: _finished(run, resume=resume))
+    if finished is not None:  # nothing to resume, spend nothing more
+        return finished
     torch.manual_seed(run.seed)
     trainer = load()
-    account = StepAccount.open(out_dir / STEP_LOG, private=plan.private, checkpoint=ckpt_dir,
-                               secure=plan.private and run.secure_rng)
-    checkpoint = _resume(run, trainer, account, ckpt_dir)
-    start = checkpoint.step if checkpoint is not None else 0
-    if plan.private:  # before the first noisy update
-        budget_registry.check_and_record(run.release(run.ledger(account.total(plan.steps), secure=account.secure),
-                                                     release_id=account.release_id, status="planned"), run.budget)
-    rng, sampler = _random_source(plan, secure=account.secure, seed=run.seed,
-                                  state=checkpoint.rng_state if checkpoint is not None else None)
+    opened: dict = {}  # rank 0's step account and checkpoint; the other ranks learn only the step to start at
+
+    def open_run() -> int:
+        opened["account"], opened["checkpoint"] = _open_account(run, trainer, ckpt_dir)
+        return opened["checkpoint"].step if opened["checkpoint"] is not None else 0
+
+    start = group.from_main(open_run)
+    account, checkpoint = opened.get("account"), opened.get("checkpoint")
+    sync_from_main(trainer.params, trainer.optimizer, group)
+    rng, sampler = (_random_source(plan, secure=account.secure, seed=run.seed,
+                                   state=checkpoint.rng_state if checkpoint is not None else None)
+                    if group.main else (None, None))
     with Progress() as progress:
         trainer.prepare(progress)
         task = progress.add_task(run.label, total=plan.steps, completed=start)
         for step in range(start, plan.steps):
-            loss = trainer.step(sampler.sample(), rng)
+            loss = trainer.step(group.from_main(lambda: sampler.sample()), rng)
             trainer.optimizer.step()
             trainer.optimizer.zero_grad(set_to_none=True)
             progress.update(task, advance=1, stats=f"loss={loss:.3f}")  # not DP: terminal only
             done = step + 1
-            if done % run.checkpoint_every == 0 and done < plan.steps:
+            if done % run.checkpoint_every == 0 and done < plan.steps and group.main:
                 account.persist(done)
                 save_checkpoint(ckpt_dir, trainer.params, trainer.optimizer,
                                 run.ledger(account.total(done), secure=account.secure), step=done,
                                 rng=None if plan.private else rng,
                                 extra={"config": run.settings} if run.settings is not None else None)
+    return group.from_main(lambda: _save(run, trainer, account, start))
+
+
+def _finished(run: DPRun, *, resume: bool) -> PrivacyLedger | None:
+    """Recover the directory after a kill and refuse it if it is not this run's (:func:`_refuse_directory`);
+    a finished run's ledger, or None to train."""
+    out_dir = run.out_dir
+    recover_directory(out_dir)
+    recover_directory(out_dir / CHECKPOINT_DIR)
+    finished = (out_dir / run.finished_marker).exists()
+    _refuse_directory(out_dir, run.what, finished=finished, resume=resume)
+    if not finished:
+        return None
+    return check_finished(out_dir, expected=run.ledger(run.plan.steps, secure=run.plan.private and run.secure_rng),
+                          what=f"a {run.what}")
+
+
+def _open_account(run: DPRun, trainer: Trainer, ckpt_dir: Path) -> tuple[StepAccount, Checkpoint | None]:
+    """The step log's account and the restored checkpoint (if any); a private run's release is recorded as
+    ``planned`` in the budget registry here, before the first noisy update."""
+    plan = run.plan
+    account = StepAccount.open(run.out_dir / STEP_LOG, private=plan.private, checkpoint=ckpt_dir,
+                               secure=plan.private and run.secure_rng)
+    checkpoint = _resume(run, trainer, account, ckpt_dir)
+    if plan.private:
+        budget_registry.check_and_record(run.release(run.ledger(account.total(plan.steps), secure=account.secure),
+                                                     release_id=account.release_id, status="planned"), run.budget)
+    return account, checkpoint
+
+
+def _save(run: DPRun, trainer: Trainer, account: StepAccount, start: int) -> PrivacyLedger:
+    """Announce the last update, write the ledger and the artefact atomically, record the release ``final``."""
+    plan = run.plan
     final = run.ledger(account.total(plan.steps), secure=account.secure)
     account.persist(plan.steps)
-    with atomic_path(out_dir) as staged:  # the ledger first: the trainer's save may describe it (model card)
+    with atomic_path(run.out_dir) as staged:  # the ledger first: the trainer's save may describe it (model card)
         final.save(staged)
         write_json_atomic(staged / "train_config.json", run.train_config)
         trainer.save(staged, resumed_at_step=start)

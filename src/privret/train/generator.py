@@ -18,7 +18,8 @@ every DP trainer shares, :mod:`privret.train.dp_run`, whose docstring states its
 ``docs/reliability.md``. Every ledger (checkpoint and final) counts every noisy update that could have
 reached disk. Non-private runs store the sampler's RNG state with the checkpoint, so a resumed run
 equals an uninterrupted one. Each private run is recorded in the dataset's budget registry
-(:mod:`privret.privacy.budget`) before its first update can reach disk, with a cap check.
+(:mod:`privret.privacy.budget`) before its first update can reach disk, with a cap check. Under
+``torchrun`` each rank caches and clips the units of its shard (:mod:`privret.train.dp_parallel`).
 
 ``public=True`` marks ``pairs`` as public data (``data_hash`` is then its hash): the run is
 non-private training on data that holds nothing of the private log, so its ledger is a public
@@ -43,6 +44,7 @@ from pathlib import Path
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
+from privret import distributed
 from privret.data.pairs import UNIT_DEFINITIONS, PrivacyUnit, TrainingPairs
 from privret.errors import InputError
 from privret.models.generator import WARM_START_DIR, QueryGenerator, load_generator, load_trained_generator
@@ -50,9 +52,10 @@ from privret.models.registry import DEFAULT_GENERATOR
 from privret.privacy import budget as budget_registry
 from privret.privacy.clipping import clip_units
 from privret.privacy.ledger import PrivacyLedger
-from privret.privacy.secure_rng import SecureRandom, noise_like
+from privret.distributed import SINGLE, Group
+from privret.privacy.secure_rng import SecureRandom
 from privret.progress import Progress
-from privret.runlock import RunLock
+from privret.train.dp_parallel import set_noisy_mean, sum_gradients
 from privret.train.dp_run import DPRun, RunPlan, plan_run, run_training
 
 
@@ -131,7 +134,7 @@ def train_generator(pairs: TrainingPairs, out_dir: str | Path, cfg: GeneratorTra
     if public and math.isfinite(cfg.epsilon):
         raise InputError("public pairs are trained on without DP; the epsilon must be inf", field="epsilon")
     dataset_id = dataset_id or budget_registry.dataset_id(pairs)
-    with RunLock(out_dir, what="generator directory"):
+    with distributed.main_lock(Path(out_dir), what="generator directory"):
         return _train_generator(pairs, Path(out_dir), cfg, data_hash=data_hash, dataset_id=dataset_id, resume=resume,
                                 budget=budget, public=public,
                                 warm_start=Path(warm_start) if warm_start is not None else None)
@@ -173,7 +176,8 @@ def _train_generator(pairs: TrainingPairs, out_dir: Path, cfg: GeneratorTrainCon
         params = generator.trainable_parameters()
         return _GeneratorTrainer(generator=generator, params=params,
                                  optimizer=torch.optim.Adam(params.values(), lr=cfg.learning_rate), pairs=pairs,
-                                 units=units, cfg=cfg, plan=run_plan, warm_start=warm_start)
+                                 units=units, cfg=cfg, plan=run_plan, warm_start=warm_start,
+                                 group=distributed.current())
 
     run = DPRun(out_dir=out_dir, plan=run_plan, describe=describe, what="generator", finished_marker="generator.json",
                 label=f"training generator (epsilon={cfg.epsilon:g})", train_config=cfg.model_dump(mode="json"),
@@ -184,7 +188,8 @@ def _train_generator(pairs: TrainingPairs, out_dir: Path, cfg: GeneratorTrainCon
 @dataclass
 class _GeneratorTrainer:
     """The generator in a DP run (:class:`privret.train.dp_run.Trainer`): :meth:`prepare` caches the frozen
-    layers' outputs; one step is :func:`_dp_step` (private) or :func:`_plain_step`."""
+    layers' outputs of the rows of the units this rank owns (all of them in one process); one step is
+    :func:`_dp_step` (private) or :func:`_plain_step` on this rank's shard of the sampled units."""
 
     generator: QueryGenerator
     params: dict[str, torch.nn.Parameter]
@@ -194,25 +199,29 @@ class _GeneratorTrainer:
     cfg: GeneratorTrainConfig
     plan: RunPlan
     warm_start: Path | None
-    items: list = field(default_factory=list)
+    group: Group = SINGLE
+    items: dict = field(default_factory=dict)  # row index -> cached frozen-layer output (this rank's rows)
     loss_module: torch.nn.Module | None = None
 
     def prepare(self, progress: Progress) -> None:
         from opacus import GradSampleModule
 
-        examples = [self.generator.example(self.pairs.corpus[p.doc_id].full_text, p.query) for p in self.pairs.pairs]
+        rows = sorted(r for u in self.group.shard(range(len(self.units))) for r in self.units[u])
+        pairs = [self.pairs.pairs[r] for r in rows]
+        examples = [self.generator.example(self.pairs.corpus[p.doc_id].full_text, p.query) for p in pairs]
         task = progress.add_task("caching frozen layers", total=len(examples))
-        self.items = self.generator.prepare(examples, progress=lambda k: progress.advance(task, k))
+        self.items = dict(zip(rows, self.generator.prepare(examples, progress=lambda k: progress.advance(task, k))))
         loss_module = self.generator.loss_module()
         if self.plan.private:
             loss_module = GradSampleModule(loss_module, batch_first=True, loss_reduction="sum")
         self.loss_module = loss_module.train()
 
-    def step(self, chosen: list[int], rng: torch.Generator | SecureRandom) -> float:
+    def step(self, chosen: list[int], rng: torch.Generator | SecureRandom | None) -> float:
         if self.plan.private:
-            return _dp_step(self.generator, self.loss_module, self.items, self.units, chosen, self.params, self.cfg,
-                            self.plan.sigma, self.plan.expected_batch, rng)
-        return _plain_step(self.generator, self.loss_module, self.items, self.units, chosen, self.cfg.physical_batch)
+            return _dp_step(self.generator, self.loss_module, self.items, self.units, self.group.shard(chosen),
+                            self.params, self.cfg, self.plan.sigma, self.plan.expected_batch, rng, self.group)
+        return _plain_step(self.generator, self.loss_module, self.items, self.units, chosen, self.cfg.physical_batch,
+                           self.group)
 
     def save(self, staged: Path, *, resumed_at_step: int) -> None:
         self.generator.save(staged)
@@ -229,8 +238,10 @@ def _rows_of(units, group):
 
 
 def _dp_step(generator: QueryGenerator, loss_module, items, units, chosen, params, cfg, sigma, expected_batch,
-             rng) -> float:
-    """Set ``p.grad = (sum_u clip_C(G_u) + N(0, sigma^2 C^2)) / expected_batch`` over the chosen units ``u``.
+             rng, group: Group = SINGLE) -> float:
+    """Set ``p.grad = (sum_u clip_C(G_u) + N(0, sigma^2 C^2)) / expected_batch`` over the chosen units ``u``
+    (under torchrun: ``chosen`` is this rank's shard, the sum runs over every rank's, the noise is drawn once:
+    :func:`~privret.train.dp_parallel.set_noisy_mean`).
 
     Returns the mean per-example loss of the batch, computed without noise: **not DP**. It may be shown on
     a live terminal (:class:`privret.progress.Progress` ``stats``) and must never be written to a file, a
@@ -239,36 +250,39 @@ def _dp_step(generator: QueryGenerator, loss_module, items, units, chosen, param
     names = list(params)
     total = {n: torch.zeros_like(p, dtype=torch.float32) for n, p in params.items()}
     losses = []
-    for group in micro_batches(units, chosen, cfg.physical_batch):
-        rows, owner = _rows_of(units, group)
+    for micro in micro_batches(units, chosen, cfg.physical_batch):
+        rows, owner = _rows_of(units, micro)
         batch = generator.collate([items[r] for r in rows])
         with generator.autocast():
             per_example = loss_module(**batch)
         per_example.sum().backward()
         losses.append(per_example.detach().float())
         grads = [params[n].grad_sample for n in names]
-        clipped, _ = clip_units(grads, owner.to(grads[0].device), len(group), cfg.clip_norm)
+        clipped, _ = clip_units(grads, owner.to(grads[0].device), len(micro), cfg.clip_norm)
         for n, g in zip(names, clipped):
             total[n] += g
             params[n].grad_sample = None
             params[n].grad = None
-    for n, p in params.items():
-        noisy = total[n] + noise_like(total[n], sigma * cfg.clip_norm, rng)
-        p.grad = (noisy / expected_batch).to(p.dtype)
+    set_noisy_mean([params[n] for n in names], [total[n] for n in names], std=sigma * cfg.clip_norm,
+                   expected_batch=expected_batch, rng=rng, group=group)
     return torch.cat(losses).mean().item() if losses else float("nan")
 
 
-def _plain_step(generator, loss_module, items, units, chosen, physical_batch: int) -> float:
+def _plain_step(generator, loss_module, items, units, chosen, physical_batch: int, group: Group = SINGLE) -> float:
     """Set ``p.grad`` to the gradient of the mean per-example loss over the rows of the chosen units (a non-private
-    run), ``physical_batch`` rows per forward pass; returns that mean loss."""
-    rows = [r for u in chosen for r in units[u]]
-    if not rows:
+    run), ``physical_batch`` rows per forward pass; returns that mean loss (under torchrun: each rank computes
+    the rows of its shard of ``chosen``, divided by the number of rows of all of ``chosen``, and the gradients
+    are summed over the ranks)."""
+    n_rows = sum(len(units[u]) for u in chosen)
+    if not n_rows:
         return float("nan")
+    rows = [r for u in group.shard(chosen) for r in units[u]]
     losses = []
     for lo in range(0, len(rows), physical_batch):
         batch = generator.collate([items[r] for r in rows[lo: lo + physical_batch]])
         with generator.autocast():
             per_example = loss_module(**batch)
-        (per_example.sum() / len(rows)).backward()
+        (per_example.sum() / n_rows).backward()
         losses.append(per_example.detach().float())
-    return torch.cat(losses).mean().item()
+    sum_gradients(list(generator.trainable_parameters().values()), group)
+    return torch.cat(losses).mean().item() if losses else float("nan")

@@ -2,6 +2,20 @@
 
 Trains on original pairs (the non-private reference) or on a synthetic dataset (whose DP
 guarantee carries over by post-processing; its ledger is copied beside the model).
+
+**Several processes** (``torchrun``, :mod:`privret.distributed`): every rank draws the same batches (the
+same seed) and embeds its share of each batch (positions p with ``p mod W = r``); the embeddings are
+all-gathered, so every rank computes the loss of the whole batch, the one one process computes, with the
+gradient flowing only into its own rows (the others' are constants); the parameter gradients are then
+summed over the ranks, which is the whole batch's gradient, and every rank takes the same AdamW step from
+rank 0's initial parameters. torch's ``DistributedDataParallel`` is not used: it reduces once per
+forward-backward of one module call, while a step here makes two calls (queries, documents) whose
+outputs meet in the loss; the all-gather plus summed gradients is the same reduction by hand (a sum, not
+DDP's mean, because each rank's gradient is already a part of the batch mean). Up to the order of
+floating-point sums the result is that of one process when the encoder has no dropout; with dropout
+the ranks draw their own masks, so the runs are two draws of the same random training (see
+``docs/scaling.md`` for the tolerance measured). Only rank 0 writes the model; recipe selection
+(``selection``) runs in one process.
 """
 
 from __future__ import annotations
@@ -15,6 +29,7 @@ from typing import Optional
 import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from privret import distributed
 from privret.data.pairs import TrainingPairs
 from privret.errors import InputError
 from privret.io import atomic_path, write_json_atomic
@@ -24,6 +39,7 @@ from privret.models.model_card import write_model_card
 from privret.models.registry import DEFAULT_ENCODER
 from privret.privacy.ledger import PrivacyLedger
 from privret.progress import Progress
+from privret.train.dp_parallel import sum_gradients
 
 
 SELECTABLE = ("learning_rate", "temperature", "batch_size", "max_doc_tokens", "max_query_tokens", "warmup_fraction")
@@ -102,9 +118,12 @@ def fit_retriever(pairs: TrainingPairs, cfg: RetrieverTrainConfig, *, after_epoc
     if given, is called (model in eval mode, no gradient) at the end of every whole epoch; the
     recipe selection (:mod:`privret.train.recipe`) scores each epoch count on validation with it.
     """
+    group = distributed.current()
     torch.manual_seed(cfg.seed)
     rng = random.Random(cfg.seed)
     model = load_encoder(cfg.model)
+    with torch.no_grad():
+        group.broadcast_([p.data for p in model.parameters()])
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.learning_rate)
     epoch_batches = [batches_without_collisions(pairs.pairs, cfg.batch_size, rng)
                      for _ in range(math.ceil(cfg.epochs))]
@@ -117,14 +136,18 @@ def fit_retriever(pairs: TrainingPairs, cfg: RetrieverTrainConfig, *, after_epoc
     with Progress() as progress:
         task = progress.add_task("training retriever", total=len(schedule))
         for step, batch in enumerate(schedule, start=1):
-            rows = [pairs.pairs[i] for i in batch]
-            queries = [r.query for r in rows]
+            shares = [[batch[k] for k in range(r, len(batch), group.world_size)] for r in range(group.world_size)]
+            rows = [pairs.pairs[i] for i in shares[group.rank]]
+            queries = [pairs.pairs[i].query for share in shares for i in share]  # the gathered order
             same_query = torch.tensor([[a == b for b in queries] for a in queries])
+            sizes = [len(share) for share in shares]
             with bf16_autocast(model.device, cfg.bf16):
-                q = embed(model, queries, max_length=cfg.max_query_tokens)
-                d = embed(model, [pairs.corpus[r.doc_id].full_text for r in rows], max_length=cfg.max_doc_tokens)
-                loss = in_batch_softmax_loss(q.float(), d.float(), cfg.temperature, same_query.to(q.device))
+                q = _embed_rows(model, [r.query for r in rows], cfg.max_query_tokens)
+                d = _embed_rows(model, [pairs.corpus[r.doc_id].full_text for r in rows], cfg.max_doc_tokens)
+                q, d = group.gather_rows(q, sizes), group.gather_rows(d, sizes)
+                loss = in_batch_softmax_loss(q, d, cfg.temperature, same_query.to(q.device))
             loss.backward()
+            sum_gradients(list(model.parameters()), group)
             optimizer.step()
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
@@ -136,6 +159,13 @@ def fit_retriever(pairs: TrainingPairs, cfg: RetrieverTrainConfig, *, after_epoc
                 model.train()
     model.eval()
     return model
+
+
+def _embed_rows(model, texts: list[str], max_length: int) -> torch.Tensor:
+    """:func:`embed` in float32; a rank with no rows of a batch (more ranks than rows) gets a 0-row tensor."""
+    if not texts:
+        return torch.zeros(0, model.get_sentence_embedding_dimension(), device=model.device)
+    return embed(model, texts, max_length=max_length).float()
 
 
 def train_retriever(pairs: TrainingPairs, out_dir: str | Path, cfg: RetrieverTrainConfig, *,
@@ -150,12 +180,17 @@ def train_retriever(pairs: TrainingPairs, out_dir: str | Path, cfg: RetrieverTra
     if out_dir.exists():
         raise InputError("already exists (remove it or choose another output)", path=out_dir)
     selection = None
+    if cfg.selection is not None and distributed.launched().distributed:
+        raise InputError("recipe selection (--select) runs in one process; run it without torchrun",
+                         field="selection")
     if cfg.selection is not None:
         from privret.train.recipe import select_recipe
 
         selection = select_recipe(pairs, cfg, work_dir=out_dir.with_name(out_dir.name + ".selection"))
         cfg = RetrieverTrainConfig.model_validate({**cfg.model_dump(), **selection["chosen"], "selection": None})
     model = fit_retriever(pairs, cfg)
+    if not distributed.launched().main:  # rank 0 writes the model
+        return out_dir
     with atomic_path(out_dir) as staged:
         model.save(str(staged), safe_serialization=True)
         ledger.save(staged)
