@@ -36,12 +36,6 @@ SLOW_DP_TESTS = {
 }
 
 
-def pytest_collection_modifyitems(items):
-    for item in items:
-        if item.originalname in SLOW_DP_TESTS.get(item.path.name, ()):
-            item.add_marker(pytest.mark.slow)
-
-
 @pytest.fixture(autouse=True)
 def _private_budget_dir(tmp_path, monkeypatch):
     """Every test gets its own privacy-budget registry (never the user's ~/.cache/privret/budget)."""
@@ -49,12 +43,13 @@ def _private_budget_dir(tmp_path, monkeypatch):
 
 
 def pytest_collection_modifyitems(config, items):
-    """Tests marked ``gpu`` are skipped, saying why, on a machine without CUDA."""
-    import torch
+    """Marks :data:`SLOW_DP_TESTS` ``slow``; skips tests marked ``gpu``, saying why, on a machine without CUDA.
 
-    if torch.cuda.is_available():
-        return
-    skip = pytest.mark.skip(reason=f"needs CUDA: torch {torch.__version__} sees no CUDA device here")
+    (One hook: a second function of this name would silently replace the first.)"""
+    skip_gpu = None if torch.cuda.is_available() else pytest.mark.skip(
+        reason=f"needs CUDA: torch {torch.__version__} sees no CUDA device here")
     for item in items:
-        if item.get_closest_marker("gpu") is not None:
-            item.add_marker(skip)
+        if item.originalname in SLOW_DP_TESTS.get(item.path.name, ()):
+            item.add_marker(pytest.mark.slow)
+        if skip_gpu is not None and item.get_closest_marker("gpu") is not None:
+            item.add_marker(skip_gpu)
