@@ -1,5 +1,6 @@
 """Fixtures and settings shared by the whole suite (fixtures defined in helpers.py).
 
+* Ledger key (:mod:`privret.privacy.commitment`): one per test run, in a temporary directory.
 * Threads: one intra-op thread for torch, set here once (the machines the suite runs on are small
   and shared); subprocesses inherit ``OMP_NUM_THREADS=1`` unless the caller set it.
 * Hypothesis profiles: ``thorough`` (the default: what ``make test`` runs, 100 derandomised
@@ -10,8 +11,11 @@
 """
 
 import os
+import tempfile
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# One ledger key for the whole run (session fixtures included), never the user's ~/.cache/privret/ledger.key.
+os.environ["PRIVRET_LEDGER_KEY"] = os.path.join(tempfile.mkdtemp(prefix="privret-key-"), "ledger.key")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

@@ -221,7 +221,7 @@ def test_train_ledger_and_resume_after_crash(tiny_llama_dir, tmp_path, monkeypat
     assert ledger.epsilon == pytest.approx(4.0, rel=0.01)
     assert not (tmp_path / "gen" / "checkpoint").exists()
     on_disk = PrivacyLedger.load(tmp_path / "gen")
-    assert on_disk.created_at and on_disk.model_copy(update={"created_at": ""}) == ledger
+    assert on_disk.created_at and on_disk.model_copy(update={"created_at": ""}) == ledger.published()
     from privret.models.generator import load_trained_generator
 
     trained = load_trained_generator(tmp_path / "gen")

@@ -2,6 +2,10 @@
 
 The ledger travels with everything derived from the release (synthetic data, retrievers
 trained on it, reports). By post-processing, a derived artefact has the same guarantee.
+
+Every serialised ledger (file, manifest, results JSON) is the *published* form: the private data's
+digests become keyed commitments (:mod:`privret.privacy.commitment`) and a DP ledger withholds the
+pair count. The raw values stay in memory, for the budget registry.
 """
 
 from __future__ import annotations
@@ -11,10 +15,11 @@ import math
 from datetime import datetime, timezone
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, model_serializer
 
 from privret.errors import InputError
 from privret.io import write_text_atomic
+from privret.privacy.commitment import commit
 
 LEDGER_FILE = "privacy_ledger.json"
 PUBLIC_MECHANISMS = ("public-prompted", "public-pairs")  # models made from public data only
@@ -48,7 +53,9 @@ class PrivacyLedger(BaseModel):
     ``data_hash`` identifies the files read (stage fingerprints and resumes compare it);
     ``dataset_id`` is the dataset's identity in the budget registry
     (:func:`privret.privacy.budget.dataset_id`, set by the trainers that record releases; empty in
-    older ledgers and in those of the non-private references and federated runs).
+    older ledgers and in those of the non-private references and federated runs). Both are exact
+    functions of the private log, so they are serialised only as keyed commitments, and a DP
+    ledger's ``n_pairs`` is serialised as null: only ``n_units`` is public (:meth:`published`).
     """
 
     model_config = ConfigDict(ser_json_inf_nan="strings", extra="forbid")
@@ -63,7 +70,7 @@ class PrivacyLedger(BaseModel):
     accountant: str
     unit: str
     n_units: int
-    n_pairs: int
+    n_pairs: int | None  # None: withheld (a published DP ledger)
     clip_norm: float
     model: str
     trainable: str
@@ -88,6 +95,21 @@ class PrivacyLedger(BaseModel):
                    n_pairs=n_pairs, clip_norm=math.inf, model=model, trainable=trainable, data_hash="",
                    unit_definition="no private data was read",
                    provenance={"public_data_hash": public_data_hash, **(provenance or {})})
+
+    @model_serializer(mode="wrap")
+    def _serialise_published(self, handler):
+        """Every dump is the published form (module docstring); ``parts`` go through this one by one."""
+        data = handler(self)
+        data["data_hash"], data["dataset_id"] = commit(self.data_hash), commit(self.dataset_id)
+        if self.is_private and not self.is_public:
+            data["n_pairs"] = None
+        return data
+
+    def published(self) -> PrivacyLedger:
+        """This ledger as its files say it: digests committed, a DP ledger's pair count withheld. Equal
+        data give equal commitments under one installation's key, so two ledgers' published forms
+        compare the data they came from without revealing it."""
+        return type(self).model_validate_json(self.model_dump_json())
 
     @property
     def is_private(self) -> bool:

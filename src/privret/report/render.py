@@ -185,7 +185,7 @@ def _ledger_section(run: RunData) -> str:
         if r.ledger is None:
             parts.append(f"<details open><summary>{_e(r.label)}: <b>no ledger found</b></summary></details>")
             continue
-        rows = [[_e(k), _e(_ledger_value(k, r.ledger.get(k)))] for k in LEDGER_FIELDS if k in r.ledger]
+        rows = [[_e(k), _e(_ledger_value(k, r.ledger[k]))] for k in LEDGER_FIELDS if r.ledger.get(k) is not None]
         summary = _ledger_summary(r.ledger)
         parts.append(f"<details><summary>{_e(r.label)}: {_e(summary)}</summary>"
                      f"<p class='muted'>{_e(r.ledger_source)}</p>{_table(['field', 'value'], rows)}</details>")

@@ -188,11 +188,10 @@ def load_checkpoint(ckpt_dir: Path, params: Mapping[str, torch.Tensor], optimize
     ``expected`` in one of ``keys`` (another privacy plan), or one from an older privret."""
     from safetensors.torch import load_file
 
-    saved = PrivacyLedger.load(ckpt_dir)
-    for key in keys:
-        if getattr(saved, key) != getattr(expected, key):
-            raise InputError(f"checkpoint was made with {key}={getattr(saved, key)!r}, this run has "
-                             f"{getattr(expected, key)!r}; cannot resume", path=ckpt_dir)
+    difference = first_difference(PrivacyLedger.load(ckpt_dir), expected, keys)
+    if difference is not None:
+        key, was, now = difference
+        raise InputError(f"checkpoint was made with {key}={was!r}, this run has {now!r}; cannot resume", path=ckpt_dir)
     if not (ckpt_dir / "state.json").is_file():
         raise InputError("checkpoint from an older privret (no state.json, pickled optimizer); cannot resume it "
                          "safely, start again in a new directory", path=ckpt_dir)
@@ -212,11 +211,27 @@ def check_finished(out_dir: Path, *, expected: PrivacyLedger, what: str,
                    keys: Iterable[str] = FINISHED_KEYS) -> PrivacyLedger:
     """The ledger of a finished output; refuse it if it was made under another plan (``what``: "a generator")."""
     saved = PrivacyLedger.load(out_dir)
+    difference = first_difference(saved, expected, keys)
+    if difference is not None:
+        key, was, now = difference
+        raise InputError(f"already holds {what} trained with {key}={was!r} (this run has {now!r}); "
+                         "use another directory", path=out_dir)
+    return saved
+
+
+def first_difference(saved: PrivacyLedger, expected: PrivacyLedger,
+                     keys: Iterable[str]) -> tuple[str, object, object] | None:
+    """The first of ``keys`` in which a saved ledger and this run's differ, with both values, or None.
+
+    Compared as published (:meth:`PrivacyLedger.published`): a saved ledger holds commitments of the data
+    digests, which equal this run's exactly when the data and this installation's key are the same (a
+    ledger from another installation, or one an older privret wrote with the raw digest, reads as other
+    data: refused, never adopted)."""
+    saved, expected = saved.published(), expected.published()
     for key in keys:
         if getattr(saved, key) != getattr(expected, key):
-            raise InputError(f"already holds {what} trained with {key}={getattr(saved, key)!r} (this run has "
-                             f"{getattr(expected, key)!r}); use another directory", path=out_dir)
-    return saved
+            return key, getattr(saved, key), getattr(expected, key)
+    return None
 
 
 def _flatten_optimizer(state: dict) -> tuple[dict[str, torch.Tensor], list[dict]]:
