@@ -152,3 +152,16 @@ def test_fit_scores_every_whole_epoch_in_eval_mode(tiny_bert_dir, epochs, scored
     cfg = RetrieverTrainConfig(model=str(tiny_bert_dir), epochs=epochs, batch_size=2)
     rtrain.fit_retriever(pairs, cfg, after_epoch=lambda epoch, model: seen.append((epoch, model.training)))
     assert seen == [(e, False) for e in scored]
+
+
+def test_cli_max_doc_tokens_reaches_the_training_config(toy_beir, tiny_bert_dir, tmp_path):
+    """--max-doc-tokens with --epochs and --seed replays a chosen recipe (recipe_selection.json's "chosen")."""
+    from typer.testing import CliRunner
+
+    from privret.cli import app
+
+    result = CliRunner().invoke(app, ["retriever", "train", "--data", str(toy_beir), "--out", str(tmp_path / "r"),
+                                      "--model", str(tiny_bert_dir), "--max-doc-tokens", "24", "--seed", "2"])
+    assert result.exit_code == 0, result.output
+    saved = json.loads((tmp_path / "r" / "train_config.json").read_text())
+    assert (saved["max_doc_tokens"], saved["seed"], saved["selection"]) == (24, 2, None)

@@ -44,6 +44,8 @@ def retriever_train(
     temperature: Annotated[Optional[float], typer.Option(
         help="softmax temperature (default 0.05; with --dp logit-dp 0.5)")] = None,
     seed: SeedOpt = 0,
+    max_doc_tokens: Annotated[Optional[int], typer.Option(
+        help="documents cut to this many tokens in training (default 128; with --dp 256)")] = None,
     dp: Annotated[Optional[str], typer.Option(
         "--dp", help="train directly with DP: naive, batch-clip, logit-dp or public-negatives")] = None,
     epsilon: Annotated[float, typer.Option(help="--dp: target epsilon")] = 8.0,
@@ -97,7 +99,8 @@ def retriever_train(
                               epochs=epochs, learning_rate=learning_rate, temperature=temperature,
                               spreadout_weight=spreadout_weight, trainable=trainable, lora_rank=lora_rank,
                               public_negatives=public_negatives, accountant=accountant, seed=seed,
-                              checkpoint_every=checkpoint_every, secure_rng=secure_rng)
+                              checkpoint_every=checkpoint_every, secure_rng=secure_rng,
+                              **({} if max_doc_tokens is None else {"max_doc_tokens": max_doc_tokens}))
         # --data's corpus plus any documents inline in --pairs: train_dp_retriever leaves the inline ones out
         ledger = train_dp_retriever(training, out_dir, dp_cfg, data_hash=data_hash,
                                     dataset_id=dataset_id(training, dataset_name), public_corpus=training.corpus,
@@ -112,6 +115,7 @@ def retriever_train(
                          field="--secure-rng")
     cfg = build_config(RetrieverTrainConfig, model=model, epochs=epochs, batch_size=batch_size,
                        learning_rate=learning_rate, temperature=0.05 if temperature is None else temperature, seed=seed,
+                       **({} if max_doc_tokens is None else {"max_doc_tokens": max_doc_tokens}),
                        selection=None if select is None else {
                            **({} if select == "default" else {"grid": parse_grid(select)}),
                            "max_epochs": select_max_epochs, "validation_pool": validation_pool})
