@@ -99,6 +99,8 @@ def test_a_dp_run_leaves_no_digest_of_the_log_and_still_knows_its_own_output(tin
         assert not [f for f in files if secret.encode() in f]
     assert commitment.commit(RAW).encode() in (tmp_path / "gen" / "privacy_ledger.json").read_bytes()
     assert (budget_registry.budget_dir() / f"{raw_id}.jsonl").is_file()
+    shown = PrivacyLedger.load(tmp_path / "gen").dataset_id  # the operator finds the releases from the file
+    assert shown != raw_id and budget_registry.releases(shown) == budget_registry.releases(raw_id) != []
     assert train_generator(pairs, tmp_path / "gen", cfg, data_hash=RAW, resume=True).steps == ledger.steps
     with pytest.raises(Exception, match="data_hash"):
         train_generator(pairs, tmp_path / "gen", cfg, data_hash=RAW[::-1], resume=True)

@@ -11,6 +11,7 @@ from privret.data.beir import Document
 from privret.data.pairs import QueryDocPair, TrainingPairs
 from privret.models.model_card import EVALUATIONS_FILE, record_evaluation, render_model_card, write_model_card
 from privret.pipeline import non_private_ledger
+from privret.privacy.commitment import commit
 from privret.privacy.ledger import PrivacyLedger
 from privret.train.retriever import RetrieverTrainConfig, train_retriever
 
@@ -40,7 +41,7 @@ def test_dp_card_states_the_guarantee_its_data_and_base_model(tmp_path):
     assert "| unit | `query` |" in card and "direct DP training (`public-negatives`)" in card
     # the data hash, pair count and registry id are exact functions of the private log: not on a DP card
     assert "ab" * 32 not in card and "scifact-log" not in card and "919" not in card
-    assert "leave that file out when publishing" in card
+    assert "only by a keyed commitment" in card
     synthetic = render_model_card(_dp_ledger(mechanism="dp-sgd").save(tmp_path / "s").parent)
     assert "synthetic data from a DP generator (post-processing)" in synthetic
 
@@ -49,7 +50,7 @@ def test_non_private_and_public_cards_say_so(tmp_path):
     _dp_ledger(mechanism="none", epsilon=math.inf, delta=0.0).save(tmp_path / "np")
     card = render_model_card(tmp_path / "np")
     assert "**No privacy guarantee.**" in card and "| epsilon | inf |" in card
-    assert f"`{'ab' * 32}`" in card and "`scifact-log`" in card and "| pairs | 919 |" in card
+    assert f"`{commit('ab' * 32)}`" in card and f"`{commit('scifact-log')}`" in card and "| pairs | 919 |" in card
     assert "non-private" in _front_matter(card)["tags"]
     PrivacyLedger.public("public-pairs", model="minilm-l6", public_data_hash="cd" * 32, unit="query").save(
         tmp_path / "pub")

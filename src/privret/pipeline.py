@@ -87,6 +87,7 @@ from privret.models.encoder import load_encoder
 from privret.models.generator import GENERATOR_FILE
 from privret.models.model_card import record_evaluation
 from privret.privacy.budget import BudgetPolicy, dataset_id, run_composition, run_composition_sentence
+from privret.privacy.commitment import commit
 from privret.privacy.ledger import PrivacyLedger, has_ledger
 from privret.privacy.partition_selection import selection_threshold
 from privret.runlock import RunLock, recover_tree
@@ -181,7 +182,7 @@ class StagePlan:
 def plan_stages(cfg: PipelineConfig, run_dir: Path, *, data_hash: str, evaluation: str, corpus: str) -> StagePlan:
     """Every stage of ``cfg``'s grid, in the order the pipeline runs them, with its fingerprint."""
     plan = StagePlan(run_dir)
-    train = {"train_split": cfg.train_split, "unit": cfg.unit.value, "data_hash": data_hash}
+    train = {"train_split": cfg.train_split, "unit": cfg.unit.value, "data_hash": commit(data_hash)}  # published
     metrics = {"eval_split": cfg.eval_split, "eval_data": evaluation}
     if cfg.search.index != "exact":  # approximate search changes the metrics; exact keeps older runs' fingerprints
         metrics["search"] = cfg.search.model_dump(mode="json")
@@ -331,8 +332,8 @@ def _legacy_mismatch(stage: Stage, data_hash: str) -> tuple[str, object, object]
             saved_hash = json.loads(ledger.read_text(encoding="utf-8")).get("data_hash")
         except (ValueError, UnicodeDecodeError, AttributeError):
             saved_hash = None
-        if saved_hash not in (None, data_hash):
-            return "data_hash", saved_hash, data_hash
+        if saved_hash is not None and commit(saved_hash) != commit(data_hash):
+            return "data_hash", saved_hash, commit(data_hash)
     return None
 
 

@@ -5,9 +5,9 @@ else's training. :func:`write_model_card` replaces it with one built from what p
 the same directory, so the directory can be published as it is:
 
 * ``privacy_ledger.json``: the base model, (epsilon, delta), unit and accountant, and what the
-  guarantee covers; the training data's identity (``data_hash``, ``dataset_id``, pair count) only for
-  a model without a DP guarantee: for a DP model these are exact functions of the private log that
-  the guarantee does not cover, so a card meant for publishing leaves them out;
+  guarantee covers; the training data's identity (keyed commitments of ``data_hash`` and
+  ``dataset_id``, :mod:`privret.privacy.commitment`, and the pair count) only for a model without a
+  DP guarantee: a DP model's card says the data was the private log and no more;
 * ``train_config.json`` (non-private training) or the DP trainer's settings file, when present;
 * ``evaluations.json``: figures added by :func:`record_evaluation` after each evaluation.
 
@@ -66,12 +66,12 @@ def render_model_card(directory: Path) -> str:
     privacy = [("mechanism", f"`{ledger.mechanism}`"), ("epsilon", eps), ("delta", f"{ledger.delta:.3g}"),
                ("unit", f"`{ledger.unit}`"), ("accountant", f"`{ledger.accountant}`"),
                ("units in the private log (public by assumption)", str(ledger.n_units))]
-    if ledger.is_private:  # exact functions of the private log, outside the guarantee: not on a card to publish
-        data = [("training data", "the private log (its hash, pair count and registry id stay in "
-                                  "privacy_ledger.json for privret's book-keeping; they are not covered by the "
-                                  "guarantee, so leave that file out when publishing)")]
+    if ledger.is_private:
+        data = [("training data", "the private log (privacy_ledger.json names it only by a keyed commitment, "
+                                  "which reveals nothing without the key of the privret installation that "
+                                  "trained this model, and withholds its pair count)")]
     else:
-        data = [("training data (sha256 of what was read)", f"`{ledger.data_hash}`" if ledger.data_hash else "-"),
+        data = [("training data (keyed commitment of its sha256)", f"`{ledger.data_hash}`" if ledger.data_hash else "-"),
                 ("pairs", str(ledger.n_pairs)),
                 ("dataset id (budget registry)", f"`{ledger.dataset_id}`" if ledger.dataset_id else "-")]
     sections = [_front_matter(ledger), "", "# Dense retriever trained with privret", "",

@@ -69,6 +69,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from privret.errors import InputError
 from privret.io import append_log_record, read_log_records
+from privret.privacy.commitment import commit, is_committed
 
 if TYPE_CHECKING:
     from privret.data.pairs import TrainingPairs
@@ -224,17 +225,31 @@ def _append(path: Path, release: Release) -> None:
 
 
 def releases(*datasets: str, directory: str | Path | None = None) -> list[Release]:
-    """One entry per release (the record with the most steps) in the registry files of ``datasets``,
-    in order of first appearance.
+    """One entry per release (the record with the most steps) in the registry files of ``datasets``
+    (registry keys, or the commitments of them that ledger files show), in order of first appearance.
 
     A release is a (release id, artefact path) pair: a copied run directory resumed in its new
     place is a second release (their shared first steps are then counted twice: conservative)."""
     merged: dict[tuple[str, str], Release] = {}
-    for r in (r for dataset in dict.fromkeys(datasets) for r in _read(registry_file(dataset, directory))):
+    keys = dict.fromkeys(_registry_key(dataset, directory) for dataset in datasets)
+    for r in (r for dataset in keys for r in _read(registry_file(dataset, directory))):
         key = (r.release_id, r.artefact)
         if key not in merged or r.steps >= merged[key].steps:
             merged[key] = r
     return list(merged.values())
+
+
+def _registry_key(dataset: str, directory: str | Path | None) -> str:
+    """``dataset``, or, given the commitment a ledger file shows (:mod:`privret.privacy.commitment`), the key
+    of the registry file whose records it commits to (the commitment itself when none does)."""
+    if not is_committed(dataset):
+        return dataset
+    for path in sorted(budget_dir(directory).glob("*.jsonl")):
+        for record in _read(path)[:1]:
+            for key in (record.dataset, record.data_hash):
+                if commit(key) == dataset:
+                    return key
+    return dataset
 
 
 def _dataset_releases(release: Release, directory: str | Path | None) -> list[Release]:
