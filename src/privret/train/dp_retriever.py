@@ -79,8 +79,8 @@ from privret.models.model_card import write_model_card
 from privret.models.registry import DEFAULT_ENCODER
 from privret.privacy import budget as budget_registry
 from privret.privacy.ledger import PrivacyLedger
-from privret.privacy.logit_dp import (GhostNorms, logit_dp_factor, loss_logit_grads, pair_norm_bounds, reweighting,
-                                      row_losses)
+from privret.privacy.ghost_norms import GhostNorms
+from privret.privacy.logit_dp import logit_dp_factor, loss_logit_grads, pair_norm_bounds, reweighting, row_losses
 from privret.privacy.secure_rng import SecureRandom
 from privret.progress import Progress
 from privret.train.dp_parallel import set_noisy_mean
