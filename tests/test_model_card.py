@@ -10,7 +10,7 @@ import yaml
 from privret.data.beir import Document
 from privret.data.pairs import QueryDocPair, TrainingPairs
 from privret.models.model_card import EVALUATIONS_FILE, record_evaluation, render_model_card, write_model_card
-from privret.pipeline import non_private_ledger
+from privret.train.retriever import non_private_ledger
 from privret.privacy.ledger import PrivacyLedger
 from privret.train.retriever import RetrieverTrainConfig, train_retriever
 

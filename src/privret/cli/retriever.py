@@ -73,10 +73,9 @@ def retriever_train(
         help="--select: documents searched by the validation queries besides their relevant ones")] = 1000,
 ) -> None:
     """Train a dual encoder (in-batch softmax) on original or synthetic pairs; --dp trains it with DP directly."""
-    from privret.pipeline import non_private_ledger
     from privret.privacy.ledger import PrivacyLedger, has_ledger
     from privret.runlock import RunLock
-    from privret.train.retriever import RetrieverTrainConfig, train_retriever
+    from privret.train.retriever import RetrieverTrainConfig, non_private_ledger, train_retriever
 
     policy = budget_policy(budget_cap, allow_over_budget)
     training, data_hash = training_pairs(data, split, pairs)

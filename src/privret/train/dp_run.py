@@ -71,7 +71,7 @@ from privret.train.checkpointing import (CHECKPOINT_DIR, STEP_LOG, Checkpoint, S
 from privret.train.dp_parallel import sync_from_main
 
 # What the directory of an interrupted run may hold: its checkpoint, its step log and the record a
-# pipeline stage writes before it starts the run (privret.pipeline.STAGE_FILE).
+# pipeline stage writes before it starts the run (privret.pipeline.stages.STAGE_FILE).
 RUN_FILES = (CHECKPOINT_DIR, STEP_LOG, "stage.json")
 
 Random = torch.Generator | SecureRandom
