@@ -43,6 +43,7 @@ from privret.io import file_sha256, write_json_atomic
 from privret.models.device import use_device
 from privret.models.encoder import load_encoder
 from privret.models.model_card import record_evaluation
+from privret.pipeline.layout import CONFIG_FILE, EMBEDDING_CACHE, PUBLIC_PAIRS, PUBLIC_PROMPTED, TIMING_FILE
 from privret.pipeline.stages import (DirectRow, FilteredRow, Stage, SyntheticRow, TrainedRow, check_stages,
                                      plan_stages, write_record)
 from privret.pipeline.summary import write_summary
@@ -60,8 +61,6 @@ from privret.train.retriever import non_private_ledger, train_retriever
 
 console = Console(stderr=True)
 
-CONFIG_FILE, TIMING_FILE = "config.json", "timing.json"
-EMBEDDING_CACHE = Path("cache") / "embeddings"  # in the run directory: public encoders only
 
 
 def release_memory() -> None:
@@ -173,13 +172,13 @@ def _run_grid(cfg: PipelineConfig, run_dir: Path) -> list[dict]:
     documents, selection = _synthetic_documents(plan.documents, run)
     public = cfg.public_rows
     if public.prompted:
-        rows += _public_row(run, plan.public["public-prompted"], lambda out: write_prompted_generator(
+        rows += _public_row(run, plan.public[PUBLIC_PROMPTED], lambda out: write_prompted_generator(
             cfg.generator.model, public.few_shot(), out, unit=cfg.unit.value,
             max_doc_tokens=cfg.generator.max_doc_tokens, max_query_tokens=cfg.generator.max_query_tokens), documents)
     if public.public_pairs is not None:
-        rows += _public_row(run, plan.public["public-pairs"], lambda out: train_public_generator(
+        rows += _public_row(run, plan.public[PUBLIC_PAIRS], lambda out: train_public_generator(
             public.public_pairs, out, cfg.generator_config(math.inf), resume=True), documents)
-    warm_start = plan.public["public-pairs"].generator.output if cfg.generator.warm_start else None
+    warm_start = plan.public[PUBLIC_PAIRS].generator.output if cfg.generator.warm_start else None
     for row in plan.dp:
         console.rule(f"DP synthetic queries, epsilon = {format_epsilon(row.epsilon)}")
         rows += _synthetic_row(run, row, lambda out, epsilon=row.epsilon: train_generator(

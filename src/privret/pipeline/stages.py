@@ -32,19 +32,16 @@ from privret.config import PipelineConfig
 from privret.errors import InputError
 from privret.io import file_sha256, write_json_atomic
 from privret.models.generator import GENERATOR_FILE
+from privret.pipeline.layout import (DIRECT_ROW_PREFIX, DOCUMENTS, DP_ROW_PREFIX, FILTERED_SUFFIX, GENERATOR, METRICS_FILE,
+                                     ORIGINAL, PUBLIC_PAIRS, PUBLIC_PROMPTED, PUBLIC_ROWS, RETRIEVER, SYNTHETIC,
+                                     ZERO_SHOT)
 from privret.privacy.ledger import format_epsilon
 from privret.synth.documents import SELECTED_IDS_FILE
 from privret.train.dp_retriever import MECHANISM_FILE, DPRetrieverConfig, resume_settings
+from privret.train.dp_run import STAGE_FILE
 from privret.train.public import examples_hash
 
-STAGE_FILE = "stage.json"
 STAGE_FORMAT = 1
-DOCUMENTS_STAGE = "documents"
-ZERO_SHOT_STAGE = "zero_shot/metrics.json"
-DP_ROW_PREFIX = "eps-"  # eps-<e>: a DP synthetic row
-DIRECT_ROW_PREFIX = "direct-"  # direct-<method>-eps-<e>: a directly trained DP retriever
-GENERATOR, SYNTHETIC, RETRIEVER, METRICS = "generator", "synthetic", "retriever", "metrics.json"
-PUBLIC_ROWS = {"public-prompted": "no private data (prompted)", "public-pairs": "no private data (public pairs)"}
 
 
 @dataclass
@@ -137,7 +134,7 @@ class StagePlan:
     def trained_row(self, row: str, label: str, retriever: dict, metrics: dict, *, after: tuple[Stage, ...] = (),
                     **kw) -> TrainedRow:
         trained = self.add(f"{row}/{RETRIEVER}", retriever, after=after, **kw)
-        return TrainedRow(label, trained, self.add(f"{row}/{METRICS}", metrics, after=(trained,)))
+        return TrainedRow(label, trained, self.add(f"{row}/{METRICS_FILE}", metrics, after=(trained,)))
 
 
 def plan_stages(cfg: PipelineConfig, run_dir: Path, *, data_hash: str, evaluation: str, corpus: str) -> StagePlan:
@@ -148,24 +145,24 @@ def plan_stages(cfg: PipelineConfig, run_dir: Path, *, data_hash: str, evaluatio
     if cfg.search.index != "exact":  # approximate search changes the metrics; exact keeps older runs' fingerprints
         metrics["search"] = cfg.search.model_dump(mode="json")
     retriever = {"retriever": cfg.retriever.model_dump(mode="json")}
-    plan.zero_shot = plan.add(ZERO_SHOT_STAGE, {"model": cfg.retriever.model, **metrics})
-    plan.original = plan.trained_row("original", "original pairs (non-private)", {**retriever, **train}, metrics)
+    plan.zero_shot = plan.add(f"{ZERO_SHOT}/{METRICS_FILE}", {"model": cfg.retriever.model, **metrics})
+    plan.original = plan.trained_row(ORIGINAL, "original pairs (non-private)", {**retriever, **train}, metrics)
     choice = cfg.synthetic_documents
-    plan.documents = plan.add(DOCUMENTS_STAGE, done=SELECTED_IDS_FILE, fingerprint={
+    plan.documents = plan.add(DOCUMENTS, done=SELECTED_IDS_FILE, fingerprint={
         "synthetic_documents": choice.model_dump(mode="json", exclude={"ids_file"}), "corpus": corpus,
         "ids_file": file_sha256(choice.ids_file) if choice.ids_file is not None else None,
         **(train if choice.source == "dp-select" else {})})
     public = cfg.public_rows
     if public.prompted:
-        generator = plan.add(f"public-prompted/{GENERATOR}", {"prompted": cfg.generator.model_dump(
+        generator = plan.add(f"{PUBLIC_PROMPTED}/{GENERATOR}", {"prompted": cfg.generator.model_dump(
             mode="json", include={"model", "max_doc_tokens", "max_query_tokens"}), "unit": cfg.unit.value,
             "public_data_hash": examples_hash(public.few_shot())}, done=GENERATOR_FILE)
-        plan.public["public-prompted"] = _synthetic_row(plan, "public-prompted", generator, cfg, {}, metrics)
+        plan.public[PUBLIC_PROMPTED] = _synthetic_row(plan, PUBLIC_PROMPTED, generator, cfg, {}, metrics)
     warm_start = None
     if public.public_pairs is not None:
-        warm_start = plan.add(f"public-pairs/{GENERATOR}", {"generator": cfg.generator_config(math.inf).model_dump(
+        warm_start = plan.add(f"{PUBLIC_PAIRS}/{GENERATOR}", {"generator": cfg.generator_config(math.inf).model_dump(
             mode="json"), "public_pairs": file_sha256(public.public_pairs)}, done=GENERATOR_FILE, resumable=True)
-        plan.public["public-pairs"] = _synthetic_row(plan, "public-pairs", warm_start, cfg, {}, metrics)
+        plan.public[PUBLIC_PAIRS] = _synthetic_row(plan, PUBLIC_PAIRS, warm_start, cfg, {}, metrics)
     warm = {"warm_start": cfg.generator.warm_start} if cfg.generator.warm_start else {}
     for epsilon in cfg.epsilons:
         row = f"{DP_ROW_PREFIX}{format_epsilon(epsilon)}"
@@ -199,7 +196,7 @@ def _synthetic_row(plan: StagePlan, row: str, generator: Stage, cfg: PipelineCon
     result = SyntheticRow(label, trained.retriever, trained.metrics, generator=generator, synthetic=synthetic,
                           epsilon=epsilon)
     if epsilon is not None and cfg.synthetic_filter is not None:
-        name = f"{row}-filtered"
+        name = f"{row}{FILTERED_SUFFIX}"
         filtered = plan.add(f"{name}/{SYNTHETIC}", {"synthetic_filter": cfg.synthetic_filter.model_dump(mode="json"),
                                                     "corpus": corpus}, after=(synthetic,))
         trained = plan.trained_row(name, f"DP synthetic, round-trip filtered (epsilon={format_epsilon(epsilon)})",

@@ -10,11 +10,11 @@ from rich.table import Table
 from privret.config import PipelineConfig
 from privret.evaluate.statistics import EXPLANATION, versus_zero_shot
 from privret.io import write_json_atomic, write_text_atomic
-from privret.pipeline.stages import DIRECT_ROW_PREFIX, DOCUMENTS_STAGE, DP_ROW_PREFIX, GENERATOR, RETRIEVER
+from privret.pipeline.layout import (BUDGET_FILE, DIRECT_ROW_PREFIX, DOCUMENTS, DP_ROW_PREFIX, GENERATOR, RETRIEVER,
+                                     SUMMARY_FILE, SUMMARY_MARKDOWN)
 from privret.privacy.budget import run_composition, run_composition_sentence
 from privret.privacy.ledger import LEDGER_FILE, format_epsilon
 
-SUMMARY_FILE, SUMMARY_MARKDOWN, BUDGET_FILE = "summary.json", "summary.md", "budget.json"
 SUMMARY_COLUMNS = ("training data", "epsilon", "delta", "NDCG@10", "retention", "ΔNDCG@10 vs zero-shot [95% CI]",
                    "Recall@10", "Recall@100", "MRR@10")
 
@@ -59,7 +59,7 @@ def run_releases(run_dir: Path) -> list[tuple[str, Path]]:
     retrievers (``direct-*/retriever``). Every row in the directory counts, also one that the current
     config no longer has: it was made, and may have been released.
     """
-    ledgers = (sorted(run_dir.glob(f"{DOCUMENTS_STAGE}/{LEDGER_FILE}"))
+    ledgers = (sorted(run_dir.glob(f"{DOCUMENTS}/{LEDGER_FILE}"))
                + sorted(run_dir.glob(f"{DP_ROW_PREFIX}*/{GENERATOR}/{LEDGER_FILE}"))
                + sorted(run_dir.glob(f"{DIRECT_ROW_PREFIX}*/{RETRIEVER}/{LEDGER_FILE}")))
     return [(path.relative_to(run_dir).parts[0], path.parent) for path in ledgers]
