@@ -47,7 +47,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from privret import distributed
 from privret.data.pairs import UNIT_DEFINITIONS, PrivacyUnit, TrainingPairs
 from privret.errors import InputError
-from privret.models.generator import WARM_START_DIR, QueryGenerator, load_generator, load_trained_generator
+from privret.models.generator import GENERATOR_FILE, WARM_START_DIR, QueryGenerator, load_generator, load_trained_generator
 from privret.models.registry import DEFAULT_GENERATOR
 from privret.privacy import budget as budget_registry
 from privret.privacy.clipping import clip_units
