@@ -206,6 +206,44 @@ def test_default_documents_do_not_depend_on_the_private_log(tiny_config, tmp_pat
     assert chosen[0] == chosen[2] == ids and chosen[1] == chosen[3] and len(chosen[1]) == 3
 
 
+def test_dp_document_choice_is_a_recorded_release_and_an_empty_one_is_refused(tiny_config, tmp_path):
+    """dp-select: the selection is charged to the budget registry, its ledger saved beside documents.txt and
+    returned for the synthetic sets; one that keeps nothing still leaves its ledger (the release happened), is
+    refused naming the config field, and is not marked done. delta = 1e-9: a document with one vote passes the
+    threshold with probability delta, one with 200 votes always does."""
+    from privret.data.pairs import QueryDocPair, TrainingPairs
+    from privret.errors import InputError
+    from privret.pipeline import run as pipeline
+    from privret.pipeline.stages import plan_stages
+    from privret.privacy import budget
+    from privret.privacy.ledger import PrivacyLedger
+
+    dataset = load_beir(tiny_config.dataset)
+    ids = list(dataset.corpus)
+    cfg = tiny_config.model_copy(update={"synthetic_documents": DocumentChoice(
+        source="dp-select", selection={"epsilon": 1.0, "delta": 1e-9})})
+
+    def choose(name, voted):
+        pairs = TrainingPairs(pairs=[QueryDocPair(f"query {k}", doc) for k, doc in enumerate(voted)],
+                              corpus=dataset.corpus)
+        plan = plan_stages(cfg, tmp_path / name, data_hash=name, evaluation="e", corpus="c")
+        run = pipeline.Run(cfg, tmp_path / name, dataset, pairs, name, name, cfg.budget.policy())
+        return plan.documents, lambda: pipeline._synthetic_documents(plan.documents, run)
+
+    stage, select = choose("popular", [ids[0]] * 200)
+    docs, selection = select()
+    assert [d.id for d in docs] == [ids[0]]
+    assert selection == PrivacyLedger.load(stage.output) and selection.is_private
+    assert json.loads(stage.record.read_text())["fingerprint"] == stage.fingerprint
+    assert [(r.epsilon, r.steps) for r in budget.releases("popular")] == [(selection.epsilon, selection.steps)]
+    stage, select = choose("spread", ids)  # one vote per document
+    with pytest.raises(InputError, match="kept no document") as err:
+        select()
+    assert err.value.field == "synthetic_documents.selection.epsilon"
+    assert PrivacyLedger.load(stage.output).is_private and len(budget.releases("spread")) == 1
+    assert not stage.done.exists() and not stage.record.exists()
+
+
 def test_config_refuses_documents_picked_by_the_private_log(toy_beir):
     from pydantic import ValidationError
 

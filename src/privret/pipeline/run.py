@@ -126,8 +126,8 @@ def evaluate_stage(stage: Stage, model_name: str, dataset: BeirDataset, split: s
         write_json_atomic(per_query_path, per_query)  # before metrics.json, which marks the stage done
         record_evaluation(model_name, data=dataset.root.name if dataset.root else "data", split=split,
                           metrics=mean_metrics(per_query))
+        write_record(stage)  # before metrics.json too: a finished evaluation always has its record
         write_json_atomic(path, result)
-        write_record(stage)
         release_memory()
     ndcg = None if per_query is None else {q: v["ndcg@10"] for q, v in per_query.items()}
     return {**result, "stage": path.parent.name, "per_query": ndcg}
@@ -314,6 +314,7 @@ def _synthetic_documents(stage: Stage, run: Run) -> tuple[list, PrivacyLedger | 
     """
     choice = run.cfg.synthetic_documents
     if not stage.done.exists():
+        ledger = None
         if choice.source == "dp-select":
             console.rule("DP choice of documents (partition selection)")
             selected, ledger = recorded_dp_selection(run.pairs, run.cfg.unit, choice.selection, data_hash=run.data_hash,
@@ -326,10 +327,10 @@ def _synthetic_documents(stage: Stage, run: Run) -> tuple[list, PrivacyLedger | 
                                  f"{selection_threshold(choice.selection, ledger.delta):.3g} units per document); use "
                                  "synthetic_documents: corpus or a public list, or a larger selection epsilon",
                                  path=stage.output, field="synthetic_documents.selection.epsilon")
-            write_selection(stage.output, ids, ledger)
         else:
-            write_selection(stage.output, [d.id for d in public_documents(choice, run.dataset.corpus)])
-        write_record(stage)
+            ids = [d.id for d in public_documents(choice, run.dataset.corpus)]
+        write_record(stage)  # before documents.txt, which marks the stage done
+        write_selection(stage.output, ids, ledger)
     ids = read_document_ids(stage.done, run.dataset.corpus)
     corpus = run.dataset.corpus
     return [corpus[d] for d in ids], PrivacyLedger.load(stage.output) if choice.source == "dp-select" else None

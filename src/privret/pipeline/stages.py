@@ -13,8 +13,9 @@ work, :func:`check_stages` compares every finished stage with what the current c
 identical, it is skipped; different, the run stops with one :class:`~privret.errors.InputError`
 line naming the stage and the first differing field, old and new value. A finished stage whose
 upstream stage is missing (deleted, to be made anew) is refused too, and so is a finished stage
-without a record (made by a privret before stage records, or cut between its output and its
-record): what made it cannot be proven. The records of the DP trainers (generator, direct DP
+without a record (made by a privret before stage records, or, for a trainer's output directory,
+cut between its output and its record): what made it cannot be proven. The stages whose "done"
+file the pipeline writes itself (metrics, the document choice) write their record first. The records of the DP trainers (generator, direct DP
 retriever) are also written when their training starts, so an interrupted one resumes only with the
 settings it started with. A direct DP retriever's fingerprint leaves out ``checkpoint_every`` (it
 changes nothing trained) and ``secure_rng`` when off, so records written before these fields
