@@ -111,7 +111,7 @@ def test_pipeline_budget_section():
 def test_pipeline_budget_flags_override_the_config(tmp_path, monkeypatch):
     from typer.testing import CliRunner
 
-    from privret import pipeline
+    from privret.pipeline import run as pipeline
     from privret.cli import app
     from privret.data.demo import demo_config
 

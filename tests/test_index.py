@@ -90,7 +90,7 @@ def test_cli_and_pipeline_config_name_the_bad_index_option(tmp_path, toy_beir):
 
 def test_pipeline_metrics_fingerprint_names_an_approximate_index_only(tmp_path):
     from privret.config import PipelineConfig
-    from privret.pipeline import plan_stages
+    from privret.pipeline.stages import plan_stages
 
     def fingerprint(**fields):
         cfg = PipelineConfig(name="x", dataset=tmp_path, epsilons=[8.0], **fields)

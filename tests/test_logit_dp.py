@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from helpers import WORDS
-from privret.privacy.logit_dp import (GhostNorms, contrastive_constants, contrastive_factor, lemma45_constant,
-                                      logit_dp_factor, loss_logit_grads, pair_norm_bounds, reweighting, row_losses,
-                                      spreadout_factor)
+from privret.privacy.ghost_norms import GhostNorms
+from privret.privacy.logit_dp import (contrastive_constants, contrastive_factor, lemma45_constant, logit_dp_factor,
+                                      loss_logit_grads, pair_norm_bounds, reweighting, row_losses, spreadout_factor)
 
 
 

@@ -10,10 +10,9 @@ import yaml
 from privret.data.beir import Document
 from privret.data.pairs import QueryDocPair, TrainingPairs
 from privret.models.model_card import EVALUATIONS_FILE, record_evaluation, render_model_card, write_model_card
-from privret.pipeline import non_private_ledger
 from privret.privacy.commitment import commit
 from privret.privacy.ledger import PrivacyLedger
-from privret.train.retriever import RetrieverTrainConfig, train_retriever
+from privret.train.retriever import RetrieverTrainConfig, non_private_ledger, train_retriever
 
 METRICS = {"ndcg@10": 0.61234, "recall@10": 0.8, "recall@100": 0.93456, "mrr@10": 0.57891, "queries": 300}
 

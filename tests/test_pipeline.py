@@ -58,7 +58,7 @@ def _toy_ndcg_by_hand(model_dir) -> dict[str, float]:
 
 @pytest.mark.slow
 def test_pipeline_rows_ledgers_and_resume(tiny_config, tmp_path, monkeypatch):
-    from privret import pipeline
+    from privret.pipeline import run as pipeline
 
     from privret.evaluate import retrieval
 
@@ -186,8 +186,9 @@ def test_dp_synthetic_set_is_never_filtered_by_private_text(tiny_config, tmp_pat
 
 def test_default_documents_do_not_depend_on_the_private_log(tiny_config, tmp_path):
     """The documents stage of two runs whose private logs point at different documents is identical."""
-    from privret import pipeline
     from privret.data.pairs import QueryDocPair, TrainingPairs
+    from privret.pipeline import run as pipeline
+    from privret.pipeline.stages import plan_stages
 
     dataset = load_beir(tiny_config.dataset)
     corpus = dataset.corpus
@@ -197,12 +198,50 @@ def test_default_documents_do_not_depend_on_the_private_log(tiny_config, tmp_pat
         pairs = TrainingPairs(pairs=[QueryDocPair(f"query {k}", doc) for k in range(3)], corpus=corpus)
         for cfg in (tiny_config, tiny_config.model_copy(update={"synthetic_documents": DocumentChoice(sample=3)})):
             run_dir = tmp_path / name / str(cfg.synthetic_documents.sample)
-            plan = pipeline.plan_stages(cfg, run_dir, data_hash=name, evaluation="e", corpus="c")
-            docs, selection = pipeline._synthetic_documents(plan.stages[pipeline.DOCUMENTS_STAGE], cfg, dataset, pairs,
-                                                            name, name, cfg.budget.policy())
+            plan = plan_stages(cfg, run_dir, data_hash=name, evaluation="e", corpus="c")
+            run = pipeline.Run(cfg, run_dir, dataset, pairs, name, name, cfg.budget.policy())
+            docs, selection = pipeline._synthetic_documents(plan.documents, run)
             assert selection is None
             chosen.append([d.id for d in docs])
     assert chosen[0] == chosen[2] == ids and chosen[1] == chosen[3] and len(chosen[1]) == 3
+
+
+def test_dp_document_choice_is_a_recorded_release_and_an_empty_one_is_refused(tiny_config, tmp_path):
+    """dp-select: the selection is charged to the budget registry, its ledger saved beside documents.txt and
+    returned for the synthetic sets; one that keeps nothing still leaves its ledger (the release happened), is
+    refused naming the config field, and is not marked done. delta = 1e-9: a document with one vote passes the
+    threshold with probability delta, one with 200 votes always does."""
+    from privret.data.pairs import QueryDocPair, TrainingPairs
+    from privret.errors import InputError
+    from privret.pipeline import run as pipeline
+    from privret.pipeline.stages import plan_stages
+    from privret.privacy import budget
+    from privret.privacy.ledger import PrivacyLedger
+
+    dataset = load_beir(tiny_config.dataset)
+    ids = list(dataset.corpus)
+    cfg = tiny_config.model_copy(update={"synthetic_documents": DocumentChoice(
+        source="dp-select", selection={"epsilon": 1.0, "delta": 1e-9})})
+
+    def choose(name, voted):
+        pairs = TrainingPairs(pairs=[QueryDocPair(f"query {k}", doc) for k, doc in enumerate(voted)],
+                              corpus=dataset.corpus)
+        plan = plan_stages(cfg, tmp_path / name, data_hash=name, evaluation="e", corpus="c")
+        run = pipeline.Run(cfg, tmp_path / name, dataset, pairs, name, name, cfg.budget.policy())
+        return plan.documents, lambda: pipeline._synthetic_documents(plan.documents, run)
+
+    stage, select = choose("popular", [ids[0]] * 200)
+    docs, selection = select()
+    assert [d.id for d in docs] == [ids[0]]
+    assert selection == PrivacyLedger.load(stage.output) and selection.is_private
+    assert json.loads(stage.record.read_text())["fingerprint"] == stage.fingerprint
+    assert [(r.epsilon, r.steps) for r in budget.releases("popular")] == [(selection.epsilon, selection.steps)]
+    stage, select = choose("spread", ids)  # one vote per document
+    with pytest.raises(InputError, match="kept no document") as err:
+        select()
+    assert err.value.field == "synthetic_documents.selection.epsilon"
+    assert PrivacyLedger.load(stage.output).is_private and len(budget.releases("spread")) == 1
+    assert not stage.done.exists() and not stage.record.exists()
 
 
 def test_config_refuses_documents_picked_by_the_private_log(toy_beir):
@@ -261,7 +300,7 @@ def small_config(tmp_path_factory, tiny_llama_dir, tiny_bert_dir) -> PipelineCon
 @pytest.fixture(scope="session")
 def small_run(small_config, tmp_path_factory) -> Path:
     """The small grid run once per session (its own budget registry); tests take a copy (:func:`small_run_dir`)."""
-    from privret.pipeline import run_pipeline
+    from privret.pipeline.run import run_pipeline
 
     root = tmp_path_factory.mktemp("small-run-dir")
     with pytest.MonkeyPatch.context() as patch:
@@ -281,7 +320,7 @@ def _changed(cfg: PipelineConfig, section: str, **settings) -> PipelineConfig:
 
 
 def _forbid_work(monkeypatch, *names):
-    from privret import pipeline
+    from privret.pipeline import run as pipeline
 
     def must_not_run(*_a, **_k):
         raise AssertionError("a stage that should have been kept ran again")
@@ -292,7 +331,7 @@ def _forbid_work(monkeypatch, *names):
 
 def test_stage_records_and_a_changed_generator_setting_is_refused(small_config, small_run_dir):
     from privret.errors import InputError
-    from privret.pipeline import run_pipeline
+    from privret.pipeline.run import run_pipeline
 
     run_dir = small_run_dir
     for name in ("zero_shot/metrics.stage.json", "original/retriever/stage.json", "original/metrics.stage.json",
@@ -333,7 +372,7 @@ def test_cli_exit_code_2_on_a_changed_config(small_config, small_run_dir, tmp_pa
 
 def test_a_changed_retriever_setting_invalidates_only_retriever_stages(small_config, small_run_dir, monkeypatch):
     from privret.errors import InputError
-    from privret.pipeline import run_pipeline
+    from privret.pipeline.run import run_pipeline
 
     run_dir = small_run_dir
     changed = _changed(small_config, "retriever", batch_size=2)
@@ -357,35 +396,27 @@ def test_a_changed_retriever_setting_invalidates_only_retriever_stages(small_con
     run_pipeline(changed, run_dir)  # and now everything is current
 
 
-def test_legacy_stages_without_records_are_adopted(small_config, small_run_dir, monkeypatch):
+def test_a_finished_stage_without_its_record_is_refused(small_config, small_run_dir, monkeypatch):
+    """A finished stage with no stage.json (an older privret's, or cut before its record) is not taken:
+    what made it cannot be proven, and the run stops before writing anything."""
     from privret.errors import InputError
-    from privret.pipeline import run_pipeline
+    from privret.pipeline.run import run_pipeline
 
     run_dir = small_run_dir
-    _forbid_work(monkeypatch, "train_generator", "generate_synthetic", "filter_round_trip", "train_retriever",
-                 "train_dp_retriever", "evaluate_per_query")
+    _forbid_work(monkeypatch, "train_generator", "generate_synthetic", "train_retriever", "evaluate_per_query")
     rows = run_pipeline(small_config, run_dir)  # the copy is complete: nothing to do
-    records = sorted(run_dir.rglob("*stage.json"))
-    assert len(records) == 8  # with documents/stage.json
-    for record in records:  # as an older privret left it
-        record.unlink()
-    again = run_pipeline(small_config, run_dir)
-    assert [r["ndcg@10"] for r in again] == [r["ndcg@10"] for r in rows]
-    assert sorted(run_dir.rglob("*stage.json")) == records  # adopted: fingerprints recorded now
-    with pytest.raises(InputError, match="eps-inf/generator.*generator.epochs"):  # ...and checked from now on
-        run_pipeline(_changed(small_config, "generator", epochs=3), run_dir)
-    for record in records:
-        record.unlink()
-    # a legacy stage is still checked against the settings it saved (train_config.json, manifest)
-    with pytest.raises(InputError, match="eps-inf/generator.*generator.epochs"):
-        run_pipeline(_changed(small_config, "generator", epochs=3), run_dir)
-    with pytest.raises(InputError, match="eps-inf/synthetic.*generate.num_queries"):
-        run_pipeline(_changed(small_config, "generate", num_queries=3), run_dir)
-    assert not list(run_dir.rglob("*stage.json"))  # a refused run records nothing
+    assert len(rows) == 3
+    (run_dir / "eps-inf" / "synthetic" / "stage.json").unlink()
+    config_before = (run_dir / "config.json").read_text()
+    with pytest.raises(InputError, match="eps-inf/synthetic.*no stage.json") as err:
+        run_pipeline(small_config, run_dir)
+    assert "eps-inf/retriever" in str(err.value)  # what was made from it must go too
+    assert (run_dir / "config.json").read_text() == config_before  # nothing written
+    assert not (run_dir / "eps-inf" / "synthetic" / "stage.json").exists()  # and nothing adopted
 
 
 def test_interrupted_generator_resumes_only_with_its_settings(small_config, tmp_path, monkeypatch):
-    from privret import pipeline
+    from privret.pipeline import run as pipeline
     from privret.errors import InputError
 
     run_dir = tmp_path / "run"
@@ -419,7 +450,7 @@ def test_interrupted_generator_resumes_only_with_its_settings(small_config, tmp_
 def test_interrupted_direct_dp_stage_resumes_with_its_settings_only(small_config, tmp_path, monkeypatch):
     """A direct-DP row killed mid-training resumes from its checkpoint on the next run (charging the lost
     steps), and is refused, not restarted, when its settings changed."""
-    from privret import pipeline
+    from privret.pipeline import run as pipeline
     from privret.errors import InputError
     from privret.privacy import budget
     from privret.privacy.ledger import PrivacyLedger
@@ -462,7 +493,9 @@ def test_summary_shows_retention_and_the_interval(tmp_path):
     """Finished metrics stages written by hand (one without per_query.json, as an older privret left it)."""
     from rich.console import Console
 
-    from privret.pipeline import _evaluate_stage, _stage, summary_markdown, summary_table, write_summary
+    from privret.pipeline.run import evaluate_stage
+    from privret.pipeline.stages import make_stage
+    from privret.pipeline.summary import summary_markdown, summary_table, write_summary
 
     run_dir = tmp_path / "run"
     # directory, label, epsilon, delta, NDCG@10, per-query NDCG@10
@@ -479,7 +512,7 @@ def test_summary_shows_retention_and_the_interval(tmp_path):
         if per_query is not None:
             (run_dir / name / "per_query.json").write_text(json.dumps(
                 {q: {"ndcg@10": v} for q, v in zip(("t1", "t2"), per_query)}))
-        rows.append(_evaluate_stage(_stage(run_dir, f"{name}/metrics.json", {}), "no model: the stage is done",
+        rows.append(evaluate_stage(make_stage(run_dir, f"{name}/metrics.json", {}), "no model: the stage is done",
                                     None, "test", {}))
     cfg = PipelineConfig(name="fake", dataset=tmp_path, epsilons=[8.0, 4.0])
     markdown = summary_markdown(rows, cfg)
@@ -498,7 +531,7 @@ def test_summary_shows_retention_and_the_interval(tmp_path):
 
 
 def test_direct_dp_fingerprint_leaves_out_only_what_changes_nothing_trained():
-    from privret.pipeline import direct_dp_fingerprint
+    from privret.pipeline.stages import direct_dp_fingerprint
     from privret.train.dp_retriever import DPRetrieverConfig
 
     base = DPRetrieverConfig(method="batch-clip", epsilon=8.0)

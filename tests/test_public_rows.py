@@ -155,10 +155,10 @@ def test_public_rows_refuse_dp_selected_documents():
 def test_prompted_and_public_pairs_rows_never_open_the_private_files(toy_beir, tiny_llama_dir, tiny_bert_dir,
                                                                      public_pairs, tmp_path, monkeypatch):
     """The pipeline with both public rows and a warm start, on a private dataset whose queries and qrels raise
-    if opened while the pipeline builds either public row (:func:`privret.pipeline._public_row`)."""
-    from privret import pipeline
+    if opened while the pipeline builds either public row (:func:`privret.pipeline.run._public_row`)."""
     from privret.config import GeneratorStage
-    from privret.pipeline import run_pipeline
+    from privret.pipeline import run as pipeline
+    from privret.pipeline.run import run_pipeline
     from privret.train.retriever import RetrieverTrainConfig
 
     cfg = PipelineConfig(
@@ -170,12 +170,12 @@ def test_prompted_and_public_pairs_rows_never_open_the_private_files(toy_beir, t
         public_rows={"prompted": True, "public_pairs": public_pairs, "examples": 2})
     built, build_row = [], pipeline._public_row
 
-    def build_without_private_files(stages, name, make_generator, documents, dataset, config):
-        with private_files_unreadable(config.dataset):
+    def build_without_private_files(run, row, make_generator, documents):
+        with private_files_unreadable(run.cfg.dataset):
             with pytest.raises(AssertionError, match="private file"):  # the guard works
-                (config.dataset / "qrels" / "train.tsv").read_text()
-            built.append(name)
-            return build_row(stages, name, make_generator, documents, dataset, config)
+                (run.cfg.dataset / "qrels" / "train.tsv").read_text()
+            built.append(row.directory.name)
+            return build_row(run, row, make_generator, documents)
 
     monkeypatch.setattr(pipeline, "_public_row", build_without_private_files)
     run_dir = tmp_path / "run"

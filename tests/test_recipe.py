@@ -10,7 +10,7 @@ import pytest
 from privret.data.beir import Document
 from privret.data.pairs import QueryDocPair, TrainingPairs
 from privret.errors import InputError
-from privret.pipeline import non_private_ledger
+from privret.train.retriever import non_private_ledger
 from privret.train import recipe
 from privret.train import retriever as rtrain
 from privret.train.retriever import RecipeSelection, RetrieverTrainConfig

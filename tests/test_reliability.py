@@ -77,7 +77,7 @@ def test_second_lock_fails_at_once_and_a_killed_holder_frees_it(tmp_path):
 
 def test_pipeline_and_generator_refuse_a_locked_directory(tmp_path, tiny_llama_dir):
     from privret.config import PipelineConfig
-    from privret.pipeline import run_pipeline
+    from privret.pipeline.run import run_pipeline
 
     with RunLock(tmp_path / "gen"):
         with pytest.raises(InputError, match="already holds the lock"):
@@ -296,6 +296,8 @@ def test_direct_dp_retriever_records_and_enforces_the_cap(tiny_bert_dir, tmp_pat
 
 
 def test_run_composition_counts_generators_once_and_flags_non_private_rows(tmp_path):
+    from privret.pipeline.summary import run_releases
+
     base = dict(mechanism="dp-sgd", delta=1e-3, noise_multiplier=1.0, sample_rate=0.1, steps=50, planned_steps=50,
                 accountant="prv", unit="query", n_units=100, n_pairs=100, clip_norm=1.0, model="m", trainable="lora",
                 data_hash="h")
@@ -306,7 +308,7 @@ def test_run_composition_counts_generators_once_and_flags_non_private_rows(tmp_p
             PrivacyLedger(epsilon=eps, **base).save(tmp_path / stage / part)
     (tmp_path / "eps-inf" / "generator").mkdir(parents=True)
     PrivacyLedger(**{**base, "epsilon": math.inf, "mechanism": "none"}).save(tmp_path / "eps-inf" / "generator")
-    joint = budget.run_composition(tmp_path)
+    joint = budget.run_composition(run_releases(tmp_path))
     assert joint["releases"] == ["eps-a", "eps-b"] and joint["non_private"] == ["eps-inf"]
     assert joint["composition"]["query"]["epsilon"] == pytest.approx(
         spent_epsilon(noise_multiplier=1.0, sample_rate=0.1, steps=100, delta=1e-3), rel=0.02)

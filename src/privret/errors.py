@@ -7,6 +7,7 @@ can tell bad input (2) from a crash (1).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 EXIT_BAD_INPUT = 2
@@ -35,3 +36,17 @@ class InputError(Exception):
 
 class ModelUnavailableError(InputError):
     """A model id or path that cannot be resolved (offline and not cached, or missing)."""
+
+
+def invalid_input(err, *, path: str | Path | None = None, under: str = "", what: str = "",
+                  name: Callable[[tuple], str] | None = None) -> InputError:
+    """The first error of a pydantic ``ValidationError`` ``err`` as one :class:`InputError` line.
+
+    Its field is the error's location dotted (``a.b``), after ``under`` when given (``under.a.b``), or
+    ``name(location)`` where the caller names fields otherwise (the CLI: by their flags); ``what``, when
+    given, comes before the message (``what: message``).
+    """
+    first = err.errors()[0]
+    location = tuple(first["loc"])
+    field = name(location) if name is not None else ".".join(str(p) for p in ((under,) if under else ()) + location)
+    return InputError(f"{what}: {first['msg']}" if what else first["msg"], path=path, field=field)

@@ -54,7 +54,8 @@ def test_metrics_on_a_hand_made_ranking(fed_dir):
 def test_federated_run_all_stages_bytes_and_resume(fed_dir, tiny_encoder, tmp_path, monkeypatch):
     pytest.importorskip("flwr")
     from privret.federated import runner
-    from privret.federated.apps import _evaluate_all, _load_arrays
+    from privret.federated.arrays import load_arrays
+    from privret.federated.server_app import _evaluate_all
     from privret.federated.runner import run_federated_local
 
     grids = []
@@ -84,7 +85,7 @@ def test_federated_run_all_stages_bytes_and_resume(fed_dir, tiny_encoder, tmp_pa
     assert ex["answer_bytes"] == q[0] * min(2, s[1]) * 33 * 4 + q[1] * min(2, s[0]) * 33 * 4
     # personalised query encoders differ from the global model; the global model, evaluated again on the
     # clients after personalisation, scores exactly as before it
-    global_arrays = _load_arrays(tmp_path / "run" / "global.npz")
+    global_arrays = load_arrays(tmp_path / "run" / "global.npz")
     (grid,) = grids
     for context in grid.contexts.values():
         for variant in ("local", "fed"):
@@ -169,7 +170,7 @@ def test_second_server_on_the_same_run_directory_fails_at_once(tmp_path):
     import time
 
     from privret.errors import InputError
-    from privret.federated.apps import run_server
+    from privret.federated.server_app import run_server
 
     run = tmp_path / "run"
     holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from privret.runlock import RunLock\n"

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from privret.errors import InputError
+from privret.errors import InputError, invalid_input
 
 out = Console()
 
@@ -23,9 +23,13 @@ def build_config(cls, **values):
     try:
         return cls(**values)
     except ValidationError as err:
-        first = err.errors()[0]
-        name = "_".join(str(p) for p in first["loc"])
-        raise InputError(first["msg"], field=FLAG_OF_FIELD.get(name, "--" + name.replace("_", "-"))) from None
+        raise invalid_input(err, name=_flag) from None
+
+
+def _flag(location: tuple) -> str:
+    """The CLI flag of a config field's location."""
+    name = "_".join(str(p) for p in location)
+    return FLAG_OF_FIELD.get(name, "--" + name.replace("_", "-"))
 
 
 def budget_policy(cap: float | None, allow_over: bool, base=None):
@@ -43,7 +47,7 @@ def budget_policy(cap: float | None, allow_over: bool, base=None):
 
 def training_pairs(data: Path | None, split: str, pairs: Path | None):
     """Pairs from a BEIR split, or from a pairs file (its doc_ids resolved against --data's corpus)."""
-    from privret.data.beir import load_beir, load_corpus
+    from privret.data.beir import dataset_hash, load_beir, load_corpus
     from privret.data.pairs import load_pairs_jsonl, pairs_from_beir
     from privret.io import file_sha256
 
@@ -53,6 +57,4 @@ def training_pairs(data: Path | None, split: str, pairs: Path | None):
     if data is None:
         raise InputError("give --data DIR (BEIR) or --pairs FILE", field="--data")
     dataset = load_beir(data, splits=[split])
-    from privret.pipeline import dataset_hash
-
     return pairs_from_beir(dataset, split), dataset_hash(dataset, split)

@@ -114,7 +114,8 @@ def evaluate_similarity(
     """Corpus BLEU (sacrebleu) and MAUVE between synthetic and original queries (seed section 6.2)."""
     from rich.table import Table
 
-    from privret.evaluate.similarity import MauveSettings, evaluate_similarity as run, format_epsilon
+    from privret.evaluate.similarity import MauveSettings, evaluate_similarity as run
+    from privret.privacy.ledger import format_epsilon
     from privret.io import write_json_atomic
 
     if num_buckets != "auto":
@@ -131,7 +132,7 @@ def evaluate_similarity(
     table = Table(title=f"similarity of {synthetic.name} to {data.name}/{split}")
     for column in ("ε", "BLEU", "MAUVE", "pairs", "featuriser"):
         table.add_column(column, justify="right")
-    table.add_row(format_epsilon(result["synthetic"]["epsilon"]), f"{result['bleu']:.4f}", f"{result['mauve']:.4f}",
+    table.add_row(format_epsilon(result["synthetic"]["epsilon"], missing="?"), f"{result['bleu']:.4f}", f"{result['mauve']:.4f}",
                   str(result["pairs"]), featurizer)
     out.print(table)
     if json_out is not None:

@@ -24,7 +24,8 @@ def pipeline(
 
     The budget flags override the config's budget section."""
     from privret.config import load_config
-    from privret.pipeline import run_pipeline, summary_table
+    from privret.pipeline.run import run_pipeline
+    from privret.pipeline.summary import summary_table
 
     cfg = load_config(config)
     cfg.budget = budget_policy(budget_cap, allow_over_budget, base=cfg.budget)
@@ -45,7 +46,8 @@ def demo(run_dir: Annotated[Path, typer.Option(help="where to write the demo run
          device: DeviceOpt = "auto") -> None:
     """The pipeline at epsilon = 8 plus the non-private references on the bundled demo dataset."""
     from privret.data.demo import demo_config
-    from privret.pipeline import run_pipeline, summary_table
+    from privret.pipeline.run import run_pipeline
+    from privret.pipeline.summary import summary_table
 
     checked_device(device)
     also_log_to(run_dir / RUN_LOG)

@@ -75,10 +75,7 @@ def retriever_train(
         help="--select: documents searched by the validation queries besides their relevant ones")] = 1000,
 ) -> None:
     """Train a dual encoder (in-batch softmax) on original or synthetic pairs; --dp trains it with DP directly."""
-    from privret.pipeline import non_private_ledger
-    from privret.privacy.ledger import PrivacyLedger, has_ledger
-    from privret.runlock import RunLock
-    from privret.train.retriever import RetrieverTrainConfig, train_retriever
+    from privret.train.retriever import RetrieverTrainConfig
 
     policy = budget_policy(budget_cap, allow_over_budget)
     training, data_hash = training_pairs(data, split, pairs)
@@ -119,8 +116,20 @@ def retriever_train(
                        selection=None if select is None else {
                            **({} if select == "default" else {"grid": parse_grid(select)}),
                            "max_epochs": select_max_epochs, "validation_pool": validation_pool})
-    synthetic = data is not None and pairs is None and has_ledger(data)
-    ledger = PrivacyLedger.load(data) if synthetic else non_private_ledger(training, model, data_hash, "query")
+    _train_non_private(training, data_hash, out_dir, cfg, model=model, synthetic_set=data if pairs is None else None)
+
+
+def _train_non_private(training, data_hash: str, out_dir: Path, cfg, *, model: str, synthetic_set: Path | None) -> None:
+    """Train without DP. Its ledger is that of ``synthetic_set`` when it has one (training on a synthetic set is
+    post-processing of it), else the ledger of the original pairs: no guarantee."""
+    from privret.privacy.ledger import PrivacyLedger, has_ledger
+    from privret.runlock import RunLock
+    from privret.train.retriever import non_private_ledger, train_retriever
+
+    if synthetic_set is not None and has_ledger(synthetic_set):
+        ledger = PrivacyLedger.load(synthetic_set)
+    else:
+        ledger = non_private_ledger(training, model, data_hash, "query")
     with RunLock(out_dir, what="retriever directory"):
         train_retriever(training, out_dir, cfg, ledger=ledger)
     out.print(f"retriever written to {out_dir} ({ledger.summary()})")

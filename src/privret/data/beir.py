@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from privret.errors import InputError
-from privret.io import atomic_path, read_jsonl, read_lines, require_text, write_json_atomic, write_jsonl
+from privret.io import atomic_path, file_sha256, read_jsonl, read_lines, require_text, write_json_atomic, write_jsonl
 
 QRELS_HEADER = ("query-id", "corpus-id", "score")
 
@@ -111,6 +111,18 @@ def load_beir(root: str | Path, splits: list[str] | None = None) -> BeirDataset:
     names = splits if splits is not None else sorted(p.stem for p in qrels_dir.glob("*.tsv"))
     qrels = {name: load_qrels(qrels_dir / f"{name}.tsv", corpus=corpus, queries=queries) for name in names}
     return BeirDataset(corpus=corpus, queries=queries, qrels=qrels, root=root)
+
+
+def dataset_hash(dataset: BeirDataset, split: str) -> str:
+    """Identity of the private data a training run reads: the queries file and the split's qrels."""
+    root = dataset.root
+    return file_sha256(root / "queries.jsonl", root / "qrels" / f"{split}.tsv")
+
+
+def eval_hash(dataset: BeirDataset, split: str) -> str:
+    """Identity of what an evaluation reads: corpus, queries and the split's qrels."""
+    root = dataset.root
+    return file_sha256(root / "corpus.jsonl", root / "queries.jsonl", root / "qrels" / f"{split}.tsv")
 
 
 def write_beir(root: str | Path, dataset: BeirDataset, manifest: dict | None = None) -> None:

@@ -13,12 +13,12 @@ NDCG@10 and one for Recall@10. The epsilon of a row is read from the retriever's
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 from privret.data.beir import load_beir
 from privret.errors import InputError
 from privret.evaluate.retrieval import METRICS, evaluate_retriever
+from privret.privacy.ledger import format_epsilon
 
 TABLE_METRICS = ("ndcg@10", "recall@10")
 
@@ -99,12 +99,6 @@ def evaluate_many(models: list[str], datasets: dict[str, Path], split: str, *,
     return {"split": split, "datasets": {k: str(v) for k, v in datasets.items()}, "rows": rows}
 
 
-def _eps(value: float | None) -> str:
-    if value is None:
-        return "-"
-    return "inf" if math.isinf(value) else f"{value:g}"
-
-
 def rich_tables(result: dict) -> list:
     """One rich Table per metric of Table 5 (NDCG@10, Recall@10)."""
     from rich.table import Table
@@ -117,7 +111,7 @@ def rich_tables(result: dict) -> list:
         for label in result["datasets"]:
             table.add_column(label, justify="right")
         for row in result["rows"]:
-            table.add_row(row["source"], _eps(row["epsilon"]),
+            table.add_row(row["source"], format_epsilon(row["epsilon"]),
                           *(f"{row['metrics'][d][metric]:.4f}" for d in result["datasets"]))
         tables.append(table)
     return tables
@@ -132,7 +126,7 @@ def markdown_tables(result: dict) -> str:
         lines.append("| Source | ε | " + " | ".join(names) + " |")
         lines.append("|---|---|" + "---:|" * len(names))
         for row in result["rows"]:
-            lines.append(f"| {row['source']} | {_eps(row['epsilon'])} | "
+            lines.append(f"| {row['source']} | {format_epsilon(row['epsilon'])} | "
                          + " | ".join(f"{row['metrics'][d][metric]:.4f}" for d in names) + " |")
         lines.append("")
     return "\n".join(lines)

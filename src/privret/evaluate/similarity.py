@@ -35,7 +35,6 @@ The output records no query text.
 
 from __future__ import annotations
 
-import math
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -203,9 +202,3 @@ def _read_manifest(root: Path) -> dict:
         return json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as err:
         raise InputError(f"malformed JSON ({err.msg})", path=path, line=err.lineno) from None
-
-
-def format_epsilon(value: float | None) -> str:
-    if value is None:
-        return "?"
-    return "inf" if math.isinf(value) else f"{value:g}"

@@ -6,7 +6,8 @@ Seed: ``federated-answer-sentence-selection-thesis.txt`` (chapters 3 and 4).
 * :mod:`~privret.federated.negatives`: BM25, static hard negatives (query hubness), Fed-Negative.
 * :mod:`~privret.federated.local`: what a client computes (training, evaluation, eq. 3.7).
 * :mod:`~privret.federated.strategy`: FedAvg weighted by data size (eq. 3.6), DP wrappers, ledger.
-* :mod:`~privret.federated.apps`: the Flower ``ClientApp`` and ``ServerApp``.
+* :mod:`~privret.federated.client_app`, :mod:`~privret.federated.server_app`: the Flower ``ClientApp`` and
+  ``ServerApp``; :mod:`~privret.federated.arrays`: the weights they exchange.
 * :mod:`~privret.federated.runner`: in-process grid, baselines, Flower App writer.
 * :mod:`~privret.federated.inversion`: can a decoder read a sentence back from its embedding?
 

@@ -26,7 +26,8 @@ import torch
 
 from privret.data.fed_squad import ClientData, Question
 from privret.evaluate.retrieval import encode, retrieval_metrics
-from privret.federated.negatives import sample_excluding, top_k_excluding
+from privret.federated.config import FedConfig
+from privret.federated.negatives import bm25_ranked, sample_excluding, static_hard_negatives, top_k_excluding
 from privret.models.device import bf16_autocast
 from privret.models.encoder import embed, in_batch_softmax_loss
 
@@ -73,6 +74,21 @@ def disjoint_batches(gold: list[set[int]], batch_size: int, rng: random.Random) 
 
 def _positive(client_index: dict[str, int], q: Question) -> int:
     return client_index[q.positive]
+
+
+def epoch_negatives(model, client: ClientData, questions: list[Question], gold: list[set[int]], stage: str,
+                    cfg: FedConfig, rng: random.Random, bm25_cache: dict[str, list]) -> list[list[int]]:
+    """Explicit negatives of one stage-1 epoch: ``bm25`` (warm-up) samples from the BM25 top ``bm25_k`` of each
+    question, without its gold sentences (the ranking kept in ``bm25_cache`` under the client's name); ``hard``
+    from the current model's top ``hard_k`` (:func:`~privret.federated.negatives.static_hard_negatives`)."""
+    if stage == "bm25":
+        if client.name not in bm25_cache:
+            bm25_cache[client.name] = bm25_ranked(client.sentences, [q.text for q in questions], cfg.bm25_k + 8)
+        return [sample_excluding([i for i in r if i not in g][:cfg.bm25_k], set(), cfg.n_negatives, rng)
+                for r, g in zip(bm25_cache[client.name], gold)]
+    s = encode_texts(model, client.sentences, max_length=cfg.max_sentence_tokens, bf16=cfg.bf16)
+    q = encode_texts(model, [x.text for x in questions], max_length=cfg.max_query_tokens, bf16=cfg.bf16)
+    return static_hard_negatives(q, s, gold, k=cfg.hard_k, n=cfg.n_negatives, rng=rng)
 
 
 def train_dual_encoder_epoch(model, client: ClientData, questions: list[Question], negatives: list[list[int]], *,

@@ -25,7 +25,6 @@ from privret.data.fed_squad import ClientData, load_fed_squad
 from privret.errors import InputError
 from privret.federated import local
 from privret.federated.config import FedConfig
-from privret.federated.negatives import bm25_ranked, sample_excluding, static_hard_negatives
 from privret.io import write_json_atomic
 
 
@@ -96,7 +95,8 @@ def _check_data(data_dir: Path) -> tuple[list[ClientData], dict]:
 
 def run_federated_local(cfg: FedConfig, data_dir: str | Path, out_dir: str | Path, *, resume: bool = True) -> dict:
     """PDD-AS2 + personalisation with the real Flower apps on an :class:`InProcessGrid`."""
-    from privret.federated.apps import build_client_app, run_server
+    from privret.federated.client_app import build_client_app
+    from privret.federated.server_app import run_server
 
     data_dir = Path(data_dir)
     clients, manifest = _check_data(data_dir)
@@ -110,18 +110,6 @@ def run_federated_local(cfg: FedConfig, data_dir: str | Path, out_dir: str | Pat
 def evaluate_bm25_all(clients: list[ClientData]) -> dict:
     per_client = {c.name: local.evaluate_bm25(c) for c in clients}
     return {"per_client": per_client, "pooled": local.pooled(per_client)}
-
-
-def _negatives(model, client: ClientData, questions, gold, stage: str, cfg: FedConfig, rng, cache: dict):
-    if stage == "bm25":
-        key = client.name
-        if key not in cache:
-            cache[key] = bm25_ranked(client.sentences, [q.text for q in questions], cfg.bm25_k + 8)
-        return [sample_excluding([i for i in r if i not in g][:cfg.bm25_k], set(), cfg.n_negatives, rng)
-                for r, g in zip(cache[key], gold)]
-    s = local.encode_texts(model, client.sentences, max_length=cfg.max_sentence_tokens, bf16=cfg.bf16)
-    q = local.encode_texts(model, [x.text for x in questions], max_length=cfg.max_query_tokens, bf16=cfg.bf16)
-    return static_hard_negatives(q, s, gold, k=cfg.hard_k, n=cfg.n_negatives, rng=rng)
 
 
 def _stages(cfg: FedConfig) -> list[str]:
@@ -143,7 +131,7 @@ def train_local_only(cfg: FedConfig, clients: list[ClientData], *, on_client=Non
         gold = local.gold_indices(c, questions)
         cache: dict = {}
         for stage in _stages(cfg):
-            negatives = _negatives(model, c, questions, gold, stage, cfg, rng, cache)
+            negatives = local.epoch_negatives(model, c, questions, gold, stage, cfg, rng, cache)
             local.train_dual_encoder_epoch(model, c, questions, negatives, optimizer=optimizer,
                                            batch_size=cfg.batch_size, temperature=cfg.temperature,
                                            max_query_tokens=cfg.max_query_tokens,
@@ -174,7 +162,7 @@ def train_central(cfg: FedConfig, clients: list[ClientData]) -> dict:
     for stage in _stages(cfg):
         jobs = []
         for c, questions, gold, cache in data:
-            negatives = _negatives(model, c, questions, gold, stage, cfg, rng, cache)
+            negatives = local.epoch_negatives(model, c, questions, gold, stage, cfg, rng, cache)
             for batch in local.disjoint_batches(gold, cfg.batch_size, rng):
                 jobs.append((c, [questions[i] for i in batch], [negatives[i] for i in batch]))
         rng.shuffle(jobs)
@@ -200,7 +188,8 @@ def evaluate_zero_shot(cfg: FedConfig, clients: list[ClientData]) -> dict:
 
 
 def write_flower_app(app_dir: str | Path, cfg: FedConfig, *, out_dir: str, num_clients: int, data_hash: str = "") -> Path:
-    """A Flower App directory for ``flwr run``: components point at :mod:`privret.federated.apps`."""
+    """A Flower App directory for ``flwr run``: components point at :mod:`privret.federated.server_app` and
+    :mod:`privret.federated.client_app`."""
     import tomli_w
 
     app_dir = Path(app_dir)
@@ -213,8 +202,8 @@ def write_flower_app(app_dir: str | Path, cfg: FedConfig, *, out_dir: str, num_c
                     "description": "PDD-AS2 federated answer sentence selection (privret)",
                     "dependencies": ["flwr>=1.41.0", "privret"]},
         "tool": {"flwr": {"app": {"publisher": "privret",
-                                  "components": {"serverapp": "privret.federated.apps:server_app",
-                                                 "clientapp": "privret.federated.apps:client_app"},
+                                  "components": {"serverapp": "privret.federated.server_app:server_app",
+                                                 "clientapp": "privret.federated.client_app:client_app"},
                                   "config": run_config}}},
     }
     (app_dir / "pyproject.toml").write_text(tomli_w.dumps(doc), encoding="utf-8")

@@ -17,13 +17,12 @@ The card is rendered from these files alone and rewritten atomically whenever on
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 from privret import __version__
 from privret.io import write_json_atomic, write_text_atomic
 from privret.models.registry import HUB_IDS
-from privret.privacy.ledger import PrivacyLedger, has_ledger
+from privret.privacy.ledger import PrivacyLedger, format_epsilon, has_ledger
 
 CARD_FILE = "README.md"
 EVALUATIONS_FILE = "evaluations.json"
@@ -62,8 +61,7 @@ def _table(rows: list[tuple[str, str]]) -> str:
 def render_model_card(directory: Path) -> str:
     """The card's Markdown for the retriever in ``directory`` (see the module docstring)."""
     ledger = PrivacyLedger.load(directory)
-    eps = "inf" if math.isinf(ledger.epsilon) else f"{ledger.epsilon:.4g}"
-    privacy = [("mechanism", f"`{ledger.mechanism}`"), ("epsilon", eps), ("delta", f"{ledger.delta:.3g}"),
+    privacy = [("mechanism", f"`{ledger.mechanism}`"), ("epsilon", format_epsilon(ledger.epsilon, digits=4)), ("delta", f"{ledger.delta:.3g}"),
                ("unit", f"`{ledger.unit}`"), ("accountant", f"`{ledger.accountant}`"),
                ("units in the private log (public by assumption)", str(ledger.n_units))]
     if ledger.is_private:

@@ -359,20 +359,16 @@ def compose_ledgers(ledgers: list) -> Composition:
     return compose(items)
 
 
-def run_composition(run_dir: str | Path) -> dict:
-    """What releasing every DP model of a pipeline run together costs.
+def run_composition(ledger_dirs: list[tuple[str, Path]]) -> dict:
+    """What releasing every model of a run together costs; ``ledger_dirs``: (name, directory holding a ledger).
 
-    The releases are the DP document selection (``documents``, if any), the generators
-    (``eps-*/generator``; the synthetic sets and retrievers derived from one carry its ledger,
-    composed with the selection's, and are post-processing of them, so they are not counted
-    again) and the direct DP retrievers (``direct-*/retriever``).
+    The caller lists each release once (e.g. a generator, not also the synthetic sets and retrievers
+    derived from it, which carry its ledger and are post-processing of it). Private ledgers are
+    composed per privacy unit (:func:`compose_ledgers`); non-private ones are named apart.
     """
-    from privret.privacy.ledger import LEDGER_FILE, PrivacyLedger
+    from privret.privacy.ledger import PrivacyLedger
 
-    run_dir = Path(run_dir)
-    paths = (sorted(run_dir.glob(f"documents/{LEDGER_FILE}")) + sorted(run_dir.glob(f"eps-*/generator/{LEDGER_FILE}"))
-             + sorted(run_dir.glob(f"direct-*/retriever/{LEDGER_FILE}")))
-    ledgers = [(p.relative_to(run_dir).parts[0], PrivacyLedger.load(p.parent)) for p in paths]
+    ledgers = [(name, PrivacyLedger.load(directory)) for name, directory in ledger_dirs]
     private = [(name, ledger) for name, ledger in ledgers if ledger.is_private]
     result = {"releases": [name for name, _ in private],
               "non_private": [name for name, ledger in ledgers if not ledger.is_private]}

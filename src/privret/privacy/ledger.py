@@ -25,6 +25,14 @@ LEDGER_FILE = "privacy_ledger.json"
 PUBLIC_MECHANISMS = ("public-prompted", "public-pairs")  # models made from public data only
 
 
+def format_epsilon(value: float | None, *, digits: int = 6, missing: str = "-", infinity: str = "inf") -> str:
+    """An epsilon as a person reads it: ``infinity`` for no guarantee (epsilon = inf), ``missing`` where none
+    is known (None), else the number in ``%g`` form to ``digits`` significant digits (8, 0.5, 1e+03)."""
+    if value is None:
+        return missing
+    return infinity if math.isinf(value) else f"{value:.{digits}g}"
+
+
 def has_ledger(location: str | Path) -> bool:
     """Whether ``location`` (a model or dataset directory) carries a privret privacy ledger, i.e. was
     derived from private data by privret; a registry name or hub id never does."""

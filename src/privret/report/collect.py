@@ -27,10 +27,12 @@ from pathlib import Path
 
 from privret.errors import InputError
 from privret.evaluate.statistics import PER_QUERY_FILE, Versus, versus_zero_shot
+from privret.pipeline.layout import (CONFIG_FILE, DIRECT_ROW_PREFIX, DP_ROW_PREFIX, FILTERED_SUFFIX, GENERATOR, METRICS_FILE,
+                                     ORIGINAL, RETRIEVER, SUMMARY_FILE, SYNTHETIC, TIMING_FILE, ZERO_SHOT)
+from privret.privacy.ledger import LEDGER_FILE, format_epsilon
 
-LEDGER_FILE = "privacy_ledger.json"
-_EPS_DIR = re.compile(r"^eps-(?P<eps>inf|[0-9.eE+-]+?)(?P<filtered>-filtered)?$")
-_DIRECT_DIR = re.compile(r"^direct-(?P<method>.+)-eps-(?P<eps>inf|[0-9.eE+-]+)$")
+_EPS_DIR = re.compile(rf"^{re.escape(DP_ROW_PREFIX)}(?P<eps>inf|[0-9.eE+-]+?)(?P<filtered>{re.escape(FILTERED_SUFFIX)})?$")
+_DIRECT_DIR = re.compile(rf"^{re.escape(DIRECT_ROW_PREFIX)}(?P<method>.+)-eps-(?P<eps>inf|[0-9.eE+-]+)$")
 
 
 @dataclass
@@ -87,12 +89,6 @@ def parse_eps(text: str) -> float:
     return math.inf if text in ("inf", "Infinity") else float(text)
 
 
-def eps_label(value: float | None) -> str:
-    if value is None:
-        return "-"
-    return "inf" if math.isinf(value) else f"{value:g}"
-
-
 def _metrics(path: Path) -> dict:
     data = read_json(path)
     if not isinstance(data, dict) or not isinstance(data.get("ndcg@10"), (int, float)):
@@ -134,32 +130,31 @@ def collect(run_dir: str | Path, *, show_private_queries: bool = False, examples
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise InputError("run directory not found", path=run_dir)
-    config = read_json(run_dir / "config.json") if (run_dir / "config.json").is_file() else {}
+    config = read_json(run_dir / CONFIG_FILE) if (run_dir / CONFIG_FILE).is_file() else {}
     rows: list[Row] = []
     notes: list[str] = []
-    if (run_dir / "zero_shot" / "metrics.json").is_file():
-        rows.append(Row("zero_shot", "zero-shot (public encoder)", "zero-shot", None,
-                        _metrics(run_dir / "zero_shot" / "metrics.json")))
-    if (run_dir / "original" / "metrics.json").is_file():
-        ledger, source = _ledger(run_dir / "original" / "retriever", run_dir / "original")
-        rows.append(Row("original", "original pairs (non-private)", "original", math.inf,
-                        _metrics(run_dir / "original" / "metrics.json"), ledger, source,
-                        _timing(run_dir / "original")))
+    if (run_dir / ZERO_SHOT / METRICS_FILE).is_file():
+        rows.append(Row(ZERO_SHOT, "zero-shot (public encoder)", "zero-shot", None,
+                        _metrics(run_dir / ZERO_SHOT / METRICS_FILE)))
+    if (run_dir / ORIGINAL / METRICS_FILE).is_file():
+        ledger, source = _ledger(run_dir / ORIGINAL / RETRIEVER, run_dir / ORIGINAL)
+        rows.append(Row(ORIGINAL, "original pairs (non-private)", "original", math.inf,
+                        _metrics(run_dir / ORIGINAL / METRICS_FILE), ledger, source, _timing(run_dir / ORIGINAL)))
     stages = []
     for child in sorted(run_dir.iterdir()):
-        if not child.is_dir() or not (child / "metrics.json").is_file():
+        if not child.is_dir() or not (child / METRICS_FILE).is_file():
             continue
         if m := _EPS_DIR.match(child.name):
-            ledger, source = _ledger(child / "generator", child / "synthetic", child / "retriever")
+            ledger, source = _ledger(child / GENERATOR, child / SYNTHETIC, child / RETRIEVER)
             eps = ledger["epsilon"] if ledger else parse_eps(m["eps"])
             method = "dp-synthetic-filtered" if m["filtered"] else "dp-synthetic"
-            stages.append(Row(child.name, f"{method_label(method)} (ε={eps_label(parse_eps(m['eps']))})",
-                              method, eps, _metrics(child / "metrics.json"), ledger, source, _timing(child)))
+            stages.append(Row(child.name, f"{method_label(method)} (ε={format_epsilon(parse_eps(m['eps']))})",
+                              method, eps, _metrics(child / METRICS_FILE), ledger, source, _timing(child)))
         elif m := _DIRECT_DIR.match(child.name):
-            ledger, source = _ledger(child / "retriever", child)
+            ledger, source = _ledger(child / RETRIEVER, child)
             eps = ledger["epsilon"] if ledger else parse_eps(m["eps"])
-            stages.append(Row(child.name, f"direct {m['method']} (ε={eps_label(parse_eps(m['eps']))})",
-                              f"direct-{m['method']}", eps, _metrics(child / "metrics.json"), ledger, source,
+            stages.append(Row(child.name, f"direct {m['method']} (ε={format_epsilon(parse_eps(m['eps']))})",
+                              f"direct-{m['method']}", eps, _metrics(child / METRICS_FILE), ledger, source,
                               _timing(child)))
     stages.sort(key=lambda r: (not r.method.startswith("dp-synthetic"), r.method, -r.epsilon if r.epsilon is not None else 0))
     rows += stages
@@ -188,7 +183,7 @@ def _per_query(path: Path) -> dict[str, float] | None:
 
 
 def _timing(stage: Path) -> dict:
-    path = stage / "timing.json"
+    path = stage / TIMING_FILE
     return read_json(path) if path.is_file() else {}
 
 
@@ -222,7 +217,7 @@ def _similarity_file(path: Path, label: str | None = None) -> list[dict]:
         if eps is None and "epsilon" in item:
             eps = _float(item["epsilon"])
         details = item.get("mauve_details") or {}
-        name = item.get("label") or label or (f"ε={eps_label(eps)}" if eps is not None else f"#{i + 1}")
+        name = item.get("label") or label or (f"ε={format_epsilon(eps)}" if eps is not None else f"#{i + 1}")
         out.append({"label": name,
                      "epsilon": eps, "bleu": _float(item.get("bleu")), "mauve": _float(item.get("mauve")),
                      "pairs": item.get("pairs"), "featurizer": details.get("featurizer") or item.get("featurizer")})
@@ -243,7 +238,7 @@ def _zero_shot_datasets(run_dir: Path) -> list[dict]:
     """Top-level JSON files in the ``privret evaluate --datasets`` shape: {split, datasets, rows}."""
     found = []
     for path in sorted(run_dir.glob("*.json")):
-        if path.name in ("config.json", "summary.json", "similarity.json", "canaries.json"):
+        if path.name in (CONFIG_FILE, SUMMARY_FILE, "similarity.json", "canaries.json"):
             continue
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
@@ -259,7 +254,7 @@ def _read_synthetic(stage: Path) -> tuple[dict[str, list[str]], dict[str, dict]]
     """doc id -> synthetic queries, and doc id -> document, from ``stage/synthetic``."""
     from privret.data.beir import load_beir
 
-    dataset = load_beir(stage / "synthetic", splits=["train"])
+    dataset = load_beir(stage / SYNTHETIC, splits=["train"])
     by_doc: dict[str, list[str]] = {}
     for qid, docs in dataset.split("train").items():
         for doc_id in docs:
@@ -269,7 +264,7 @@ def _read_synthetic(stage: Path) -> tuple[dict[str, list[str]], dict[str, dict]]
 
 
 def _examples(run_dir: Path, config: dict, stages: list[Row], show_private: bool, count: int) -> Examples | None:
-    synthetic_stages = [r for r in stages if r.method == "dp-synthetic" and (run_dir / r.key / "synthetic").is_dir()]
+    synthetic_stages = [r for r in stages if r.method == "dp-synthetic" and (run_dir / r.key / SYNTHETIC).is_dir()]
     if not synthetic_stages or count <= 0:
         return None
     per_label: dict[str, dict[str, list[str]]] = {}

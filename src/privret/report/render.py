@@ -15,6 +15,7 @@ from pathlib import Path
 
 from privret.errors import InputError
 from privret.evaluate.statistics import EXPLANATION, ORIGINAL, ZERO_SHOT, mean_sd
+from privret.privacy.ledger import format_epsilon
 from privret.report.collect import Row, RunData
 from privret.report.plot import method_label, privacy_utility_png
 
@@ -51,9 +52,7 @@ def _num(value, digits: int = 4) -> str:
 
 
 def _eps(value) -> str:
-    if value is None:
-        return "-"
-    return "∞" if math.isinf(value) else f"{value:.3g}"
+    return format_epsilon(value, digits=3, infinity="∞")
 
 
 def _delta(row: Row) -> str:

@@ -79,8 +79,8 @@ from privret.models.model_card import write_model_card
 from privret.models.registry import DEFAULT_ENCODER
 from privret.privacy import budget as budget_registry
 from privret.privacy.ledger import PrivacyLedger
-from privret.privacy.logit_dp import (GhostNorms, logit_dp_factor, loss_logit_grads, pair_norm_bounds, reweighting,
-                                      row_losses)
+from privret.privacy.ghost_norms import GhostNorms
+from privret.privacy.logit_dp import logit_dp_factor, loss_logit_grads, pair_norm_bounds, reweighting, row_losses
 from privret.privacy.secure_rng import SecureRandom
 from privret.progress import Progress
 from privret.train.dp_parallel import set_noisy_mean
@@ -93,7 +93,7 @@ NORM_MARGIN = 1e-5
 Method = Literal["naive", "batch-clip", "logit-dp", "public-negatives"]
 MECHANISM_FILE = "dp_mechanism.json"  # only a finished output holds it (with the model and ledger)
 # config fields that do not change what is trained: free to differ on resume, and left out of pipeline
-# fingerprints (secure_rng only when off: see privret.pipeline.direct_dp_fingerprint)
+# fingerprints (secure_rng only when off: see privret.pipeline.stages.direct_dp_fingerprint)
 RESUME_FREE = ("checkpoint_every", "secure_rng")
 # the methods whose clipped sum is a sum of per-unit terms, so it can be split across processes (torchrun)
 PARALLEL_METHODS = ("public-negatives",)

@@ -70,9 +70,9 @@ from privret.train.checkpointing import (CHECKPOINT_DIR, STEP_LOG, Checkpoint, S
                                          load_checkpoint, save_checkpoint)
 from privret.train.dp_parallel import sync_from_main
 
-# What the directory of an interrupted run may hold: its checkpoint, its step log and the record a
-# pipeline stage writes before it starts the run (privret.pipeline.STAGE_FILE).
-RUN_FILES = (CHECKPOINT_DIR, STEP_LOG, "stage.json")
+STAGE_FILE = "stage.json"  # the settings a caller pins before it starts a run (a pipeline stage's record)
+# What the directory of an interrupted run may hold: its checkpoint, its step log and the caller's record.
+RUN_FILES = (CHECKPOINT_DIR, STEP_LOG, STAGE_FILE)
 
 Random = torch.Generator | SecureRandom
 

@@ -47,7 +47,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from privret import distributed
 from privret.data.pairs import UNIT_DEFINITIONS, PrivacyUnit, TrainingPairs
 from privret.errors import InputError
-from privret.models.generator import WARM_START_DIR, QueryGenerator, load_generator, load_trained_generator
+from privret.models.generator import GENERATOR_FILE, WARM_START_DIR, QueryGenerator, load_generator, load_trained_generator
 from privret.models.registry import DEFAULT_GENERATOR
 from privret.privacy import budget as budget_registry
 from privret.privacy.clipping import clip_units
@@ -179,7 +179,7 @@ def _train_generator(pairs: TrainingPairs, out_dir: Path, cfg: GeneratorTrainCon
                                  units=units, cfg=cfg, plan=run_plan, warm_start=warm_start,
                                  group=distributed.current())
 
-    run = DPRun(out_dir=out_dir, plan=run_plan, describe=describe, what="generator", finished_marker="generator.json",
+    run = DPRun(out_dir=out_dir, plan=run_plan, describe=describe, what="generator", finished_marker=GENERATOR_FILE,
                 label=f"training generator (epsilon={cfg.epsilon:g})", train_config=cfg.model_dump(mode="json"),
                 seed=cfg.seed, checkpoint_every=cfg.checkpoint_every, secure_rng=cfg.secure_rng, budget=budget)
     return run_training(run, load, resume=resume)

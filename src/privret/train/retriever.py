@@ -30,7 +30,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from privret import distributed
-from privret.data.pairs import TrainingPairs
+from privret.data.pairs import UNIT_DEFINITIONS, PrivacyUnit, TrainingPairs
 from privret.errors import InputError
 from privret.io import atomic_path, write_json_atomic
 from privret.models.device import bf16_autocast
@@ -43,6 +43,14 @@ from privret.train.dp_parallel import sum_gradients
 
 
 SELECTABLE = ("learning_rate", "temperature", "batch_size", "max_doc_tokens", "max_query_tokens", "warmup_fraction")
+
+
+def non_private_ledger(pairs: TrainingPairs, model: str, data_hash: str, unit: str) -> PrivacyLedger:
+    """The ledger of a retriever trained on ``pairs`` without DP: epsilon = inf, no guarantee."""
+    return PrivacyLedger(mechanism="none", epsilon=math.inf, delta=0.0, noise_multiplier=0.0, sample_rate=1.0, steps=0,
+                         planned_steps=0, accountant="none", unit=unit, n_units=len(pairs.units(unit)),
+                         n_pairs=len(pairs.pairs), clip_norm=math.inf, model=model, trainable="all",
+                         data_hash=data_hash, unit_definition=UNIT_DEFINITIONS[PrivacyUnit(unit)])
 
 
 class RecipeSelection(BaseModel):

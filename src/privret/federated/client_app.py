@@ -1,0 +1,219 @@
+"""The Flower ClientApp of PDD-AS2 (thesis Algorithm 1, chapters 3 and 4): what a client does per message.
+
+Messages (all through the Flower SuperLink; the ServerApp, :mod:`privret.federated.server_app`, relays
+Fed-Negative traffic because Flower clients never talk to each other directly):
+
+* ``train`` (stage 1): global arrays + ``{stage: bm25|hard}``; the client trains ``local_epochs``
+  epochs on its data and answers with its weights and ``num-examples = |D_i|``.
+* ``query.embed``: the client's training-query embeddings under its client-customized query encoder
+  of a variant (Fed-Negative, step 1: eq. 4.1's sending side).
+* ``query.fednegative``: another client's query embeddings; the answer is the top-``n`` sentence
+  embeddings and scores of this client's collection (eq. 4.2's inner ``N_{c_k}``).
+* ``train.personalize`` (stage 2): one epoch of the client's own query encoder with the sentence
+  encoder frozen; with Fed-Negative the message carries the answers for this client's queries and
+  the client keeps the top ``n`` overall (eq. 4.2).
+* ``evaluate``: sentence- and passage-level MRR@10 and Recall@1/20/100 on the client's test split.
+
+Node config of a SuperNode: ``data-dir`` (a Fed-SQuAD directory) and ``client`` (``client_03``) or
+``partition-id`` (3). Run config: the :class:`~privret.federated.config.FedConfig` fields (dashes).
+
+What a client keeps between messages: in Flower's per-node ``context.state``, its query encoders and
+the sentence embeddings of its collection (per global model version); in the :class:`FedClient`
+that its ClientApp owns (one per app, so two apps in one process share nothing), its loaded data,
+one encoder object per slot and the BM25 rankings of its training questions.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from privret.data.fed_squad import ClientData, load_client
+from privret.federated import local
+from privret.federated.arrays import load_weights, new_encoder, weights
+from privret.federated.config import FedConfig
+from privret.federated.negatives import fed_negative_answer, fed_negative_merge
+from privret.federated.strategy import DP_WEIGHT_KEY, WEIGHT_KEY
+
+try:  # flwr is needed for the apps only; the rest of privret.federated works without it
+    from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+    from flwr.clientapp import ClientApp
+except ImportError:  # pragma: no cover - exercised only without flwr installed
+    ClientApp = None
+
+
+def _seeded_rng(*parts) -> random.Random:
+    """The handler's random stream, named by ``parts`` (seed, client, round...); torch is seeded from it."""
+    rng = random.Random(":".join(str(p) for p in parts))
+    torch.manual_seed(rng.randrange(2 ** 31))
+    return rng
+
+
+def _metric_record(values: dict) -> MetricRecord:
+    return MetricRecord({k: float(v) for k, v in values.items()})
+
+
+def _train_clipped(msg, context, call_next):
+    """Flower's ``fixedclipping_mod`` when the server asks for client-side clipping, else a no-op."""
+    from flwr.clientapp.mod import fixedclipping_mod
+    from flwr.supercore.differential_privacy import KEY_CLIPPING_NORM
+
+    config = next(iter(msg.content.config_records.values()), {})
+    if KEY_CLIPPING_NORM in config:
+        return fixedclipping_mod(msg, context, call_next)
+    return call_next(msg, context)
+
+
+class FedClient:
+    """The message handlers of one ClientApp and what they keep in this process between messages."""
+
+    def __init__(self):
+        self._data: dict[tuple[str, str], ClientData] = {}
+        self._encoders: dict[tuple, object] = {}  # (model, slot, device) -> encoder, reloaded per message
+        self._bm25: dict[tuple, dict[str, list]] = {}  # questions' settings -> client -> BM25 ranking
+
+    def client_data(self, context) -> ClientData:
+        data_dir = Path(str(context.node_config["data-dir"]))
+        name = context.node_config.get("client")
+        if name is None:
+            name = f"client_{int(context.node_config['partition-id']):02d}"
+        key = (str(data_dir), str(name))
+        if key not in self._data:
+            self._data[key] = load_client(data_dir / str(name))
+        return self._data[key]
+
+    def encoder(self, cfg: FedConfig, slot: str = "main"):
+        """One encoder object per slot, reloaded with whatever weights a message carries."""
+        key = (cfg.model, slot, cfg.device)
+        if key not in self._encoders:
+            self._encoders[key] = new_encoder(cfg)
+        return self._encoders[key]
+
+    def global_model(self, cfg: FedConfig, msg):
+        model = self.encoder(cfg)
+        load_weights(model, msg.content["arrays"])
+        return model
+
+    def sentence_embeddings(self, context, cfg: FedConfig, msg, client: ClientData) -> np.ndarray:
+        """Embeddings of the collection under the global (frozen) sentence encoder, cached per model version.
+
+        The message must carry the global arrays unless this version is already cached (Fed-Negative
+        answers rely on the cache filled by ``query.embed``, so that no model weights ride along).
+        """
+        version = str(msg.content["config"]["model-version"])
+        cached = context.state.config_records.get("sentence-emb-version")
+        if cached is not None and cached["version"] == version and "sentence-emb" in context.state.array_records:
+            return context.state.array_records["sentence-emb"]["emb"].numpy()
+        if "arrays" not in msg.content.array_records:
+            raise RuntimeError(f"no sentence embeddings cached for model version {version}")
+        emb = local.encode_texts(self.global_model(cfg, msg), client.sentences, max_length=cfg.max_sentence_tokens,
+                                 bf16=cfg.bf16)
+        context.state["sentence-emb"] = ArrayRecord({"emb": Array(emb)})
+        context.state["sentence-emb-version"] = ConfigRecord({"version": version})
+        return emb
+
+    def query_encoder(self, context, cfg: FedConfig, msg, variant: str):
+        """The client's own query encoder of ``variant`` (starts as a copy of the global model)."""
+        model = self.encoder(cfg, slot="query")
+        key = f"query-encoder-{variant}"
+        load_weights(model, context.state.array_records[key] if key in context.state.array_records
+                     else msg.content["arrays"])
+        return model
+
+    def train(self, msg, context):
+        cfg = FedConfig.from_run_config(context.run_config)
+        config = msg.content["config"]
+        client = self.client_data(context)
+        rng = _seeded_rng(cfg.seed, client.name, int(config["server-round"]))
+        model = self.global_model(cfg, msg)
+        questions = local.train_questions(client, cfg.max_train_questions, cfg.seed, cfg.train_fraction)
+        gold = local.gold_indices(client, questions)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.learning_rate)
+        bm25 = self._bm25.setdefault((cfg.bm25_k, cfg.max_train_questions, cfg.train_fraction, cfg.seed), {})
+        stats = []
+        for _ in range(cfg.local_epochs):
+            negatives = local.epoch_negatives(model, client, questions, gold, str(config["stage"]), cfg, rng, bm25)
+            stats.append(local.train_dual_encoder_epoch(
+                model, client, questions, negatives, optimizer=optimizer, batch_size=cfg.batch_size,
+                temperature=cfg.temperature, max_query_tokens=cfg.max_query_tokens,
+                max_sentence_tokens=cfg.max_sentence_tokens, rng=rng, bf16=cfg.bf16))
+        metrics = {WEIGHT_KEY: len(questions), DP_WEIGHT_KEY: 1.0, "steps": sum(s["steps"] for s in stats)}
+        if cfg.dp == "none":  # under DP-FedAvg the local loss is not DP: it never leaves the client
+            metrics["loss"] = stats[-1]["loss"]
+        return Message(RecordDict({"arrays": weights(model), "metrics": _metric_record(metrics)}), reply_to=msg)
+
+    def embed_queries(self, msg, context):
+        cfg = FedConfig.from_run_config(context.run_config)
+        client = self.client_data(context)
+        variant = str(msg.content["config"]["variant"])
+        self.sentence_embeddings(context, cfg, msg, client)  # needed when others' queries arrive
+        model = self.query_encoder(context, cfg, msg, variant)
+        questions = local.train_questions(client, cfg.max_train_questions, cfg.seed, cfg.train_fraction)
+        q = local.encode_texts(model, [x.text for x in questions], max_length=cfg.max_query_tokens, bf16=cfg.bf16)
+        return Message(RecordDict({"queries": ArrayRecord({"emb": Array(q)})}), reply_to=msg)
+
+    def fed_negative(self, msg, context):
+        cfg = FedConfig.from_run_config(context.run_config)
+        s = self.sentence_embeddings(context, cfg, msg, self.client_data(context))
+        q = msg.content["queries"]["emb"].numpy()
+        emb, scores = fed_negative_answer(q, s, int(msg.content["config"]["n"]))
+        return Message(RecordDict({"answer": ArrayRecord({"emb": Array(emb), "scores": Array(scores)})}),
+                       reply_to=msg)
+
+    def personalize(self, msg, context):
+        cfg = FedConfig.from_run_config(context.run_config)
+        config = msg.content["config"]
+        client = self.client_data(context)
+        variant = str(config["variant"])
+        rng = _seeded_rng(cfg.seed, client.name, variant, int(config["epoch"]))
+        s = self.sentence_embeddings(context, cfg, msg, client)
+        model = self.query_encoder(context, cfg, msg, variant)
+        questions = local.train_questions(client, cfg.max_train_questions, cfg.seed, cfg.train_fraction)
+        fed = None
+        answers = [rec for key, rec in msg.content.array_records.items() if key.startswith("fedneg-")]
+        if answers:
+            fed = fed_negative_merge([(a["emb"].numpy(), a["scores"].numpy()) for a in answers], cfg.fed_negatives)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.personal_learning_rate)
+        stats = local.train_query_encoder_epoch(
+            model, client, questions, s, optimizer=optimizer, batch_size=cfg.personal_batch_size,
+            temperature=cfg.temperature, max_query_tokens=cfg.max_query_tokens, n_negatives=cfg.personal_negatives,
+            hard_k=cfg.personal_hard_k, rng=rng, fed_negatives=fed, bf16=cfg.bf16)
+        context.state[f"query-encoder-{variant}"] = weights(model)
+        metrics = {WEIGHT_KEY: len(questions), "loss": stats["loss"], "steps": stats["steps"],
+                   "fed-negatives-per-query": 0 if fed is None else fed.shape[1]}
+        return Message(RecordDict({"metrics": _metric_record(metrics)}), reply_to=msg)
+
+    def evaluate(self, msg, context):
+        cfg = FedConfig.from_run_config(context.run_config)
+        client = self.client_data(context)
+        variant = str(msg.content["config"]["variant"])
+        s = self.sentence_embeddings(context, cfg, msg, client)
+        if variant == "global":
+            model = self.global_model(cfg, msg)
+        else:
+            model = self.query_encoder(context, cfg, msg, variant)
+        questions = client.split("test")
+        q = local.encode_texts(model, [x.text for x in questions], max_length=cfg.max_query_tokens, bf16=cfg.bf16)
+        result = local.evaluate_scores(q @ s.T, client, questions)
+        flat = {f"{level}/{k}": v for level, m in result.items() for k, v in m.items() if k != "queries"}
+        flat[WEIGHT_KEY] = len(questions)
+        return Message(RecordDict({"metrics": _metric_record(flat),
+                                   "info": ConfigRecord({"client": client.name})}), reply_to=msg)
+
+
+def build_client_app():
+    """A fresh ClientApp with the handlers of its own :class:`FedClient` (module-level ``client_app`` is one)."""
+    client = FedClient()
+    app = ClientApp()
+    app.train(mods=[_train_clipped])(client.train)
+    app.train("personalize")(client.personalize)
+    app.query("embed")(client.embed_queries)
+    app.query("fednegative")(client.fed_negative)
+    app.evaluate()(client.evaluate)
+    return app
+
+
+client_app = build_client_app() if ClientApp is not None else None

@@ -1,0 +1,184 @@
+"""The Flower ServerApp of PDD-AS2 (thesis Algorithm 1, chapters 3 and 4): the rounds, the relay, the results.
+
+Stage 1: FedAvg rounds (:func:`~privret.federated.strategy.make_strategy`, DP-FedAvg when configured),
+the global model checkpointed each round (``global.npz``, ``state.json``), so a killed server resumes.
+Then the global model is evaluated on every client, and each personalisation variant (client-customized
+query encoders, with or without Fed-Negative, whose traffic this server relays because Flower clients
+never talk to each other) is trained and evaluated; ``results.json`` is rewritten after each. The
+messages are those of :mod:`privret.federated.client_app`.
+
+Run config: the :class:`~privret.federated.config.FedConfig` fields (dashes) plus ``out-dir``, where
+the ServerApp writes checkpoints and ``results.json``, ``num-clients`` and ``data-hash``.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from pathlib import Path
+
+from privret.federated import local
+from privret.federated.arrays import load_arrays, new_encoder, save_arrays, weights
+from privret.federated.config import FedConfig
+from privret.federated.negatives import ExchangeLog, select_clients
+from privret.federated.strategy import WEIGHT_KEY, dp_ledger, make_strategy, record_bytes
+from privret.io import write_json_atomic
+from privret.runlock import RunLock
+
+try:  # flwr is needed for the apps only; the rest of privret.federated works without it
+    from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
+    from flwr.serverapp import Grid, ServerApp
+except ImportError:  # pragma: no cover - exercised only without flwr installed
+    ServerApp = None
+
+
+def _send(grid, messages: list, timeout: float = 24 * 3600) -> list:
+    replies = list(grid.send_and_receive(messages, timeout=timeout))
+    errors = [r for r in replies if r.has_error()]
+    if errors or len(replies) != len(messages):
+        reason = errors[0].error.reason if errors else f"{len(replies)} of {len(messages)} replies"
+        raise RuntimeError(f"client failure: {reason}")
+    return replies
+
+
+def _per_client_metrics(replies) -> dict[str, dict]:
+    out = {}
+    for r in replies:
+        m = r.content["metrics"]
+        name = str(r.content["info"]["client"])
+        result = {}
+        for level in local.LEVELS:
+            result[level] = {k: float(m[f"{level}/{k}"]) for k in local.METRIC_NAMES}
+            result[level]["queries"] = int(m[WEIGHT_KEY])
+        out[name] = result
+    return dict(sorted(out.items()))
+
+
+def _evaluate_all(grid, nodes, arrays, version: str, variant: str) -> dict:
+    msgs = [Message(RecordDict({"arrays": arrays, "config": ConfigRecord({"variant": variant,
+                                                                          "model-version": version})}),
+                    dst_node_id=n, message_type="evaluate") for n in nodes]
+    per_client = _per_client_metrics(_send(grid, msgs))
+    return {"per_client": per_client, "pooled": local.pooled(per_client)}
+
+
+def _fed_negative_exchange(grid, nodes, arrays, version: str, variant: str, cfg: FedConfig, log: ExchangeLog,
+                           rng: random.Random) -> dict[int, list]:
+    """Eqs. 4.1-4.2 through the relay: returns, per node, the answers addressed to it."""
+    cfg_rec = ConfigRecord({"variant": variant, "model-version": version})
+    msgs = [Message(RecordDict({"arrays": arrays, "config": cfg_rec}), dst_node_id=n, message_type="query.embed")
+            for n in nodes]
+    queries = {r.metadata.src_node_id: r.content["queries"]["emb"].numpy() for r in _send(grid, msgs)}
+    plan = []
+    for i, node in enumerate(nodes):
+        for j in select_clients(i, len(nodes), cfg.fed_select, rng):
+            plan.append((node, nodes[j]))
+    msgs = [Message(RecordDict({"queries": ArrayRecord({"emb": Array(queries[src])}),
+                                "config": ConfigRecord({"n": cfg.fed_negatives, "model-version": version})}),
+                    dst_node_id=dst, message_type="query.fednegative") for src, dst in plan]
+    replies = _send(grid, msgs)
+    by_id = {m.metadata.message_id: (src, dst) for m, (src, dst) in zip(msgs, plan)}
+    out: dict[int, list] = {n: [] for n in nodes}
+    for r in replies:
+        src, _ = by_id[r.metadata.reply_to_message_id]
+        ans = r.content["answer"]
+        log.add(str(src), queries[src], (ans["emb"].numpy(), ans["scores"].numpy()))
+        out[src].append(ans)
+    return out
+
+
+def run_server(grid, cfg: FedConfig, out_dir: str | Path, *, n_clients: int, data_hash: str = "",
+               resume: bool = True) -> dict:
+    """Stage 1 (FedAvg rounds, checkpointed each round), evaluation, stage 2 variants; ``results.json``.
+
+    One server per run directory: a second one pointed at ``out_dir`` fails at once (:class:`RunLock`).
+    """
+    out_dir = Path(out_dir)
+    with RunLock(out_dir, what="federated run directory"):
+        return _run_server(grid, cfg, out_dir, n_clients=n_clients, data_hash=data_hash, resume=resume)
+
+
+def _run_server(grid, cfg: FedConfig, out_dir: Path, *, n_clients: int, data_hash: str, resume: bool) -> dict:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    state_path, ckpt = out_dir / "state.json", out_dir / "global.npz"
+    state = json.loads(state_path.read_text()) if resume and state_path.is_file() else {}
+    rounds_done = int(state.get("rounds_done", 0))
+    arrays = load_arrays(ckpt) if rounds_done and ckpt.is_file() else weights(new_encoder(cfg))
+    history = state.get("history", [])
+    strategy = make_strategy(cfg, n_clients)
+    from flwr.serverapp.strategy.strategy_utils import sample_nodes
+
+    nodes, _ = sample_nodes(grid, n_clients, n_clients)
+    nodes = sorted(nodes)
+    for rnd in range(rounds_done + 1, cfg.rounds + 1):
+        t0 = time.time()
+        stage = "bm25" if rnd <= cfg.warmup_rounds else "hard"
+        msgs = list(strategy.configure_train(rnd, arrays, ConfigRecord({"stage": stage}), grid))
+        down = sum(record_bytes(m.content) for m in msgs)
+        replies = _send(grid, msgs)
+        up = sum(record_bytes(r.content) for r in replies)
+        new_arrays, metrics = strategy.aggregate_train(rnd, replies)
+        if new_arrays is None:
+            raise RuntimeError(f"round {rnd}: aggregation failed")
+        arrays = new_arrays
+        n_questions = int(sum(float(next(iter(r.content.metric_records.values()))[WEIGHT_KEY]) for r in replies))
+        history.append({"round": rnd, "stage": stage, "bytes_down": down, "bytes_up": up, "questions": n_questions,
+                        "seconds": round(time.time() - t0, 1),
+                        "train_loss": float(metrics["loss"]) if metrics is not None and "loss" in metrics else None})
+        save_arrays(ckpt, arrays)
+        write_json_atomic(state_path, {"rounds_done": rnd, "history": history})
+    ledger = dp_ledger(cfg, rounds_done=cfg.rounds, n_clients=n_clients, n_questions=int(history[-1]["questions"]) if history else 0,
+                       data_hash=data_hash)
+    ledger.save(out_dir)
+    version = f"round-{cfg.rounds}"
+    results = {"config": cfg.model_dump(mode="json"), "rounds": history, "ledger": json.loads(ledger.model_dump_json())}
+    results_path = out_dir / "results.json"
+    done = json.loads(results_path.read_text()).get("evaluations", {}) if resume and results_path.is_file() else {}
+    evaluations = dict(done)
+    if "pdd-as2" not in evaluations:
+        evaluations["pdd-as2"] = _evaluate_all(grid, nodes, arrays, version, "global")
+        write_json_atomic(results_path, {**results, "evaluations": evaluations})
+    for variant in cfg.personalize:
+        name = "+query-encoders" if variant == "local" else "+query-encoders+fed-negative"
+        if name in evaluations:
+            continue
+        exchanges = []
+        rng = random.Random(f"{cfg.seed}:fedneg")
+        for epoch in range(cfg.personal_epochs):
+            fed = {}
+            if variant == "fed":
+                log = ExchangeLog()
+                fed = _fed_negative_exchange(grid, nodes, arrays, version, variant, cfg, log, rng)
+                exchanges.append(log.as_dict())
+            msgs = []
+            for n in nodes:
+                content = RecordDict({"arrays": arrays, "config": ConfigRecord(
+                    {"variant": variant, "epoch": epoch, "model-version": version})})
+                for k, ans in enumerate(fed.get(n, [])):
+                    content[f"fedneg-{k}"] = ans
+                msgs.append(Message(content, dst_node_id=n, message_type="train.personalize"))
+            _send(grid, msgs)
+        evaluations[name] = _evaluate_all(grid, nodes, arrays, version, variant)
+        if exchanges:
+            evaluations[name]["fed_negative_exchanges"] = exchanges
+        write_json_atomic(results_path, {**results, "evaluations": evaluations})
+    results["evaluations"] = evaluations
+    write_json_atomic(results_path, results)
+    return results
+
+
+def build_server_app():
+    app = ServerApp()
+
+    @app.main()
+    def main(grid: Grid, context: Context) -> None:
+        cfg = FedConfig.from_run_config(context.run_config)
+        out_dir = str(context.run_config.get("out-dir", "")) or "runs/federated"
+        n_clients = int(context.run_config.get("num-clients", 2))
+        run_server(grid, cfg, out_dir, n_clients=n_clients, data_hash=str(context.run_config.get("data-hash", "")))
+
+    return app
+
+
+server_app = build_server_app() if ServerApp is not None else None
