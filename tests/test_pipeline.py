@@ -12,6 +12,7 @@ import pytest
 
 from privret.config import DirectDPGrid, GeneratorStage, PipelineConfig
 from privret.data.beir import load_beir
+from privret.data.pairs import pairs_from_beir
 from privret.synth.documents import DocumentChoice
 from privret.synth.filter import RoundTripFilterConfig
 from privret.synth.generate import GenerateConfig
@@ -109,6 +110,15 @@ def test_pipeline_rows_ledgers_and_resume(tiny_config, tmp_path, monkeypatch):
     dataset = retriever_ledger["dataset_id"]  # every DP release of the run is in the dataset's registry
     assert sorted(r.mechanism for r in budget.releases(dataset)) == [
         "direct-batch-clip", "direct-public-negatives", "dp-sgd"]
+    # no file of the run names the private data by a digest (privret.privacy.commitment); the budget registry,
+    # the operator's, is outside the run directory
+    from privret.data.beir import dataset_hash, eval_hash
+
+    beir = load_beir(tiny_config.dataset)
+    digests = [dataset_hash(beir, "train"), eval_hash(beir, "test"),
+               budget.dataset_id(pairs_from_beir(beir, "train")).removeprefix("sha256-")]
+    texts = [p.read_bytes() for p in run_dir.rglob("*") if p.is_file() and p.suffix in (".json", ".jsonl", ".md")]
+    assert len(texts) > 30 and not [d for d in digests if any(d.encode() in t for t in texts)]
 
     def must_not_run(*_a, **_k):
         raise AssertionError("finished stage ran again")

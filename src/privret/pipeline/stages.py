@@ -142,8 +142,10 @@ class StagePlan:
 def plan_stages(cfg: PipelineConfig, run_dir: Path, *, data_hash: str, evaluation: str, corpus: str) -> StagePlan:
     """Every stage of ``cfg``'s grid, in the order the pipeline runs them, with its fingerprint."""
     plan = StagePlan(run_dir)
-    train = {"train_split": cfg.train_split, "unit": cfg.unit.value, "data_hash": commit(data_hash)}  # published
-    metrics = {"eval_split": cfg.eval_split, "eval_data": evaluation}
+    # fingerprints are written beside the outputs: the digests as commitments (privret.privacy.commitment); the
+    # evaluation digest too, since a BEIR queries.jsonl holds the private training queries as well
+    train = {"train_split": cfg.train_split, "unit": cfg.unit.value, "data_hash": commit(data_hash)}
+    metrics = {"eval_split": cfg.eval_split, "eval_data": commit(evaluation)}
     if cfg.search.index != "exact":  # approximate search changes the metrics; exact keeps older runs' fingerprints
         metrics["search"] = cfg.search.model_dump(mode="json")
     retriever = {"retriever": cfg.retriever.model_dump(mode="json")}
