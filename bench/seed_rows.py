@@ -1,0 +1,81 @@
+"""Rows of retrievers already trained and evaluated over several seeds: mean +- sd, paired CIs, retention.
+
+Each evaluation directory holds the ``per_query.json`` of ``privret evaluate --per-query`` on the same
+test split. A row's CI is the paired bootstrap 95% CI (privret.evaluate.statistics) of its
+seed-averaged per-query NDCG@10 minus zero-shot's, and, for the other rows, minus the original row's
+seed-averaged one; retention = (row - zero-shot) / (original - zero-shot) on the seed means.
+
+    python bench/seed_rows.py --zero-shot runs/i11/zero-shot \\
+        --original runs/i12/original-selected-eval runs/i12/original-selected-seed1-eval ... \\
+        --row "eps8-sample-565 (recipe chosen on validation)" runs/i12/synth-selected \\
+              runs/i12/synth-selected-eval runs/i12/synth-selected-seed1-eval ... \\
+        --json bench/results/seed_rows.json --utility-json bench/results/privacy_utility.json --dataset scifact
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from privret.evaluate.statistics import mean_sd, paired_bootstrap_ci, retention
+
+
+def per_query(eval_dir: Path) -> dict[str, float]:
+    return {q: v["ndcg@10"] for q, v in json.loads((eval_dir / "per_query.json").read_text()).items()}
+
+
+def seeds(eval_dirs: list[Path]) -> tuple[list[float], dict[str, float]]:
+    """(NDCG@10 of each seed, per-query NDCG@10 averaged over the seeds)."""
+    runs = [per_query(d) for d in eval_dirs]
+    if any(set(r) != set(runs[0]) for r in runs):
+        raise SystemExit(f"{eval_dirs}: the evaluations cover different queries")
+    return [sum(r.values()) / len(r) for r in runs], {q: sum(r[q] for r in runs) / len(runs) for q in runs[0]}
+
+
+def ci(base: dict[str, float], other: dict[str, float]) -> list[float]:
+    queries = sorted(base)
+    return list(paired_bootstrap_ci([base[q] for q in queries], [other[q] for q in queries]))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--zero-shot", type=Path, required=True, help="evaluation directory of the zero-shot model")
+    parser.add_argument("--original", type=Path, nargs="+", required=True, help="evaluation directories, one per seed")
+    parser.add_argument("--row", nargs="+", action="append", default=[], metavar="NAME LEDGER_DIR EVAL_DIR",
+                        help="a row: its name, the directory of its ledger, then one evaluation directory per seed")
+    parser.add_argument("--json", type=Path, required=True)
+    parser.add_argument("--utility-json", type=Path, default=None,
+                        help="also set this dataset's entry of bench/results/privacy_utility.json")
+    parser.add_argument("--dataset", default="scifact")
+    args = parser.parse_args()
+    zero = per_query(args.zero_shot)
+    zero_mean = sum(zero.values()) / len(zero)
+    original_scores, original = seeds(args.original)
+    original_mean, original_sd = mean_sd(original_scores)
+    rows = []
+    for name, ledger_dir, *eval_dirs in args.row:
+        scores, averaged = seeds([Path(d) for d in eval_dirs])
+        mean, sd = mean_sd(scores)
+        ledger = json.loads((Path(ledger_dir) / "privacy_ledger.json").read_text())
+        rows.append({"name": name, "epsilon": ledger["epsilon"], "delta": ledger["delta"],
+                     "ndcg10_seeds": scores, "ndcg10_mean": mean, "ndcg10_sd": sd, "seeds": len(scores),
+                     "delta_ci95": ci(zero, averaged), "delta_vs_original_ci95": ci(original, averaged),
+                     "retention": retention(mean, zero_mean, original_mean)})
+    result = {"dataset": args.dataset, "zero_shot": {"ndcg10": zero_mean},
+              "original": {"ndcg10": original_mean, "ndcg10_sd": original_sd, "ndcg10_seeds": original_scores,
+                           "seeds": len(original_scores), "delta_ci95": ci(zero, original)},
+              "rows": rows}
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(result, indent=2) + "\n")
+    if args.utility_json is not None:
+        keys = ("name", "epsilon", "ndcg10_mean", "ndcg10_sd", "seeds", "delta_ci95", "retention")
+        existing = json.loads(args.utility_json.read_text()) if args.utility_json.exists() else {}
+        existing[args.dataset] = {"zero_shot": result["zero_shot"], "original": {"ndcg10": original_mean},
+                                  "rows": [{k: row[k] for k in keys} for row in rows]}
+        args.utility_json.write_text(json.dumps(existing, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
