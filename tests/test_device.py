@@ -162,7 +162,7 @@ def test_noise_is_drawn_for_and_placed_on_the_gradients_device():
 
 @pytest.mark.gpu
 def test_encoder_on_cuda_agrees_with_the_cpu(tiny_bert_dir):
-    from privret.evaluate.retrieval import encode
+    from privret.retrieval.embedding import encode
     from privret.models.encoder import load_encoder
 
     texts = [" ".join(WORDS[i: i + 6]) for i in range(0, 60, 6)]

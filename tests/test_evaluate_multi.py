@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from privret.cli import app
 from privret.data.beir import load_beir
 from privret.evaluate.multi import markdown_tables
-from privret.evaluate.retrieval import evaluate_retriever
+from privret.retrieval.metrics import evaluate_retriever
 from privret.models.encoder import load_encoder
 from privret.privacy.ledger import PrivacyLedger
 

@@ -10,7 +10,7 @@ import torch
 from helpers import SHARED_DATA
 from privret.data.beir import BeirDataset, load_beir
 from privret.data.pairs import TrainingPairs, pairs_from_beir
-from privret.evaluate.retrieval import evaluate_retriever
+from privret.retrieval.metrics import evaluate_retriever
 from privret.models.encoder import load_encoder
 from privret.privacy.ledger import PrivacyLedger
 from privret.synth.generate import GenerateConfig, generate_synthetic

@@ -60,18 +60,18 @@ def _toy_ndcg_by_hand(model_dir) -> dict[str, float]:
 def test_pipeline_rows_ledgers_and_resume(tiny_config, tmp_path, monkeypatch):
     from privret import pipeline
 
-    from privret.evaluate import retrieval
+    from privret.retrieval import embedding, embedding_cache
 
     run_dir = tmp_path / "run"
     cached = []  # (cache_dir, whether the corpus embeddings were there already) per corpus encoding
-    real_embeddings = retrieval.corpus_embeddings
+    real_embeddings = embedding.corpus_embeddings
 
     def spy(model, corpus, *, cache_dir=None, **kwargs):
-        key = retrieval.corpus_cache_key(model, corpus, bf16=True)
+        key = embedding_cache.corpus_cache_key(model, corpus, bf16=True)
         cached.append((cache_dir, cache_dir is not None and (cache_dir / f"{key}.npy").is_file()))
         return real_embeddings(model, corpus, cache_dir=cache_dir, **kwargs)
 
-    monkeypatch.setattr(retrieval, "corpus_embeddings", spy)
+    monkeypatch.setattr(embedding, "corpus_embeddings", spy)
     rows = pipeline.run_pipeline(tiny_config, run_dir)
     # the public encoder's corpus embeddings (zero-shot row, then the filter at each epsilon) are computed once;
     # the 7 trained retrievers are not cached

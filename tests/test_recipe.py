@@ -81,7 +81,7 @@ def _scripted(monkeypatch, table: dict[tuple[int, int], float], fail_at: int | N
         return "model"
 
     monkeypatch.setattr(rtrain, "fit_retriever", fit)
-    monkeypatch.setattr("privret.evaluate.retrieval.evaluate_retriever",
+    monkeypatch.setattr("privret.retrieval.metrics.evaluate_retriever",
                         lambda model, corpus, queries, qrels: {"ndcg@10": table[model]})
     return fits
 

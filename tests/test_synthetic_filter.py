@@ -33,7 +33,7 @@ def synthetic_dir(tmp_path):
 
 
 def _brute_force_kept(encoder_dir, synthetic_dir, k: int) -> set[str]:
-    from privret.evaluate.retrieval import encode
+    from privret.retrieval.embedding import encode
     from privret.models.encoder import load_encoder
 
     model = load_encoder(str(encoder_dir))
@@ -65,16 +65,16 @@ def test_filter_keeps_the_round_trip_consistent_pairs(synthetic_dir, tmp_path, t
 
 
 def test_filter_output_is_the_same_with_and_without_the_cache(synthetic_dir, tiny_bert_dir, tmp_path, monkeypatch):
-    from privret.evaluate import retrieval
+    from privret.retrieval import embedding
 
     encoded: list[int] = []
-    real_encode = retrieval.encode
+    real_encode = embedding.encode
 
     def counting_encode(model, texts, **kwargs):
         encoded.append(len(texts))
         return real_encode(model, texts, **kwargs)
 
-    monkeypatch.setattr(retrieval, "encode", counting_encode)
+    monkeypatch.setattr(embedding, "encode", counting_encode)
     corpus = load_corpus(synthetic_dir / "corpus.jsonl")
     cfg = RoundTripFilterConfig(encoder=str(tiny_bert_dir), top_k=1)
     cache = tmp_path / "cache"

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from privret.data.pairs import PrivacyUnit
 from privret.errors import InputError
-from privret.evaluate.index import SearchIndex
+from privret.retrieval.index import SearchIndex
 from privret.models.device import DeviceSpec
 from privret.synth.documents import DocumentChoice
 from privret.privacy.budget import DEFAULT_CAP, BudgetPolicy, Cap
@@ -145,7 +145,7 @@ class PipelineConfig(BaseModel):
     public_rows: PublicRows = Field(PublicRows(), description="rows without private data (epsilon = 0)")
     budget: BudgetSettings = BudgetSettings()
     search: SearchIndex = Field(SearchIndex(), description="the FAISS index every evaluation searches: exact "
-                                                            "(default), hnsw or ivf (privret.evaluate.index)")
+                                                            "(default), hnsw or ivf (privret.retrieval.index)")
     device: DeviceSpec = Field("auto", description="where models run: auto (CUDA when available, else CPU), cpu, cuda or "
                                             "cuda:N (privret.models.device); the command line's --device overrides it")
 

@@ -78,8 +78,8 @@ from privret.config import PipelineConfig
 from privret.data.beir import BeirDataset, load_beir
 from privret.data.pairs import UNIT_DEFINITIONS, PrivacyUnit, TrainingPairs, pairs_from_beir
 from privret.errors import InputError
-from privret.evaluate.index import SearchIndex
-from privret.evaluate.retrieval import evaluate_per_query, mean_metrics
+from privret.retrieval.index import SearchIndex
+from privret.retrieval.metrics import evaluate_per_query, mean_metrics
 from privret.evaluate.statistics import EXPLANATION, PER_QUERY_FILE, versus_zero_shot
 from privret.io import file_sha256, write_json_atomic, write_text_atomic
 from privret.models.device import use_device

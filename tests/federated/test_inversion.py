@@ -23,7 +23,7 @@ def test_inversion_check_on_tiny_models(tiny_squad, tiny_encoder, tiny_llama_dir
     import numpy as np
     import sacrebleu
 
-    from privret.evaluate.retrieval import encode
+    from privret.retrieval.embedding import encode
     from privret.federated import inversion
     from privret.models.encoder import load_encoder
 

@@ -1,6 +1,6 @@
 """Zero-shot evaluation of retrievers on several BEIR datasets, in the layout of the seed's Table 5.
 
-Each dataset is searched exactly (see :mod:`privret.evaluate.retrieval`) and scored with NDCG@10 and
+Each dataset is searched exactly (see :mod:`privret.retrieval.search`) and scored with NDCG@10 and
 Recall@10 (plus Recall@100 and MRR@10 in the JSON). A dataset given as a name is looked up under
 ``data_root`` (``<data_root>/<name>``, the layout ``privret data download`` writes); a path is used
 as is. A directory without ``corpus.jsonl`` whose sub-directories are BEIR datasets (CQADupStack's
@@ -18,7 +18,7 @@ from pathlib import Path
 
 from privret.data.beir import load_beir
 from privret.errors import InputError
-from privret.evaluate.retrieval import METRICS, evaluate_retriever
+from privret.retrieval.metrics import METRICS, evaluate_retriever
 
 TABLE_METRICS = ("ndcg@10", "recall@10")
 
@@ -58,7 +58,7 @@ def _parts(path: Path) -> list[Path]:
 def evaluate_dataset(model, path: Path, split: str, *, cache_dir: Path | None = None, index=None) -> dict:
     """Metrics of ``model`` on one dataset (mean over sub-datasets for a CQADupStack-style folder);
     ``cache_dir``: corpus embeddings reused or stored there, ``index``: the FAISS index searched
-    (:func:`~privret.evaluate.retrieval.search`)."""
+    (:func:`~privret.retrieval.search.search`)."""
     per_part = []
     for part in _parts(path):
         dataset = load_beir(part, splits=[split])

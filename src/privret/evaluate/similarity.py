@@ -120,7 +120,7 @@ class MauveSettings:
 
 def featurise(encoder, texts: list[str], *, batch_size: int = 64) -> np.ndarray:
     """L2-normalised sentence embeddings, float32, computed in float32 (no bf16) for reproducibility."""
-    from privret.evaluate.retrieval import encode
+    from privret.retrieval.embedding import encode
 
     encoder.eval()
     return encode(encoder, texts, batch_size=batch_size, bf16=False)

@@ -13,7 +13,7 @@ ledger unchanged (Dwork and Roth 2014, Prop. 2.1). An encoder trained by privret
 private data (it has a privacy ledger) would break that argument and is refused.
 
 With a ``cache_dir``, the public encoder's embeddings of the public corpus are stored there and
-reused (:func:`privret.evaluate.retrieval.corpus_embeddings`): the pipeline filters once per
+reused (:func:`privret.retrieval.embedding.corpus_embeddings`): the pipeline filters once per
 epsilon with the same encoder and corpus. As the encoder and the corpus are public, the cache
 holds nothing derived from private data.
 """
@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from privret.data.beir import BeirDataset, Document, load_beir, write_beir
 from privret.errors import InputError
-from privret.evaluate.retrieval import search
+from privret.retrieval.search import search
 from privret.io import atomic_path
 from privret.models.encoder import load_encoder
 from privret.models.registry import DEFAULT_ENCODER
