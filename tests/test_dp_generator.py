@@ -15,7 +15,8 @@ from privret.privacy.accounting import calibrate_noise, default_delta
 from privret.privacy.ledger import PrivacyLedger
 from privret.privacy.sampling import PoissonUnitSampler
 from privret.train import generator as gtrain
-from privret.train.generator import GeneratorTrainConfig, micro_batches, train_generator
+from privret.train.generator import micro_batches, train_generator
+from privret.train.settings import GeneratorTrainConfig
 
 torch.set_num_threads(1)
 

@@ -18,11 +18,12 @@ from privret.privacy.budget import BudgetPolicy
 from privret.privacy.ledger import PrivacyLedger
 from privret.privacy.logit_dp import contrastive_factor
 from privret.train import dp_retriever as dptrain
-from privret.train.dp_retriever import (NORM_MARGIN, DPRetrieverConfig, Mechanism, StepBatch, _encode, _grads,
+from privret.train.dp_retriever import (NORM_MARGIN, Mechanism, StepBatch, _encode, _grads,
                                         _masked_logits, _norm, build_batch, clipped_sum, dp_step,
                                         draw_negatives,
                                         false_negative_mask, make_trainable, negative_pool, plan,
                                         public_negative_losses, sensitivity, train_dp_retriever)
+from privret.train.settings import DPRetrieverConfig
 
 torch.set_num_threads(1)
 

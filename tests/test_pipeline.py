@@ -13,9 +13,9 @@ import pytest
 from privret.config import DirectDPGrid, GeneratorStage, PipelineConfig
 from privret.data.beir import load_beir
 from privret.synth.documents import DocumentChoice
-from privret.synth.filter import RoundTripFilterConfig
-from privret.synth.generate import GenerateConfig
-from privret.train.retriever import RetrieverTrainConfig
+from privret.synth.settings import RoundTripFilterConfig
+from privret.synth.settings import GenerateConfig
+from privret.train.settings import RetrieverTrainConfig
 
 
 
@@ -499,7 +499,7 @@ def test_summary_shows_retention_and_the_interval(tmp_path):
 
 def test_direct_dp_fingerprint_leaves_out_only_what_changes_nothing_trained():
     from privret.pipeline import direct_dp_fingerprint
-    from privret.train.dp_retriever import DPRetrieverConfig
+    from privret.train.settings import DPRetrieverConfig
 
     base = DPRetrieverConfig(method="batch-clip", epsilon=8.0)
     plain = direct_dp_fingerprint(base)

@@ -13,7 +13,7 @@ from privret.errors import InputError
 from privret.pipeline import non_private_ledger
 from privret.train import recipe
 from privret.train import retriever as rtrain
-from privret.train.retriever import RecipeSelection, RetrieverTrainConfig
+from privret.train.settings import RecipeSelection, RetrieverTrainConfig
 
 
 def _pairs(n_queries: int = 20, docs: int = 60) -> TrainingPairs:

@@ -11,7 +11,8 @@ from helpers import TOY_DOCS, write_beir_dir
 from privret.data.beir import load_beir, load_corpus
 from privret.errors import InputError
 from privret.privacy.ledger import LEDGER_FILE, PrivacyLedger
-from privret.synth.filter import RoundTripFilterConfig, filter_round_trip
+from privret.synth.filter import filter_round_trip
+from privret.synth.settings import RoundTripFilterConfig
 
 
 LEDGER = PrivacyLedger(mechanism="dp-sgd", epsilon=4.0, delta=1e-3, noise_multiplier=1.1, sample_rate=0.1, steps=10,

@@ -12,17 +12,14 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from privret.data.pairs import PrivacyUnit
+from privret.data.pairs import PrivacyUnit, examples_from_pairs
 from privret.errors import InputError
 from privret.retrieval.index import SearchIndex
-from privret.models.device import DeviceSpec
-from privret.synth.documents import DocumentChoice
+from privret.models.device_spec import DeviceSpec
 from privret.privacy.budget import DEFAULT_CAP, BudgetPolicy, Cap
-from privret.synth.filter import RoundTripFilterConfig
-from privret.synth.generate import GenerateConfig
-from privret.train.dp_retriever import METHODS, DPRetrieverConfig
-from privret.train.generator import GeneratorTrainConfig
-from privret.train.retriever import RetrieverTrainConfig
+from privret.synth.documents import DocumentChoice
+from privret.synth.settings import GenerateConfig, RoundTripFilterConfig
+from privret.train.settings import METHODS, DPRetrieverConfig, GeneratorTrainConfig, RetrieverTrainConfig
 
 
 class GeneratorStage(GeneratorTrainConfig):
@@ -63,8 +60,6 @@ class PublicRows(BaseModel):
 
     def few_shot(self) -> list[tuple[str, str]]:
         """The prompted row's examples: ``public_examples``, else the first ``examples`` pairs of ``public_pairs``."""
-        from privret.train.public import examples_from_pairs
-
         if self.public_examples:
             return [(e.doc, e.query) for e in self.public_examples]
         return examples_from_pairs(self.public_pairs, self.examples)

@@ -94,7 +94,8 @@ from privret.synth.documents import (SELECTED_IDS_FILE, public_documents, read_d
                                      sampled, write_selection)
 from privret.synth.filter import filter_round_trip
 from privret.synth.generate import generate_synthetic
-from privret.train.dp_retriever import MECHANISM_FILE, DPRetrieverConfig, resume_settings, train_dp_retriever
+from privret.train.dp_retriever import MECHANISM_FILE, resume_settings, train_dp_retriever
+from privret.train.settings import DPRetrieverConfig
 from privret.train.generator import train_generator
 from privret.train.public import examples_hash, train_public_generator, write_prompted_generator
 from privret.train.retriever import train_retriever

@@ -44,7 +44,7 @@ def pipeline(
 def demo(run_dir: Annotated[Path, typer.Option(help="where to write the demo run")] = Path("runs/demo"),
          device: DeviceOpt = "auto") -> None:
     """The pipeline at epsilon = 8 plus the non-private references on the bundled demo dataset."""
-    from privret.data.demo import demo_config
+    from privret.cli.demo import demo_config
     from privret.pipeline import run_pipeline, summary_table
 
     checked_device(device)

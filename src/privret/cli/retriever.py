@@ -78,7 +78,8 @@ def retriever_train(
     from privret.pipeline import non_private_ledger
     from privret.privacy.ledger import PrivacyLedger, has_ledger
     from privret.runlock import RunLock
-    from privret.train.retriever import RetrieverTrainConfig, train_retriever
+    from privret.train.retriever import train_retriever
+    from privret.train.settings import RetrieverTrainConfig
 
     policy = budget_policy(budget_cap, allow_over_budget)
     training, data_hash = training_pairs(data, split, pairs)
@@ -87,7 +88,8 @@ def retriever_train(
                          "a privacy budget of its own", field="--select")
     if dp is not None:
         from privret.privacy.budget import dataset_id
-        from privret.train.dp_retriever import METHODS, DPRetrieverConfig, train_dp_retriever
+        from privret.train.dp_retriever import train_dp_retriever
+        from privret.train.settings import METHODS, DPRetrieverConfig
 
         if dp not in METHODS:
             raise InputError(f"unknown method '{dp}' (choose from {', '.join(METHODS)})", field="--dp")

@@ -454,7 +454,8 @@ def run_canary_audit(pairs: TrainingPairs, out_dir: str | Path, cfg: CanaryAudit
     """
     from privret.models.generator import load_trained_generator
     from privret.privacy.ledger import PrivacyLedger
-    from privret.train.generator import GeneratorTrainConfig, train_generator
+    from privret.train.generator import train_generator
+    from privret.train.settings import GeneratorTrainConfig
 
     out_dir = Path(out_dir)
     dataset_id = dataset_id or budget_registry.dataset_id(pairs)

@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from privret.data.beir import Document
 from privret.errors import InputError
 from privret.io import write_text_atomic
-from privret.privacy.partition_selection import PartitionSelectionConfig
+from privret.privacy.partition_selection_config import PartitionSelectionConfig
 
 SELECTED_IDS_FILE = "documents.txt"  # in a selection directory, beside the DP selection's ledger
 REMOVED_SOURCE = ("'training' (the documents of the private pairs) was removed: which documents carry private "

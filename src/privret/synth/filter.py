@@ -22,23 +22,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field
 
 from privret.data.beir import BeirDataset, Document, load_beir, write_beir
 from privret.errors import InputError
 from privret.retrieval.search import search
 from privret.io import atomic_path
 from privret.models.encoder import load_encoder
-from privret.models.registry import DEFAULT_ENCODER
 from privret.privacy.ledger import PrivacyLedger, has_ledger
-
-
-class RoundTripFilterConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    encoder: str = Field(DEFAULT_ENCODER, description="a public encoder (never one trained on the private data)")
-    top_k: int = Field(20, gt=0, description="keep (q, d) when d is among q's top_k documents")
-    batch_size: int = Field(64, gt=0)
+from privret.synth.settings import RoundTripFilterConfig
 
 
 def filter_round_trip(synthetic_dir: str | Path, corpus: dict[str, Document], out_dir: str | Path,

@@ -41,7 +41,6 @@ import shutil
 from collections.abc import Iterable
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field
 
 from privret import distributed
 from privret.data.beir import BeirDataset, Document, write_beir
@@ -51,17 +50,7 @@ from privret.models.generator import load_trained_generator
 from privret.privacy.ledger import PrivacyLedger
 from privret.progress import Progress
 from privret.runlock import recover_directory
-
-
-class GenerateConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    num_queries: int = Field(1, gt=0, description="queries per document")
-    top_p: float = Field(0.8, gt=0, le=1, allow_inf_nan=False)
-    temperature: float = Field(1.0, gt=0, allow_inf_nan=False)
-    max_new_tokens: int = Field(48, gt=0)
-    batch_size: int = Field(32, gt=0)
-    seed: int = 0
+from privret.synth.settings import GenerateConfig
 
 
 def normalise(text: str) -> str:
