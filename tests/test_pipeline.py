@@ -12,7 +12,7 @@ import pytest
 
 from privret.config import DirectDPGrid, GeneratorStage, PipelineConfig
 from privret.data.beir import load_beir
-from privret.synth.documents import DocumentChoice
+from privret.synth.settings import DocumentChoice
 from privret.synth.settings import RoundTripFilterConfig
 from privret.synth.settings import GenerateConfig
 from privret.train.settings import RetrieverTrainConfig

@@ -14,11 +14,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from privret.data.pairs import PrivacyUnit, examples_from_pairs
 from privret.errors import InputError
-from privret.retrieval.index import SearchIndex
 from privret.models.device_spec import DeviceSpec
 from privret.privacy.budget import DEFAULT_CAP, BudgetPolicy, Cap
-from privret.synth.documents import DocumentChoice
-from privret.synth.settings import GenerateConfig, RoundTripFilterConfig
+from privret.retrieval.index import SearchIndex
+from privret.synth.settings import DocumentChoice, GenerateConfig, RoundTripFilterConfig
 from privret.train.settings import METHODS, DPRetrieverConfig, GeneratorTrainConfig, RetrieverTrainConfig
 
 
