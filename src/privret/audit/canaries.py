@@ -89,7 +89,7 @@ def make_canaries(pairs: TrainingPairs, *, trial: int, repetitions: tuple[int, .
         by_text.setdefault(p.query, p)
     if len(by_text) < needed:
         raise InputError(f"need at least {needed} distinct queries to draw canaries from, have {len(by_text)}",
-                         field="--subsample")
+                         field="subsample")
     sources = rng.sample(sorted(by_text), needed)
     if fits is not None:
         spare_rng = random.Random(f"privret-canaries/spare/{seed}/{trial}")
@@ -98,7 +98,7 @@ def make_canaries(pairs: TrainingPairs, *, trial: int, repetitions: tuple[int, .
         sources = [q if fits(f"{q} {'0' * SECRET_DIGITS}") else spare.pop(0) if spare else None for q in sources]
         if None in sources:
             raise InputError(f"fewer than {needed} private queries are short enough to carry a 10-digit secret "
-                             "within the generator's max_query_tokens", field="--subsample")
+                             "within the generator's max_query_tokens", field="subsample")
     doc_ids = sorted(pairs.corpus)
     canaries = []
     for i, (k, kind) in enumerate((k, kind) for k in counts for kind in KINDS):

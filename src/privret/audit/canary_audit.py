@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import math
 import re
-
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator

@@ -11,9 +11,25 @@ from privret.errors import InputError
 
 out = Console()
 
-# config fields whose flag is not their name
+# The one mapping from the library's field names to the command line's flags. Library code names the field
+# (InputError.field); the CLI shows the flag. Fields whose flag is not ``--`` + their name with dashes:
 FLAG_OF_FIELD = {"learning_rate": "--lr", "cap": "--budget-cap", "selection_grid": "--select",
                  "selection_max_epochs": "--select-max-epochs", "selection_validation_pool": "--validation-pool"}
+# Fields that library functions raise errors on and that the commands take as flags of the same name: a bare
+# name here is always that flag (config files name their fields with a path, or with their section: a.b).
+OPTION_FIELDS = ("datasets", "label", "max_texts", "min_tokens", "sample", "subsample", "md5", "archive")
+
+
+def flag(field: str) -> str:
+    """The command-line flag of the field ``field``."""
+    return FLAG_OF_FIELD.get(field, "--" + field.replace("_", "-"))
+
+
+def as_flags(err: InputError) -> InputError:
+    """``err`` with its field shown as the flag, when the field is one the command line sets by a flag."""
+    if err.field in FLAG_OF_FIELD or err.field in OPTION_FIELDS:
+        err.field = flag(err.field)
+    return err
 
 
 def build_config(cls, **values):
@@ -25,7 +41,7 @@ def build_config(cls, **values):
     except ValidationError as err:
         first = err.errors()[0]
         name = "_".join(str(p) for p in first["loc"])
-        raise InputError(first["msg"], field=FLAG_OF_FIELD.get(name, "--" + name.replace("_", "-"))) from None
+        raise InputError(first["msg"], field=flag(name)) from None
 
 
 def budget_policy(cap: float | None, allow_over: bool, base=None):

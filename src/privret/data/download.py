@@ -65,7 +65,7 @@ def source(name: str, *, url: str | None = None, md5: str | None = None, local: 
                          "for another archive give --md5 and --url (or --archive)", field="NAME")
     checksum = (md5 or BEIR_MD5[name]).lower()
     if len(checksum) != 32 or any(c not in "0123456789abcdef" for c in checksum):
-        raise InputError(f"'{md5}' is not an MD5 hex digest", field="--md5")
+        raise InputError(f"'{md5}' is not an MD5 hex digest", field="md5")
     return Source(name, url or (f"{BEIR_BASE_URL}/{name}.zip" if name in BEIR_MD5 else ""), checksum)
 
 
@@ -142,7 +142,7 @@ def download_dataset(name: str, out_dir: str | Path, *, url: str | None = None, 
     if archive is not None:
         archive = Path(archive)
         if not archive.is_file():
-            raise InputError("archive not found", path=archive, field="--archive")
+            raise InputError("archive not found", path=archive, field="archive")
         received = md5_of(archive)
         if received != src.md5:
             raise InputError(f"checksum mismatch: md5 {received}, expected {src.md5} (corrupt or wrong file)",

@@ -36,13 +36,13 @@ def resolve_datasets(specs: list[str], data_root: Path | None) -> dict[str, Path
         if not path.is_dir():
             hint = f" (looked in {data_root})" if data_root is not None else ""
             raise InputError(f"dataset '{spec}' not found{hint}; download a public one with "
-                             f"`privret data download {spec} --out DIR` and pass --data-root DIR", field="--datasets")
+                             f"`privret data download {spec} --out DIR` and pass --data-root DIR", field="datasets")
         label = path.name
         if label in out:
-            raise InputError(f"dataset '{label}' given twice", field="--datasets")
+            raise InputError(f"dataset '{label}' given twice", field="datasets")
         out[label] = path
     if not out:
-        raise InputError("no dataset given", field="--datasets")
+        raise InputError("no dataset given", field="datasets")
     return out
 
 
@@ -88,7 +88,7 @@ def evaluate_many(models: list[str], datasets: dict[str, Path], split: str, *,
 
     if labels and len(labels) != len(models):
         raise InputError(f"give one --label per --model ({len(models)} models, {len(labels)} labels)",
-                         field="--label")
+                         field="label")
     rows = []
     for i, name in enumerate(models):
         model = load_encoder(name)

@@ -153,7 +153,7 @@ def evaluate_similarity(private_root: str | Path, split: str, synthetic_root: st
 
     settings = mauve or MauveSettings()
     if max_texts is not None and max_texts < 2:
-        raise InputError("must be at least 2", field="--max-texts")
+        raise InputError("must be at least 2", field="max_texts")
     private = load_beir(private_root, splits=[split])
     synthetic = load_beir(synthetic_root, splits=[SYNTHETIC_SPLIT])
     aligned = align(private, split, synthetic)
