@@ -8,11 +8,10 @@ Seed: ``federated-answer-sentence-selection-thesis.txt`` (chapters 3 and 4).
 * :mod:`~privret.federated.strategy`: FedAvg weighted by data size (eq. 3.6), DP wrappers, ledger.
 * :mod:`~privret.federated.apps`: the Flower ``ClientApp`` and ``ServerApp``.
 * :mod:`~privret.federated.runner`: in-process grid, baselines, Flower App writer.
-* :mod:`~privret.federated.inversion`: can a decoder read a sentence back from its embedding?
 
 Privacy model: raw questions, sentences and passages never leave a client. What leaves it: model
 weights (stage 1; optionally with client-level DP), the query and sentence embeddings that
-Fed-Negative exchanges (not noised; the inversion check measures what they reveal), and evaluation
+Fed-Negative exchanges (not noised; the inversion check, :mod:`privret.audit.inversion`, measures what they reveal), and evaluation
 metrics.
 """
 
