@@ -12,6 +12,7 @@ import pytest
 
 from privret.config import DirectDPGrid, GeneratorStage, PipelineConfig
 from privret.data.beir import load_beir
+from privret.errors import InputError
 from privret.synth.settings import DocumentChoice
 from privret.synth.settings import RoundTripFilterConfig
 from privret.synth.settings import GenerateConfig
@@ -162,7 +163,6 @@ def test_dp_synthetic_set_is_never_filtered_by_private_text(tiny_config, tmp_pat
     """Under a finite epsilon the outputs are kept, counted and numbered without reading the log:
     private text is refused as a filter, echoes stay, only a public blocklist drops outputs."""
     from privret.data.pairs import pairs_from_beir
-    from privret.errors import InputError
     from privret.synth.generate import generate_synthetic
     from privret.train.generator import train_generator
 
@@ -233,8 +233,9 @@ def test_generation_resumes_after_a_torn_write(tiny_config, tmp_path, monkeypatc
         return [["new"] for _ in docs]
 
     monkeypatch.setattr(genmod.CausalQueryGenerator, "generate", fake)
-    with pytest.raises(Exception, match="--resume"):
+    with pytest.raises(InputError, match="interrupted generation") as refused:
         generate_synthetic(tmp_path / "gen", docs, tmp_path / "syn", GenerateConfig())
+    assert refused.value.field == "resume"
     generate_synthetic(tmp_path / "gen", docs, tmp_path / "syn", GenerateConfig(), resume=True)
     assert len(seen) == 5  # d1 was done; the torn d2 line is regenerated
     queries = load_beir(tmp_path / "syn").queries

@@ -361,8 +361,9 @@ def test_pickle_only_weights_need_explicit_trust(tmp_path, tiny_bert_dir, monkey
     state = tensors(pickled / "model.safetensors")
     (pickled / "model.safetensors").unlink()
     torch.save(state, pickled / "pytorch_model.bin")
-    with pytest.raises(InputError, match="--trust-remote-pickle"):
+    with pytest.raises(InputError, match="pickle") as refused:
         load_encoder(str(pickled))
+    assert refused.value.field == "trust_remote_pickle"  # the CLI shows it as --trust-remote-pickle
     monkeypatch.setenv(TRUST_PICKLE_ENV, "1")
     trusted, reference = load_encoder(str(pickled)), load_encoder(str(tiny_bert_dir))  # safetensors: never asks
     a, b = trusted.state_dict(), reference.state_dict()

@@ -138,7 +138,7 @@ def run_canary_audit(pairs: TrainingPairs, out_dir: str | Path, cfg: CanaryAudit
     if settings_file.exists():
         saved = json.loads(settings_file.read_text())
         if saved != json.loads(json.dumps(settings)):
-            raise InputError("holds an audit with other settings; use another --out", path=out_dir)
+            raise InputError("holds an audit with other settings; choose another output directory", path=out_dir)
     else:
         write_json_atomic(settings_file, settings)
 

@@ -35,8 +35,8 @@ def resolve_datasets(specs: list[str], data_root: Path | None) -> dict[str, Path
             path = data_root / spec
         if not path.is_dir():
             hint = f" (looked in {data_root})" if data_root is not None else ""
-            raise InputError(f"dataset '{spec}' not found{hint}; download a public one with "
-                             f"`privret data download {spec} --out DIR` and pass --data-root DIR", field="datasets")
+            raise InputError(f"dataset '{spec}' not found{hint}; give a BEIR directory, or the name of one in the "
+                             "data root (`privret data download` fetches public ones)", field="datasets")
         label = path.name
         if label in out:
             raise InputError(f"dataset '{label}' given twice", field="datasets")
@@ -87,7 +87,7 @@ def evaluate_many(models: list[str], datasets: dict[str, Path], split: str, *,
     from privret.models.encoder import load_encoder
 
     if labels and len(labels) != len(models):
-        raise InputError(f"give one --label per --model ({len(models)} models, {len(labels)} labels)",
+        raise InputError(f"give one label per model ({len(models)} models, {len(labels)} labels)",
                          field="label")
     rows = []
     for i, name in enumerate(models):

@@ -1,6 +1,7 @@
 """The corpus-embedding cache: an encoder's embeddings of a corpus, stored once and reused.
 
-Given a ``cache_dir``, :func:`privret.retrieval.embedding.corpus_embeddings` stores the corpus matrix as ``<cache_dir>/<key>.npy`` and reuses it when the same model meets the same corpus again
+Given a ``cache_dir``, :func:`privret.retrieval.embedding.corpus_embeddings` stores the corpus matrix as
+``<cache_dir>/<key>.npy`` and reuses it when the same model meets the same corpus again
 (the pipeline's zero-shot evaluation and its round-trip filter, once per epsilon, all encode the
 public corpus with the same public encoder). The key (:func:`corpus_cache_key`) is a SHA-256 over
 the exact bytes of the model's parameters and buffers (so a model retrained into the same

@@ -18,7 +18,8 @@ def search(model, corpus: dict[str, Document], queries: dict[str, str], *, k: in
     """Top-``k`` documents per query by inner product; the run as {qid: {doc_id: score}}.
 
     ``index``: the FAISS index searched (default exact; :class:`privret.retrieval.index.SearchIndex`).
-    ``cache_dir``: reuse or store the corpus embeddings there (:func:`privret.retrieval.embedding.corpus_embeddings`). Peak
+    ``cache_dir``: reuse or store the corpus embeddings there
+    (:func:`privret.retrieval.embedding.corpus_embeddings`). Peak
     memory beyond the model: the embedding matrix and the index's copy of it (2 N d 4 bytes; an
     HNSW graph adds N 2 M 4 bytes).
     """

@@ -82,8 +82,8 @@ def _read_partial(path: Path, known: set[str] | None = None) -> tuple[dict[str, 
                              path=path, line=number)
         if known is not None and row["doc_id"] not in known:
             raise InputError(f"partial generation holds document '{row['doc_id']}', which is not among the documents "
-                             "to generate for (other --documents?); remove the .partial directory or use the same "
-                             "documents", path=path, line=number)
+                             "to generate for (another document choice?); remove the .partial directory or use the "
+                             "same documents", path=path, line=number)
         done[row["doc_id"]] = row["queries"]
     return done, good
 
@@ -175,8 +175,8 @@ def _open_partial(out_dir: Path, partial_dir: Path, meta: dict, *, resume: bool)
             shutil.rmtree(partial_dir, ignore_errors=True)
         raise InputError("already exists (remove it or choose another output)", path=out_dir)
     if partial_dir.exists() and not resume:
-        raise InputError(f"an interrupted generation is in {partial_dir}; pass --resume to continue it",
-                         path=out_dir)
+        raise InputError(f"an interrupted generation is in {partial_dir}; resume it to continue", path=out_dir,
+                         field="resume")
     partial_dir.mkdir(parents=True, exist_ok=True)
     _check_meta(partial_dir, meta)
 

@@ -129,7 +129,7 @@ def train_retriever(pairs: TrainingPairs, out_dir: str | Path, cfg: RetrieverTra
         raise InputError("already exists (remove it or choose another output)", path=out_dir)
     selection = None
     if cfg.selection is not None and distributed.launched().distributed:
-        raise InputError("recipe selection (--select) runs in one process; run it without torchrun",
+        raise InputError("recipe selection runs in one process; run it without torchrun",
                          field="selection")
     if cfg.selection is not None:
         from privret.train.recipe import select_recipe
