@@ -1,5 +1,6 @@
-# Entry points: `make demo`, `make test` (the whole suite; CI) and `make check` (the fast tier for day-to-day
-# work: no `slow` tests, the quick hypothesis profile). All create .venv and install everything.
+# Entry points: `make demo`, `make test` (the import-layer contracts, then the whole suite; CI) and `make check`
+# (the contracts, then the fast tier for day-to-day work: no `slow` tests, the quick hypothesis profile). All
+# create .venv and install everything.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -32,9 +33,11 @@ demo: install
 	$(BIN)/privret demo
 
 test: install
+	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -q
 
 check: install
+	$(BIN)/lint-imports
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -m "not slow" --hypothesis-profile dev
 
 clean:

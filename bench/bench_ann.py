@@ -1,7 +1,7 @@
 """Approximate FAISS search (HNSW, IVF) against exact search: recall@100 and search time.
 
 recall@100 of an index = the fraction of exact search's top-100 documents that it also returns,
-averaged over queries (:func:`privret.evaluate.index.overlap_at_k`). Times are the best of
+averaged over queries (:func:`privret.retrieval.index.overlap_at_k`). Times are the best of
 ``--repeats`` searches of all queries at once, one thread; build times are reported apart.
 
 Two corpora:
@@ -53,7 +53,7 @@ def timed(fn, repeats: int):
 def compare(corpus_emb: np.ndarray, query_emb: np.ndarray, repeats: int, kinds: set[str], score=None) -> list[dict]:
     """One row per setting of ``kinds`` (exact always first): build and search seconds, search time /
     exact's, recall@100 vs exact."""
-    from privret.evaluate.index import SearchIndex, build_index, overlap_at_k, top_k
+    from privret.retrieval.index import SearchIndex, build_index, overlap_at_k, top_k
 
     rows, exact, built = [], None, {}
     for label, fields in SETTINGS:
@@ -85,7 +85,8 @@ def compare(corpus_emb: np.ndarray, query_emb: np.ndarray, repeats: int, kinds: 
 
 def scifact(data: Path, embeddings: Path, repeats: int, kinds: set[str]) -> dict:
     from privret.data.beir import load_beir
-    from privret.evaluate.retrieval import encode, per_query_metrics
+    from privret.retrieval.embedding import encode
+    from privret.retrieval.metrics import per_query_metrics
     from privret.models.encoder import load_encoder
 
     dataset = load_beir(data, splits=["test"])
@@ -112,7 +113,7 @@ def scale(n_docs: int, repeats: int, kinds: set[str]) -> dict:
 
     from bench_scale import documents, queries
     from helpers import write_tiny_bert
-    from privret.evaluate.retrieval import encode
+    from privret.retrieval.embedding import encode
     from privret.models.encoder import load_encoder
 
     torch.set_num_threads(1)

@@ -53,7 +53,8 @@ def _worker(args: dict, queue) -> None:
     from privret.data.beir import load_beir
     from privret.data.pairs import pairs_from_beir
     from privret.models.encoder import load_encoder
-    from privret.train.dp_retriever import DPRetrieverConfig, StepBatch, _encode, clipped_sum, make_trainable
+    from privret.train.dp_retriever import StepBatch, _encode, clipped_sum, make_trainable
+    from privret.train.settings import DPRetrieverConfig
 
     n, method = args["batch"], args["method"]
     pairs = pairs_from_beir(load_beir(args["data"], splits=["train"]), "train")

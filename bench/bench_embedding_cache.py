@@ -26,7 +26,7 @@ def main() -> None:
     import torch
 
     from privret.data.beir import load_corpus
-    from privret.evaluate.retrieval import corpus_embeddings
+    from privret.retrieval.embedding import corpus_embeddings
     from privret.models.encoder import load_encoder
 
     torch.set_num_threads(1)

@@ -141,7 +141,7 @@ def main() -> None:
     if "central" not in args.skip:
         results["central"] = _step(out, "central", lambda: train_central(cfg, clients))
     if args.inversion:
-        from privret.federated.inversion import InversionConfig, inversion_check
+        from privret.audit.inversion import InversionConfig, inversion_check
 
         _step(out, "inversion", lambda: inversion_check(clients, InversionConfig(encoder=args.model)))
     text = table(results, clients, fed)

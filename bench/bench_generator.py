@@ -25,7 +25,7 @@ from privret.data.beir import load_beir
 from privret.data.pairs import pairs_from_beir
 from privret.models.generator import load_generator
 from privret.train import generator as gtrain
-from privret.train.generator import GeneratorTrainConfig
+from privret.train.settings import GeneratorTrainConfig
 
 
 def sampled_batches(units, batch_units: int, count: int, seed: int = 0) -> list[list[int]]:

@@ -7,8 +7,8 @@ not model quality or speed.
     python bench/bench_scale.py                       # N = 100k and 1M, streaming + FAISS
     python bench/bench_scale.py --sizes 20000 --methods stream --json /tmp/scale.json
 
-Methods: ``stream`` = privret.evaluate.streaming.stream_search over a generator of documents
-(chunk = --chunk); ``faiss`` = privret.evaluate.retrieval.search over an in-memory corpus dict.
+Methods: ``stream`` = privret.retrieval.streaming.stream_search over a generator of documents
+(chunk = --chunk); ``faiss`` = privret.retrieval.search.search over an in-memory corpus dict.
 """
 
 from __future__ import annotations
@@ -63,15 +63,15 @@ def one(method: str, n: int, chunk: int, model_dir: str) -> dict:
     base = rss_mib()
     started = time.perf_counter()
     if method == "stream":
-        from privret.evaluate.streaming import stream_search
+        from privret.retrieval.streaming import stream_search
 
         run = stream_search(model, documents(n), qs, k=100, chunk=chunk, batch_size=512)
     else:
         from privret.data.beir import Document
-        from privret.evaluate import retrieval
+        from privret.retrieval.search import search
 
         corpus = {d: Document(d, "", t) for d, t in documents(n)}
-        run = retrieval.search(model, corpus, qs, k=100, batch_size=512)
+        run = search(model, corpus, qs, k=100, batch_size=512)
     wall = time.perf_counter() - started
     assert len(run) == len(qs) and all(len(v) == 100 for v in run.values())
     return {"method": method, "n_docs": n, "chunk": chunk if method == "stream" else 50_000, "queries": len(qs),

@@ -85,13 +85,13 @@ class Setup:
                      for i in range(40)]
 
     def generator_cfg(self, epsilon: float):
-        from privret.train.generator import GeneratorTrainConfig
+        from privret.train.settings import GeneratorTrainConfig
 
         return GeneratorTrainConfig(model=str(self.llama), epsilon=epsilon, batch_size=8, epochs=4, trained_layers=1,
                                     lora_rank=4, bf16=False, checkpoint_every=1, physical_batch=8, accountant="rdp")
 
     def retriever_dp_cfg(self):
-        from privret.train.dp_retriever import DPRetrieverConfig
+        from privret.train.settings import DPRetrieverConfig
 
         # 29 units, q = 4/29, 2 epochs: 15 steps, a checkpoint every 2 (a kill often loses announced steps)
         return DPRetrieverConfig(method="batch-clip", model=str(self.bert), epsilon=4.0, batch_size=4, epochs=2,
@@ -112,7 +112,8 @@ class Setup:
             train_dp_retriever(self.pairs, out, self.retriever_dp_cfg(), data_hash="fault-injection", resume=True,
                                budget=OVER_BUDGET)
         elif command == "generate":
-            from privret.synth.generate import GenerateConfig, generate_synthetic
+            from privret.synth.generate import generate_synthetic
+            from privret.synth.settings import GenerateConfig
 
             if not out.exists():
                 generate_synthetic(self.work / "plain-generator", self.docs, out,
@@ -121,7 +122,8 @@ class Setup:
         elif command == "retriever":
             from privret.pipeline import non_private_ledger
             from privret.runlock import RunLock, recover_directory
-            from privret.train.retriever import RetrieverTrainConfig, train_retriever
+            from privret.train.retriever import train_retriever
+            from privret.train.settings import RetrieverTrainConfig
 
             with RunLock(out):
                 recover_directory(out)
@@ -132,8 +134,8 @@ class Setup:
         elif command == "pipeline":
             from privret.config import BudgetSettings, GeneratorStage, PipelineConfig
             from privret.pipeline import run_pipeline
-            from privret.synth.generate import GenerateConfig
-            from privret.train.retriever import RetrieverTrainConfig
+            from privret.synth.settings import GenerateConfig
+            from privret.train.settings import RetrieverTrainConfig
 
             cfg = PipelineConfig(
                 name="fi", dataset=self.data, epsilons=[math.inf, 4.0], synthetic_documents="corpus",

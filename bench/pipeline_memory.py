@@ -44,9 +44,9 @@ if hasattr(P, "release_memory"):
     P.release_memory = rel2
 
 from privret.config import BudgetSettings, DirectDPGrid, GeneratorStage, PipelineConfig
-from privret.synth.generate import GenerateConfig
-from privret.synth.filter import RoundTripFilterConfig
-from privret.train.retriever import RetrieverTrainConfig
+from privret.synth.settings import GenerateConfig
+from privret.synth.settings import RoundTripFilterConfig
+from privret.train.settings import RetrieverTrainConfig
 mode, run_dir = sys.argv[1], sys.argv[2]
 if mode == "tiny":
     import helpers

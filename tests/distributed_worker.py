@@ -31,6 +31,7 @@ from privret import distributed
 from privret.data.beir import Document
 from privret.privacy.budget import BudgetPolicy
 from privret.train import generator as gtrain
+from privret.train.settings import GeneratorTrainConfig
 
 torch.set_num_threads(1)
 
@@ -40,7 +41,7 @@ GENERATION_TEXTS = ["aspirin heart risk", "gene memory mice", "vitamin blood", "
 
 
 def generation_config():
-    from privret.synth.generate import GenerateConfig
+    from privret.synth.settings import GenerateConfig
 
     return GenerateConfig(num_queries=2, max_new_tokens=5, batch_size=2, seed=3)
 
@@ -87,7 +88,7 @@ def generator_step(llama_dir: str, out_dir: str) -> None:
     units = pairs.units("query")
     chosen = list(range(len(units)))
     params = gen.trainable_parameters()
-    cfg = gtrain.GeneratorTrainConfig(clip_norm=0.05, physical_batch=3, bf16=False)  # most units clipped
+    cfg = GeneratorTrainConfig(clip_norm=0.05, physical_batch=3, bf16=False)  # most units clipped
     rng = torch.Generator().manual_seed(0) if group.main else None  # sigma = 0: no noise
     gtrain._dp_step(gen, module, items, units, group.shard(chosen), params, cfg, 0.0, 4.0, rng, group)
     shared = _grads(params.values())
@@ -104,6 +105,7 @@ def retriever_step(bert_dir: str, out_dir: str) -> None:
     from privret.data.pairs import QueryDocPair, TrainingPairs
     from privret.models.encoder import load_encoder
     from privret.train import dp_retriever as dptrain
+    from privret.train.settings import DPRetrieverConfig
 
     group = distributed.current()
     torch.manual_seed(0)
@@ -115,7 +117,7 @@ def retriever_step(bert_dir: str, out_dir: str) -> None:
             for i, w in enumerate(WORDS[:12])]
     pairs = TrainingPairs(pairs=rows, corpus=corpus)
     units = pairs.units("query")
-    cfg = dptrain.DPRetrieverConfig(method="public-negatives", model=bert_dir, clip_norm=0.05, public_negatives=5,
+    cfg = DPRetrieverConfig(method="public-negatives", model=bert_dir, clip_norm=0.05, public_negatives=5,
                                     max_query_tokens=16, max_doc_tokens=16)
     mech = dptrain.mechanism(cfg, 0.0)
     chosen = list(range(len(units)))
@@ -144,7 +146,7 @@ def generator_train(llama_dir: str, out_dir: str, epsilon: str, sleep: str = "0"
             return step(*args, **kwargs)
 
         gtrain._dp_step = slowed
-    cfg = gtrain.GeneratorTrainConfig(model=llama_dir, epsilon=float(epsilon), batch_size=3, epochs=2.0,
+    cfg = GeneratorTrainConfig(model=llama_dir, epsilon=float(epsilon), batch_size=3, epochs=2.0,
                                       trained_layers=1, lora_rank=4, bf16=False, checkpoint_every=2,
                                       accountant="rdp")
     gtrain.train_generator(toy_pairs(), out_dir, cfg, data_hash="h", resume=True,
@@ -163,7 +165,7 @@ def retrieval_pairs():
 
 
 def retriever_config(bert_dir: str):
-    from privret.train.retriever import RetrieverTrainConfig
+    from privret.train.settings import RetrieverTrainConfig
 
     return RetrieverTrainConfig(model=bert_dir, epochs=2, batch_size=5, learning_rate=1e-3, max_query_tokens=16,
                                 max_doc_tokens=16, bf16=False, seed=1)

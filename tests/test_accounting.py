@@ -9,8 +9,10 @@ import pytest
 from dp_accounting import pld
 
 from privret.privacy.accounting import spent_epsilon
-from privret.train.dp_retriever import DPRetrieverConfig, plan
-from privret.train.generator import GeneratorTrainConfig, _plan
+from privret.train.dp_retriever import plan
+from privret.train.settings import DPRetrieverConfig
+from privret.train.generator import _plan
+from privret.train.settings import GeneratorTrainConfig
 
 
 def pld_epsilon(*, noise_multiplier: float, sample_rate: float, steps: int, delta: float) -> float:

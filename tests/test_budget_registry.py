@@ -113,7 +113,7 @@ def test_pipeline_budget_flags_override_the_config(tmp_path, monkeypatch):
 
     from privret.pipeline import run as pipeline
     from privret.cli import app
-    from privret.data.demo import demo_config
+    from privret.cli.demo import demo_config
 
     assert demo_config().budget.allow_over  # the demo's rows are alternatives on public data
     seen = []

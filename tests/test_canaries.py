@@ -11,7 +11,10 @@ import torch
 from helpers import run_cli
 from privret.data.beir import Document
 from privret.data.pairs import QueryDocPair, TrainingPairs
-from privret.evaluate import canaries as C
+from privret.audit import canaries as construction
+from privret.audit import canary_audit as audit
+from privret.audit import canary_scoring as scoring
+from privret.audit import canary_statistics as stats
 
 
 WORDS = ("aspirin heart risk gene memory mice vitamin blood children sleep immune virus cancer drug trial cells "
@@ -63,45 +66,45 @@ def toy_pairs(n_docs: int = 12) -> TrainingPairs:
 # -- exposure on a hand-made ranking ----------------------------------------------------------------
 def test_rank_and_exposure_on_a_hand_made_ranking():
     scores = [-5.0, -1.0, -3.0, -1.0, -9.0, -2.0, -4.0, -8.0]
-    assert C.secret_rank(scores, 4) == 8  # the worst of 8
-    assert C.secret_rank(scores, 2) == 4  # -1, -1, -2 are above it
-    assert C.secret_rank(scores, 1) == 2  # a tie counts against the secret
-    assert C.exposure(1, 8) == pytest.approx(3.0)
-    assert C.exposure(4, 8) == pytest.approx(1.0)
-    assert C.exposure(8, 8) == pytest.approx(0.0)
+    assert stats.secret_rank(scores, 4) == 8  # the worst of 8
+    assert stats.secret_rank(scores, 2) == 4  # -1, -1, -2 are above it
+    assert stats.secret_rank(scores, 1) == 2  # a tie counts against the secret
+    assert stats.exposure(1, 8) == pytest.approx(3.0)
+    assert stats.exposure(4, 8) == pytest.approx(1.0)
+    assert stats.exposure(8, 8) == pytest.approx(0.0)
     # 100 candidates, secret 25th: log2(100) - log2(25) = 2 bits
     scores = [float(-i) for i in range(100)]
-    assert C.secret_rank(scores, 24) == 25 and C.exposure(25, 100) == pytest.approx(2.0)
+    assert stats.secret_rank(scores, 24) == 25 and stats.exposure(25, 100) == pytest.approx(2.0)
     with pytest.raises(ValueError):
-        C.exposure(0, 100)
+        stats.exposure(0, 100)
 
 
 def test_clopper_pearson_matches_scipy():
     beta = pytest.importorskip("scipy.stats").beta
     for successes, trials in [(1, 10), (5, 10), (9, 10), (3, 7), (50, 100)]:
-        assert C.clopper_pearson_lower(successes, trials, 0.05) == pytest.approx(
+        assert stats.clopper_pearson_lower(successes, trials, 0.05) == pytest.approx(
             beta.ppf(0.05, successes, trials - successes + 1), rel=1e-9)
-    assert C.clopper_pearson_lower(0, 5, 0.05) == 0.0
-    assert C.clopper_pearson_lower(4, 4, 0.05) == pytest.approx(0.05 ** 0.25)
+    assert stats.clopper_pearson_lower(0, 5, 0.05) == 0.0
+    assert stats.clopper_pearson_lower(4, 4, 0.05) == pytest.approx(0.05 ** 0.25)
 
 
 def test_epsilon_lower_bound_by_hand():
     # 3 trials, every canary of one kind at rank 1; 2 kinds x 3 thresholds -> alpha' = 0.05 / 6
     ranks = {"a": [1, 1, 1], "b": [40, 70, 12]}
-    bound, threshold = C.epsilon_lower_bound(ranks, 100, 1e-4, alpha=0.05)
+    bound, threshold = stats.epsilon_lower_bound(ranks, 100, 1e-4, alpha=0.05)
     tpr = (0.05 / 6) ** (1 / 3)
     assert threshold == 1 and bound == pytest.approx(math.log((tpr - 1e-4) / 0.01))
     # chance-level ranks give nothing
-    assert C.epsilon_lower_bound({"a": [50, 20, 90], "b": [33, 61, 7]}, 100, 1e-4) == (0.0, None)
+    assert stats.epsilon_lower_bound({"a": [50, 20, 90], "b": [33, 61, 7]}, 100, 1e-4) == (0.0, None)
     # the complement direction: TPR near 1 at a threshold where FPR is large
-    assert C.epsilon_lower_bound_from_test(0.999, 0.5, 0.0) == pytest.approx(math.log(0.5 / 0.001))
+    assert stats.epsilon_lower_bound_from_test(0.999, 0.5, 0.0) == pytest.approx(math.log(0.5 / 0.001))
 
 
 # -- canaries and privacy units ----------------------------------------------------------------------
 def test_canaries_and_their_privacy_units():
     pairs = toy_pairs()
-    canaries = C.make_canaries(pairs, trial=0, repetitions=(1, 10), n_candidates=100, seed=0)
-    assert sorted({c.kind for c in canaries}) == sorted(C.KINDS) and len(canaries) == 9  # 2 counts + controls
+    canaries = construction.make_canaries(pairs, trial=0, repetitions=(1, 10), n_candidates=100, seed=0)
+    assert sorted({c.kind for c in canaries}) == sorted(construction.KINDS) and len(canaries) == 9  # 2 counts + controls
     for c in canaries:
         assert len(c.candidates) == 100 and c.candidates.count(c.secret) == 1 and len(set(c.candidates)) == 100
         assert all(len(s) == 10 and s.isdigit() for s in c.candidates)
@@ -109,9 +112,9 @@ def test_canaries_and_their_privacy_units():
     own = [c for c in canaries if c.kind == "own-document"][0]
     source = [p for p in pairs.pairs if p.query == own.prefix][0]
     assert own.document.id == source.doc_id
-    assert C.make_canaries(pairs, trial=1, repetitions=(1, 10), n_candidates=100, seed=0)[0].secret != \
+    assert construction.make_canaries(pairs, trial=1, repetitions=(1, 10), n_candidates=100, seed=0)[0].secret != \
         canaries[0].secret
-    training = C.insert_canaries(pairs, canaries)
+    training = construction.insert_canaries(pairs, canaries)
     assert len(training.pairs) == len(pairs.pairs) + 3 * (1 + 10)
     # the canaries' own random documents are private (never public negatives), the corpus ones are not
     assert training.inline_doc_ids == {c.document.id for c in canaries if c.kind == "random-string"}
@@ -128,16 +131,16 @@ def test_canaries_and_their_privacy_units():
 def test_queries_too_long_for_the_generator_are_replaced():
     """A canary whose secret would be cut off by the generator's query truncation could never be learnt."""
     pairs = toy_pairs(20)
-    plain = C.make_canaries(pairs, trial=0, repetitions=(1, 10), n_candidates=10, seed=0)
+    plain = construction.make_canaries(pairs, trial=0, repetitions=(1, 10), n_candidates=10, seed=0)
     banned = plain[0].prefix
-    kept = C.make_canaries(pairs, trial=0, repetitions=(1, 10), n_candidates=10, seed=0,
+    kept = construction.make_canaries(pairs, trial=0, repetitions=(1, 10), n_candidates=10, seed=0,
                            fits=lambda q: not q.startswith(banned))
     assert kept[0].prefix != banned and [c.prefix for c in kept[1:]] == [c.prefix for c in plain[1:]]
     assert [c.secret for c in kept] == [c.secret for c in plain]  # secrets do not depend on the tokenizer
     from privret.errors import InputError
 
     with pytest.raises(InputError, match="short enough"):
-        C.make_canaries(pairs, trial=0, repetitions=(1, 10), n_candidates=10, seed=0, fits=lambda q: False)
+        construction.make_canaries(pairs, trial=0, repetitions=(1, 10), n_candidates=10, seed=0, fits=lambda q: False)
 
 
 def test_fast_scoring_equals_the_loss_module(digit_llama):
@@ -146,8 +149,8 @@ def test_fast_scoring_equals_the_loss_module(digit_llama):
     gen = load_generator(str(digit_llama), trained_layers=1, bf16=False)
     doc = "aspirin can reduce the risk of heart disease"
     queries = [f"aspirin heart risk {s}" for s in ("0123456789", "9876543210", "5555555555", "0123456780")]
-    slow = C.log_likelihoods(gen, doc, queries)
-    fast = C.fast_log_likelihoods(gen, doc, queries, batch_size=3)
+    slow = scoring.log_likelihoods(gen, doc, queries)
+    fast = scoring.fast_log_likelihoods(gen, doc, queries, batch_size=3)
     assert fast == pytest.approx(slow, rel=1e-4, abs=1e-4)
     # and both are the plain sum of the model's log-probabilities of the query tokens (EOS included)
     ex = gen.example(doc, queries[1])
@@ -162,13 +165,13 @@ def test_fast_scoring_equals_the_loss_module(digit_llama):
 # -- the audit catches a memorising model and not a model that never saw the canary -----------------
 @pytest.mark.slow
 def test_memorised_canaries_are_caught_unseen_ones_are_not(digit_llama, tmp_path):
-    cfg = C.CanaryAuditConfig(epsilons=[math.inf], trials=2, repetitions=[50], candidates=100, samples=4,
+    cfg = audit.CanaryAuditConfig(epsilons=[math.inf], trials=2, repetitions=[50], candidates=100, samples=4,
                               seed=0,
                               generator={"model": str(digit_llama), "unit": "pair", "trainable": "full",
                                          "trained_layers": None, "epochs": 12, "batch_size": 32,
                                          "learning_rate": 0.01, "max_doc_tokens": 32, "physical_batch": 64,
                                          "bf16": False})
-    report = C.run_canary_audit(toy_pairs(), tmp_path / "audit", cfg, data_hash="toy")
+    report = audit.run_canary_audit(toy_pairs(), tmp_path / "audit", cfg, data_hash="toy")
     (result,) = report["results"]
     rows = {r["repetitions"]: r for r in result["rows"]}
     inserted = [c for c in result["canaries"] if c["repetitions"] == 50]
@@ -186,12 +189,12 @@ def test_memorised_canaries_are_caught_unseen_ones_are_not(digit_llama, tmp_path
     text = (tmp_path / "audit" / "canaries.json").read_text()
     assert all(p.query not in text for p in toy_pairs().pairs)
     # a re-run reuses the finished trials; other settings in the same directory are refused
-    again = C.run_canary_audit(toy_pairs(), tmp_path / "audit", cfg, data_hash="toy")
+    again = audit.run_canary_audit(toy_pairs(), tmp_path / "audit", cfg, data_hash="toy")
     assert again["results"][0]["canaries"] == result["canaries"]
     from privret.errors import InputError
 
     with pytest.raises(InputError, match="other settings"):
-        C.run_canary_audit(toy_pairs(), tmp_path / "audit", cfg.model_copy(update={"trials": 3}), data_hash="toy")
+        audit.run_canary_audit(toy_pairs(), tmp_path / "audit", cfg.model_copy(update={"trials": 3}), data_hash="toy")
 
 
 def test_cli_rejects_bad_lists(tmp_path, toy_beir):

@@ -154,3 +154,18 @@ def test_json_metrics_output(tmp_path, toy_beir, tiny_bert_dir):
     assert set(metrics) >= {"ndcg@10", "recall@10", "recall@100", "mrr@10"} and metrics["queries"] == 2
     each = json.loads(per_query.read_text())
     assert len(each) == 2 and metrics["ndcg@10"] == pytest.approx(sum(v["ndcg@10"] for v in each.values()) / 2)
+
+
+def test_library_errors_name_fields_and_the_cli_shows_flags(toy_beir, tmp_path):
+    """The library names the field (min_tokens); the command line's one mapping shows the flag the user typed."""
+    from privret.audit.overlap import corpus_overlap
+    from privret.errors import InputError
+
+    corpus = tmp_path / "public.txt"
+    corpus.write_text("some public text\n")
+    with pytest.raises(InputError) as raised:
+        corpus_overlap(toy_beir, "train", [corpus], min_tokens=0)
+    assert raised.value.field == "min_tokens"
+    result = run_cli("audit", "overlap", "--data", str(toy_beir), "--corpus", str(corpus), "--min-tokens", "0",
+                     "--no-likelihood")
+    assert result.returncode == 2 and "field '--min-tokens': must be at least 1" in result.stderr

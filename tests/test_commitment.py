@@ -17,7 +17,8 @@ from privret.privacy import budget as budget_registry
 from privret.privacy import commitment
 from privret.privacy.ledger import PrivacyLedger
 from privret.train import dp_run
-from privret.train.generator import GeneratorTrainConfig, train_generator
+from privret.train.generator import train_generator
+from privret.train.settings import GeneratorTrainConfig
 
 RAW = hashlib.sha256(b"the private log").hexdigest()
 

@@ -77,7 +77,7 @@ def test_nicknames_are_private_vocabulary_that_transfers(generator, demo):
 def test_public_encoder_does_not_know_the_nicknames(demo):
     """The public encoder (zero-shot) stays far from perfect on the test split: the nicknames hide the
     system. (The gain of training on the log is measured by the demo itself, docs/benchmarks.md.)"""
-    from privret.evaluate.retrieval import evaluate_retriever
+    from privret.retrieval.metrics import evaluate_retriever
     from privret.models.encoder import load_encoder
 
     zero = evaluate_retriever(load_encoder("minilm-l6"), demo.corpus, demo.queries, demo.split("test"))

@@ -127,7 +127,8 @@ def test_pipeline_config_device_field_is_checked(tmp_path):
 def _dp_ledger(tmp_path, tiny_bert_dir, spec: str, name: str):
     from privret.data.beir import Document
     from privret.data.pairs import QueryDocPair, TrainingPairs
-    from privret.train.dp_retriever import DPRetrieverConfig, train_dp_retriever
+    from privret.train.dp_retriever import train_dp_retriever
+    from privret.train.settings import DPRetrieverConfig
 
     corpus = {f"d{i}": Document(f"d{i}", "", f"document {w}") for i, w in enumerate(WORDS[:8])}
     pairs = TrainingPairs(pairs=[QueryDocPair(query=f"what {w}", doc_id=f"d{i}", query_id=f"q{i}")
@@ -162,7 +163,7 @@ def test_noise_is_drawn_for_and_placed_on_the_gradients_device():
 
 @pytest.mark.gpu
 def test_encoder_on_cuda_agrees_with_the_cpu(tiny_bert_dir):
-    from privret.evaluate.retrieval import encode
+    from privret.retrieval.embedding import encode
     from privret.models.encoder import load_encoder
 
     texts = [" ".join(WORDS[i: i + 6]) for i in range(0, 60, 6)]
@@ -188,7 +189,8 @@ def test_tiny_dp_run_on_cuda_has_the_cpu_ledger_and_finite_weights(tmp_path, tin
 def test_dp_generator_on_cuda_has_the_cpu_ledger_and_samples(tmp_path, tiny_llama_dir):
     from helpers import toy_pairs
     from privret.models.generator import load_trained_generator
-    from privret.train.generator import GeneratorTrainConfig, train_generator
+    from privret.train.generator import train_generator
+    from privret.train.settings import GeneratorTrainConfig
 
     cfg = GeneratorTrainConfig(model=str(tiny_llama_dir), epsilon=8.0, batch_size=4, epochs=1, trained_layers=1,
                                lora_rank=4)

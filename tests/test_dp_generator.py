@@ -10,12 +10,14 @@ import torch
 from helpers import record_first_results, record_updates
 from privret.data.beir import Document
 from privret.data.pairs import QueryDocPair, TrainingPairs
+from privret.errors import InputError
 from privret.models.generator import load_generator
 from privret.privacy.accounting import calibrate_noise, default_delta
 from privret.privacy.ledger import PrivacyLedger
 from privret.privacy.sampling import PoissonUnitSampler
 from privret.train import generator as gtrain
-from privret.train.generator import GeneratorTrainConfig, micro_batches, train_generator
+from privret.train.generator import micro_batches, train_generator
+from privret.train.settings import GeneratorTrainConfig
 
 torch.set_num_threads(1)
 
@@ -208,8 +210,9 @@ def test_train_ledger_and_resume_after_crash(tiny_llama_dir, tmp_path, monkeypat
         train_generator(pairs, tmp_path / "gen", cfg, data_hash="abc")
     saved = PrivacyLedger.load(tmp_path / "gen" / "checkpoint")
     assert saved.steps == 2 and saved.epsilon > 0
-    with pytest.raises(Exception, match="--resume"):
+    with pytest.raises(InputError, match="interrupted run") as refused:
         train_generator(pairs, tmp_path / "gen", cfg, data_hash="abc")
+    assert refused.value.field == "resume"  # the CLI shows --resume
     with pytest.raises(Exception, match="cannot resume"):
         train_generator(pairs, tmp_path / "gen", cfg.model_copy(update={"clip_norm": 2.0}), data_hash="abc",
                         resume=True)

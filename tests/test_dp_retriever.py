@@ -18,11 +18,12 @@ from privret.privacy.budget import BudgetPolicy
 from privret.privacy.ledger import PrivacyLedger
 from privret.privacy.logit_dp import contrastive_factor
 from privret.train import dp_retriever as dptrain
-from privret.train.dp_retriever import (NORM_MARGIN, DPRetrieverConfig, Mechanism, StepBatch, _encode, _grads,
+from privret.train.dp_retriever import (NORM_MARGIN, Mechanism, StepBatch, _encode, _grads,
                                         _masked_logits, _norm, build_batch, clipped_sum, dp_step,
                                         draw_negatives,
                                         false_negative_mask, make_trainable, negative_pool, plan,
                                         public_negative_losses, sensitivity, train_dp_retriever)
+from privret.train.settings import DPRetrieverConfig
 
 torch.set_num_threads(1)
 
@@ -547,8 +548,9 @@ def test_killed_direct_dp_run_resumes_and_its_ledger_never_under_counts(crash, l
     assert truth.attempt(train_dp_retriever, pairs, out, cfg, data_hash="h") is None  # killed
     announced = (out / "steps.jsonl").exists()
     if announced:
-        with pytest.raises(InputError, match="--resume"):
+        with pytest.raises(InputError, match="interrupted run") as refused:
             train_dp_retriever(pairs, out, cfg, data_hash="h")
+        assert refused.value.field == "resume"
     # the lost steps, or the planned record left by a run killed before announcing any step, may take the data
     # past the default cap at epsilon 8
     ledger = truth.attempt(train_dp_retriever, pairs, out, cfg, data_hash="h", resume=True,
@@ -682,7 +684,8 @@ def test_cli_dp_resume(tmp_path, tiny_bert_dir, monkeypatch):
     assert truth.attempt(runner.invoke, app, args, catch_exceptions=False) is None
     assert (tmp_path / "o" / "steps.jsonl").is_file() and not (tmp_path / "o" / "dp_mechanism.json").exists()
     res = runner.invoke(app, args)
-    assert isinstance(res.exception, InputError) and "pass --resume" in str(res.exception)
+    assert isinstance(res.exception, InputError) and "interrupted run" in str(res.exception)
+    assert res.exception.field == "resume"  # shown as --resume by the CLI's entry point
     # the lost branch's 5 steps take epsilon 8 past the default cap
     res = truth.attempt(runner.invoke, app, args + ["--resume", "--secure-rng", "--allow-over-budget"])
     assert res.exit_code == 0, res.output

@@ -131,8 +131,9 @@ def test_a_killed_run_resumes_charging_its_lost_steps_once(tmp_path):
     with _killed_at_checkpoint(4):
         run_training(run, lambda: _Toy(seen), resume=False)
     assert PrivacyLedger.load(run.out_dir / "checkpoint").steps == 2
-    with pytest.raises(InputError, match="pass --resume"):
+    with pytest.raises(InputError, match="interrupted run") as refused:
         run_training(run, lambda: _Toy(seen), resume=False)
+    assert refused.value.field == "resume"
     other = dataclasses.replace(run, settings={"lr": 0.2})
     with pytest.raises(InputError, match="lr=0.1.*cannot resume"):
         run_training(other, lambda: _Toy(seen), resume=True)

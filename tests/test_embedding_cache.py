@@ -10,7 +10,9 @@ import torch
 
 from helpers import TOY_DOCS, run_cli
 from privret.data.beir import Document
-from privret.evaluate.retrieval import corpus_cache_key, corpus_embeddings, search
+from privret.retrieval.embedding import corpus_embeddings
+from privret.retrieval.embedding_cache import corpus_cache_key
+from privret.retrieval.search import search
 from privret.models.device import native_bf16
 from privret.models.encoder import load_encoder
 

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from privret.cli import app
 from privret.data.beir import load_beir
 from privret.evaluate.multi import markdown_tables
-from privret.evaluate.retrieval import evaluate_retriever
+from privret.retrieval.metrics import evaluate_retriever
 from privret.models.encoder import load_encoder
 from privret.privacy.ledger import PrivacyLedger
 
@@ -80,7 +80,7 @@ def test_two_models_and_epsilon_from_the_ledger(root, tiny_bert_dir, tmp_path):
 @pytest.mark.parametrize("args, message", [
     (["--datasets", "alpha,nowhere"], "dataset 'nowhere' not found"),
     (["--datasets", "alpha", "--data", "x"], "exactly one of --data"),
-    (["--datasets", "alpha", "--label", "a", "--label", "b"], "one --label per --model"),
+    (["--datasets", "alpha", "--label", "a", "--label", "b"], "field '--label': give one label per model"),
 ])
 def test_bad_input_exits_2(root, tiny_bert_dir, args, message):
     proc = run_cli("evaluate", "--model", str(tiny_bert_dir), "--data-root", str(root), *args)

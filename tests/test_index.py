@@ -1,4 +1,4 @@
-"""Approximate FAISS indexes (privret.evaluate.index): exact where the data leave no doubt, a recall
+"""Approximate FAISS indexes (privret.retrieval.index): exact where the data leave no doubt, a recall
 floor against exact search on random data, and option validation."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from privret.errors import InputError
-from privret.evaluate.index import SearchIndex, build_index, overlap_at_k, top_k
+from privret.retrieval.index import SearchIndex, build_index, overlap_at_k, top_k
 
 
 def _unit(x: np.ndarray) -> np.ndarray:

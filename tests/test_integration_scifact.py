@@ -10,12 +10,15 @@ import torch
 from helpers import SHARED_DATA
 from privret.data.beir import BeirDataset, load_beir
 from privret.data.pairs import TrainingPairs, pairs_from_beir
-from privret.evaluate.retrieval import evaluate_retriever
+from privret.retrieval.metrics import evaluate_retriever
 from privret.models.encoder import load_encoder
 from privret.privacy.ledger import PrivacyLedger
-from privret.synth.generate import GenerateConfig, generate_synthetic
-from privret.train.generator import GeneratorTrainConfig, train_generator
-from privret.train.retriever import RetrieverTrainConfig, train_retriever
+from privret.synth.generate import generate_synthetic
+from privret.synth.settings import GenerateConfig
+from privret.train.generator import train_generator
+from privret.train.settings import GeneratorTrainConfig
+from privret.train.retriever import train_retriever
+from privret.train.settings import RetrieverTrainConfig
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow,
               pytest.mark.skipif(not (SHARED_DATA / "scifact").is_dir(), reason="../shared/data not present")]

@@ -12,7 +12,8 @@ from privret.data.pairs import QueryDocPair, TrainingPairs
 from privret.models.model_card import EVALUATIONS_FILE, record_evaluation, render_model_card, write_model_card
 from privret.privacy.commitment import commit
 from privret.privacy.ledger import PrivacyLedger
-from privret.train.retriever import RetrieverTrainConfig, non_private_ledger, train_retriever
+from privret.train.retriever import non_private_ledger, train_retriever
+from privret.train.settings import RetrieverTrainConfig
 
 METRICS = {"ndcg@10": 0.61234, "recall@10": 0.8, "recall@100": 0.93456, "mrr@10": 0.57891, "queries": 300}
 
@@ -87,7 +88,8 @@ def test_a_trained_retriever_carries_privrets_card_not_the_base_models(tiny_bert
 
 
 def test_a_direct_dp_retriever_carries_its_guarantee_in_its_card(tiny_bert_dir, tmp_path):
-    from privret.train.dp_retriever import DPRetrieverConfig, train_dp_retriever
+    from privret.train.dp_retriever import train_dp_retriever
+    from privret.train.settings import DPRetrieverConfig
 
     words = ("risk", "drug", "sleep", "diet", "gene", "virus")
     pairs = TrainingPairs([QueryDocPair(f"what {w}", f"d{i}") for i, w in enumerate(words)],

@@ -20,6 +20,7 @@ from privret.progress import Progress
 from privret.train import dp_retriever as dptrain
 from privret.train import dp_run
 from privret.train import generator as gtrain
+from privret.train.settings import DPRetrieverConfig, GeneratorTrainConfig
 
 
 NON_DP_KEYS = {"loss", "losses", "train_loss", "clipped", "clip_fraction", "clipped_fraction"}
@@ -95,10 +96,10 @@ def test_dp_training_writes_no_loss_or_clip_statistics(tiny_llama_dir, tiny_bert
         _record_stats(monkeypatch, module, step_name, losses)
     _snapshot_checkpoints(monkeypatch, snapshots)
     caplog.set_level(logging.DEBUG)
-    gtrain.train_generator(pairs, tmp_path / "gen", gtrain.GeneratorTrainConfig(
+    gtrain.train_generator(pairs, tmp_path / "gen", GeneratorTrainConfig(
         model=str(tiny_llama_dir), epsilon=8.0, batch_size=2, epochs=1, trained_layers=1, lora_rank=4, bf16=False,
         checkpoint_every=1, accountant="rdp"), data_hash="h")  # RDP: the ledgers' epsilon in ms, not seconds
-    dptrain.train_dp_retriever(pairs, tmp_path / "ret", dptrain.DPRetrieverConfig(
+    dptrain.train_dp_retriever(pairs, tmp_path / "ret", DPRetrieverConfig(
         method="public-negatives", model=str(tiny_bert_dir), epsilon=8.0, batch_size=2, epochs=1, trainable="top:1",
         max_query_tokens=32, max_doc_tokens=32, public_negatives=3, checkpoint_every=1,
         accountant="rdp"), data_hash="h", public_corpus=pairs.corpus,

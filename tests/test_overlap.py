@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from privret.cli import app
 from privret.errors import InputError
-from privret.evaluate.overlap import (ExactMatcher, corpus_overlap, iter_records, likelihood_statistic,
+from privret.audit.overlap import (ExactMatcher, corpus_overlap, iter_records, likelihood_statistic,
                                       likelihood_test, mann_whitney_auc, normalise, per_token_losses)
 
 VOCAB = sorted(set(WORDS))

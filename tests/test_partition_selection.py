@@ -11,12 +11,12 @@ import pytest
 
 from privret.data.pairs import PrivacyUnit, QueryDocPair, TrainingPairs
 from privret.privacy.partition_selection import (
-    PartitionSelectionConfig,
     _laplace,
     select_documents,
     selection_ledger,
     selection_threshold,
 )
+from privret.privacy.partition_selection_config import PartitionSelectionConfig
 from privret.privacy.secure_rng import SecureRandom
 
 

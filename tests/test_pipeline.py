@@ -13,10 +13,9 @@ import pytest
 from privret.config import DirectDPGrid, GeneratorStage, PipelineConfig
 from privret.data.beir import load_beir
 from privret.data.pairs import pairs_from_beir
-from privret.synth.documents import DocumentChoice
-from privret.synth.filter import RoundTripFilterConfig
-from privret.synth.generate import GenerateConfig
-from privret.train.retriever import RetrieverTrainConfig
+from privret.errors import InputError
+from privret.synth.settings import DocumentChoice, GenerateConfig, RoundTripFilterConfig
+from privret.train.settings import RetrieverTrainConfig
 
 
 
@@ -61,18 +60,18 @@ def _toy_ndcg_by_hand(model_dir) -> dict[str, float]:
 def test_pipeline_rows_ledgers_and_resume(tiny_config, tmp_path, monkeypatch):
     from privret.pipeline import run as pipeline
 
-    from privret.evaluate import retrieval
+    from privret.retrieval import embedding, embedding_cache
 
     run_dir = tmp_path / "run"
     cached = []  # (cache_dir, whether the corpus embeddings were there already) per corpus encoding
-    real_embeddings = retrieval.corpus_embeddings
+    real_embeddings = embedding.corpus_embeddings
 
     def spy(model, corpus, *, cache_dir=None, **kwargs):
-        key = retrieval.corpus_cache_key(model, corpus, bf16=True)
+        key = embedding_cache.corpus_cache_key(model, corpus, bf16=True)
         cached.append((cache_dir, cache_dir is not None and (cache_dir / f"{key}.npy").is_file()))
         return real_embeddings(model, corpus, cache_dir=cache_dir, **kwargs)
 
-    monkeypatch.setattr(retrieval, "corpus_embeddings", spy)
+    monkeypatch.setattr(embedding, "corpus_embeddings", spy)
     rows = pipeline.run_pipeline(tiny_config, run_dir)
     # the public encoder's corpus embeddings (zero-shot row, then the filter at each epsilon) are computed once;
     # the 7 trained retrievers are not cached
@@ -172,7 +171,6 @@ def test_dp_synthetic_set_is_never_filtered_by_private_text(tiny_config, tmp_pat
     """Under a finite epsilon the outputs are kept, counted and numbered without reading the log:
     private text is refused as a filter, echoes stay, only a public blocklist drops outputs."""
     from privret.data.pairs import pairs_from_beir
-    from privret.errors import InputError
     from privret.synth.generate import generate_synthetic
     from privret.train.generator import train_generator
 
@@ -282,8 +280,9 @@ def test_generation_resumes_after_a_torn_write(tiny_config, tmp_path, monkeypatc
         return [["new"] for _ in docs]
 
     monkeypatch.setattr(genmod.CausalQueryGenerator, "generate", fake)
-    with pytest.raises(Exception, match="--resume"):
+    with pytest.raises(InputError, match="interrupted generation") as refused:
         generate_synthetic(tmp_path / "gen", docs, tmp_path / "syn", GenerateConfig())
+    assert refused.value.field == "resume"
     generate_synthetic(tmp_path / "gen", docs, tmp_path / "syn", GenerateConfig(), resume=True)
     assert len(seen) == 5  # d1 was done; the torn d2 line is regenerated
     queries = load_beir(tmp_path / "syn").queries
@@ -542,7 +541,7 @@ def test_summary_shows_retention_and_the_interval(tmp_path):
 
 def test_direct_dp_fingerprint_leaves_out_only_what_changes_nothing_trained():
     from privret.pipeline.stages import direct_dp_fingerprint
-    from privret.train.dp_retriever import DPRetrieverConfig
+    from privret.train.settings import DPRetrieverConfig
 
     base = DPRetrieverConfig(method="batch-clip", epsilon=8.0)
     plain = direct_dp_fingerprint(base)

@@ -19,8 +19,8 @@ from privret.config import PipelineConfig
 from privret.errors import InputError
 from privret.models.generator import INSTRUCTION, load_generator, load_trained_generator
 from privret.privacy.ledger import PrivacyLedger
-from privret.synth.generate import GenerateConfig
-from privret.train.generator import GeneratorTrainConfig
+from privret.synth.settings import GenerateConfig
+from privret.train.settings import GeneratorTrainConfig
 from privret.train.public import examples_hash, train_public_generator, write_prompted_generator
 
 
@@ -159,7 +159,7 @@ def test_prompted_and_public_pairs_rows_never_open_the_private_files(toy_beir, t
     from privret.config import GeneratorStage
     from privret.pipeline import run as pipeline
     from privret.pipeline.run import run_pipeline
-    from privret.train.retriever import RetrieverTrainConfig
+    from privret.train.settings import RetrieverTrainConfig
 
     cfg = PipelineConfig(
         name="toy", dataset=toy_beir, epsilons=[math.inf], synthetic_documents="corpus",

@@ -13,7 +13,7 @@ from privret.errors import InputError
 from privret.train.retriever import non_private_ledger
 from privret.train import recipe
 from privret.train import retriever as rtrain
-from privret.train.retriever import RecipeSelection, RetrieverTrainConfig
+from privret.train.settings import RecipeSelection, RetrieverTrainConfig
 
 
 def _pairs(n_queries: int = 20, docs: int = 60) -> TrainingPairs:
@@ -81,7 +81,7 @@ def _scripted(monkeypatch, table: dict[tuple[int, int], float], fail_at: int | N
         return "model"
 
     monkeypatch.setattr(rtrain, "fit_retriever", fit)
-    monkeypatch.setattr("privret.evaluate.retrieval.evaluate_retriever",
+    monkeypatch.setattr("privret.retrieval.metrics.evaluate_retriever",
                         lambda model, corpus, queries, qrels: {"ndcg@10": table[model]})
     return fits
 

@@ -25,7 +25,8 @@ from privret.privacy.accounting import spent_epsilon
 from privret.privacy.ledger import PrivacyLedger
 from privret.runlock import RunLock, recover_directory, recover_tree
 from privret.train import checkpointing, dp_run
-from privret.train.generator import GeneratorTrainConfig, train_generator
+from privret.train.generator import train_generator
+from privret.train.settings import GeneratorTrainConfig
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 
@@ -362,8 +363,9 @@ def test_pickle_only_weights_need_explicit_trust(tmp_path, tiny_bert_dir, monkey
     state = tensors(pickled / "model.safetensors")
     (pickled / "model.safetensors").unlink()
     torch.save(state, pickled / "pytorch_model.bin")
-    with pytest.raises(InputError, match="--trust-remote-pickle"):
+    with pytest.raises(InputError, match="pickle") as refused:
         load_encoder(str(pickled))
+    assert refused.value.field == "trust_remote_pickle"  # the CLI shows it as --trust-remote-pickle
     monkeypatch.setenv(TRUST_PICKLE_ENV, "1")
     trusted, reference = load_encoder(str(pickled)), load_encoder(str(tiny_bert_dir))  # safetensors: never asks
     a, b = trusted.state_dict(), reference.state_dict()
@@ -398,7 +400,8 @@ def test_offline_mode_never_opens_a_socket(tmp_path, tiny_bert_dir, monkeypatch)
 def test_generation_resumed_equals_uninterrupted_and_settings_are_pinned(tiny_llama_dir, tmp_path, monkeypatch):
     from privret.data.beir import Document, load_beir
     from privret.models import generator as genmod
-    from privret.synth.generate import GenerateConfig, generate_synthetic
+    from privret.synth.generate import generate_synthetic
+    from privret.synth.settings import GenerateConfig
 
     train_generator(toy_pairs(), tmp_path / "gen", cfg_for(tiny_llama_dir, epsilon=math.inf, epochs=1),
                     data_hash="h")
@@ -430,7 +433,8 @@ def test_generation_resumed_equals_uninterrupted_and_settings_are_pinned(tiny_ll
 
 
 def test_same_seed_same_retriever(tiny_bert_dir, tmp_path):
-    from privret.train.retriever import RetrieverTrainConfig, train_retriever
+    from privret.train.retriever import train_retriever
+    from privret.train.settings import RetrieverTrainConfig
 
     pairs = toy_pairs()
     ledger = PrivacyLedger(mechanism="none", epsilon=math.inf, delta=0.0, noise_multiplier=0.0, sample_rate=1.0,

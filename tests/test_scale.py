@@ -42,8 +42,8 @@ def test_streaming_search_is_exact(tiny_bert_dir):
     sys.path.insert(0, str(ROOT / "bench"))
     from bench_scale import documents, queries
 
-    from privret.evaluate.retrieval import encode
-    from privret.evaluate.streaming import stream_search
+    from privret.retrieval.embedding import encode
+    from privret.retrieval.streaming import stream_search
     from privret.models.encoder import load_encoder
 
     model = load_encoder(str(tiny_bert_dir), max_seq_length=32)

@@ -11,7 +11,8 @@ from helpers import TOY_DOCS, write_beir_dir
 from privret.data.beir import load_beir, load_corpus
 from privret.errors import InputError
 from privret.privacy.ledger import LEDGER_FILE, PrivacyLedger
-from privret.synth.filter import RoundTripFilterConfig, filter_round_trip
+from privret.synth.filter import filter_round_trip
+from privret.synth.settings import RoundTripFilterConfig
 
 
 LEDGER = PrivacyLedger(mechanism="dp-sgd", epsilon=4.0, delta=1e-3, noise_multiplier=1.1, sample_rate=0.1, steps=10,
@@ -33,7 +34,7 @@ def synthetic_dir(tmp_path):
 
 
 def _brute_force_kept(encoder_dir, synthetic_dir, k: int) -> set[str]:
-    from privret.evaluate.retrieval import encode
+    from privret.retrieval.embedding import encode
     from privret.models.encoder import load_encoder
 
     model = load_encoder(str(encoder_dir))
@@ -65,16 +66,16 @@ def test_filter_keeps_the_round_trip_consistent_pairs(synthetic_dir, tmp_path, t
 
 
 def test_filter_output_is_the_same_with_and_without_the_cache(synthetic_dir, tiny_bert_dir, tmp_path, monkeypatch):
-    from privret.evaluate import retrieval
+    from privret.retrieval import embedding
 
     encoded: list[int] = []
-    real_encode = retrieval.encode
+    real_encode = embedding.encode
 
     def counting_encode(model, texts, **kwargs):
         encoded.append(len(texts))
         return real_encode(model, texts, **kwargs)
 
-    monkeypatch.setattr(retrieval, "encode", counting_encode)
+    monkeypatch.setattr(embedding, "encode", counting_encode)
     corpus = load_corpus(synthetic_dir / "corpus.jsonl")
     cfg = RoundTripFilterConfig(encoder=str(tiny_bert_dir), top_k=1)
     cache = tmp_path / "cache"

@@ -12,17 +12,13 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from privret.data.pairs import PrivacyUnit
-from privret.errors import InputError
-from privret.evaluate.index import SearchIndex
-from privret.models.device import DeviceSpec
-from privret.synth.documents import DocumentChoice
+from privret.data.pairs import PrivacyUnit, examples_from_pairs
+from privret.errors import InputError, invalid_input
+from privret.models.device_spec import DeviceSpec
 from privret.privacy.budget import DEFAULT_CAP, BudgetPolicy, Cap
-from privret.synth.filter import RoundTripFilterConfig
-from privret.synth.generate import GenerateConfig
-from privret.train.dp_retriever import METHODS, DPRetrieverConfig
-from privret.train.generator import GeneratorTrainConfig
-from privret.train.retriever import RetrieverTrainConfig
+from privret.retrieval.index import SearchIndex
+from privret.synth.settings import DocumentChoice, GenerateConfig, RoundTripFilterConfig
+from privret.train.settings import METHODS, DPRetrieverConfig, GeneratorTrainConfig, RetrieverTrainConfig
 
 
 class GeneratorStage(GeneratorTrainConfig):
@@ -63,8 +59,6 @@ class PublicRows(BaseModel):
 
     def few_shot(self) -> list[tuple[str, str]]:
         """The prompted row's examples: ``public_examples``, else the first ``examples`` pairs of ``public_pairs``."""
-        from privret.train.public import examples_from_pairs
-
         if self.public_examples:
             return [(e.doc, e.query) for e in self.public_examples]
         return examples_from_pairs(self.public_pairs, self.examples)
@@ -145,7 +139,7 @@ class PipelineConfig(BaseModel):
     public_rows: PublicRows = Field(PublicRows(), description="rows without private data (epsilon = 0)")
     budget: BudgetSettings = BudgetSettings()
     search: SearchIndex = Field(SearchIndex(), description="the FAISS index every evaluation searches: exact "
-                                                            "(default), hnsw or ivf (privret.evaluate.index)")
+                                                            "(default), hnsw or ivf (privret.retrieval.index)")
     device: DeviceSpec = Field("auto", description="where models run: auto (CUDA when available, else CPU), cpu, cuda or "
                                             "cuda:N (privret.models.device); the command line's --device overrides it")
 
@@ -215,17 +209,15 @@ def load_config(path: str | Path) -> PipelineConfig:
     try:
         config = PipelineConfig.model_validate(raw)
     except ValidationError as err:
-        first = err.errors()[0]
-        raise InputError(first["msg"], path=path, field=".".join(str(p) for p in first["loc"])) from None
+        raise invalid_input(err, path=path) from None
     grid = config.direct_dp
     for method in grid.methods:  # settings are checked now, not hours into the run
         try:
             grid.config(method, (grid.epsilons or [1.0])[0], config.unit)
         except ValidationError as err:
-            first = err.errors()[0]
-            name = ".".join(str(p) for p in first["loc"])
-            section = f"per_method.{method}" if first["loc"][0] in grid.per_method.get(method, {}) else "settings"
-            raise InputError(first["msg"], path=path, field=f"direct_dp.{section}.{name}") from None
+            own = err.errors()[0]["loc"][0] in grid.per_method.get(method, {})
+            section = f"per_method.{method}" if own else "settings"
+            raise invalid_input(err, path=path, under=f"direct_dp.{section}") from None
     if not config.dataset.is_absolute():
         config.dataset = (path.parent / config.dataset).resolve()
     public_pairs = config.public_rows.public_pairs

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from privret.data.fed_squad import build_fed_squad, load_fed_squad
-from privret.federated.inversion import InversionConfig, inversion_check, token_recall
+from privret.audit.inversion import InversionConfig, inversion_check, token_recall
 
 
 def test_token_recall():
@@ -23,8 +23,8 @@ def test_inversion_check_on_tiny_models(tiny_squad, tiny_encoder, tiny_llama_dir
     import numpy as np
     import sacrebleu
 
-    from privret.evaluate.retrieval import encode
-    from privret.federated import inversion
+    from privret.retrieval.embedding import encode
+    from privret.audit import inversion
     from privret.models.encoder import load_encoder
 
     build_fed_squad(tiny_squad, tmp_path / "fed", n_clients=2)

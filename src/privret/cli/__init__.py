@@ -19,6 +19,7 @@ from rich.console import Console
 
 from privret.chatter import route_library_output
 from privret.cli import audit, data, evaluate, federated, filtering, generate, generator, pipeline, report, retriever
+from privret.cli.common import as_flags
 from privret.distributed import launched
 from privret.errors import EXIT_BAD_INPUT, InputError
 from privret.runtime import keep_freed_memory
@@ -69,5 +70,6 @@ def main() -> None:
             sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (for the life of the process)
         app()
     except InputError as err:
-        Console(stderr=True).print(f"[bold red]error:[/] {err.one_line()}", highlight=False, soft_wrap=True)
+        Console(stderr=True).print(f"[bold red]error:[/] {as_flags(err).one_line()}", highlight=False,
+                                   soft_wrap=True)
         sys.exit(EXIT_BAD_INPUT)

@@ -55,7 +55,7 @@ def audit_overlap(
         raise InputError("nothing to do: give --corpus FILE and/or keep --likelihood", field="--corpus")
     result: dict = {}
     if corpus:
-        from privret.evaluate.overlap import corpus_overlap
+        from privret.audit.overlap import corpus_overlap
 
         result["overlap"] = corpus_overlap(data, split, list(corpus), field=field, min_tokens=min_tokens,
                                            sample=sample, seed=seed)
@@ -69,7 +69,7 @@ def audit_overlap(
         out.print(table)
     if likelihood:
         from privret.data.beir import load_beir
-        from privret.evaluate.overlap import likelihood_test, queries_of_split
+        from privret.audit.overlap import likelihood_test, queries_of_split
 
         dataset = load_beir(data, splits=[split, heldout_split])
         lik = likelihood_test(queries_of_split(dataset, split), queries_of_split(dataset, heldout_split),
@@ -113,7 +113,7 @@ def audit_canaries(
     """Canary exposure audit of the DP generator (seed 6.3): rank, exposure, leaks, epsilon lower bound.
 
     Every DP trial counts in the data's privacy-budget registry, like any DP training on it."""
-    from privret.evaluate.canaries import CanaryAuditConfig, canary_table_markdown, run_canary_audit
+    from privret.audit.canary_audit import CanaryAuditConfig, canary_table_markdown, run_canary_audit
     from privret.privacy.budget import dataset_id
 
     def numbers(text: str, field: str, cast):

@@ -11,9 +11,27 @@ from privret.errors import InputError, invalid_input
 
 out = Console()
 
-# config fields whose flag is not their name
-FLAG_OF_FIELD = {"learning_rate": "--lr", "cap": "--budget-cap", "selection_grid": "--select",
-                 "selection_max_epochs": "--select-max-epochs", "selection_validation_pool": "--validation-pool"}
+# The one mapping from the library's field names to the command line's flags. Library code names the field
+# (InputError.field); the CLI shows the flag. Fields whose flag is not ``--`` + their name with dashes:
+FLAG_OF_FIELD = {"learning_rate": "--lr", "cap": "--budget-cap", "selection": "--select",
+                 "selection_grid": "--select", "selection_max_epochs": "--select-max-epochs",
+                 "selection_validation_pool": "--validation-pool"}
+# Fields that library functions raise errors on and that the commands take as flags of the same name: a bare
+# name here is always that flag (config files name their fields with a path, or with their section: a.b).
+OPTION_FIELDS = ("datasets", "label", "max_texts", "min_tokens", "sample", "subsample", "md5", "archive", "resume",
+                 "trust_remote_pickle")
+
+
+def flag(field: str) -> str:
+    """The command-line flag of the field ``field``."""
+    return FLAG_OF_FIELD.get(field, "--" + field.replace("_", "-"))
+
+
+def as_flags(err: InputError) -> InputError:
+    """``err`` with its field shown as the flag, when the field is one the command line sets by a flag."""
+    if err.field in FLAG_OF_FIELD or err.field in OPTION_FIELDS:
+        err.field = flag(err.field)
+    return err
 
 
 def build_config(cls, **values):
@@ -23,13 +41,7 @@ def build_config(cls, **values):
     try:
         return cls(**values)
     except ValidationError as err:
-        raise invalid_input(err, name=_flag) from None
-
-
-def _flag(location: tuple) -> str:
-    """The CLI flag of a config field's location."""
-    name = "_".join(str(p) for p in location)
-    return FLAG_OF_FIELD.get(name, "--" + name.replace("_", "-"))
+        raise invalid_input(err, name=lambda location: flag("_".join(str(p) for p in location))) from None
 
 
 def budget_policy(cap: float | None, allow_over: bool, base=None):

@@ -90,7 +90,8 @@ def data_select_documents(
     from privret.data.pairs import PrivacyUnit
     from privret.errors import InputError
     from privret.privacy import budget as budget_registry
-    from privret.privacy.partition_selection import PartitionSelectionConfig, selection_threshold
+    from privret.privacy.partition_selection import selection_threshold
+    from privret.privacy.partition_selection_config import PartitionSelectionConfig
     from privret.synth.documents import SELECTED_IDS_FILE, recorded_dp_selection, write_selection
 
     if (out_dir / SELECTED_IDS_FILE).exists():

@@ -57,7 +57,7 @@ def evaluate(
         raise InputError("give the retriever to evaluate with --model", field="--model")
     if (data is None) == (datasets is None):
         raise InputError("give exactly one of --data DIR or --datasets a,b,c", field="--data")
-    from privret.evaluate.index import SearchIndex
+    from privret.retrieval.index import SearchIndex
     from privret.io import write_json_atomic
 
     searched = build_config(SearchIndex, index=index, hnsw_m=hnsw_m, hnsw_ef_search=hnsw_ef_search,
@@ -78,7 +78,7 @@ def evaluate(
     from rich.table import Table
 
     from privret.data.beir import load_beir
-    from privret.evaluate.retrieval import METRICS, evaluate_per_query, mean_metrics
+    from privret.retrieval.metrics import METRICS, evaluate_per_query, mean_metrics
     from privret.models.encoder import load_encoder
     from privret.models.model_card import record_evaluation
 

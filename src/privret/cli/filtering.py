@@ -25,7 +25,8 @@ def filter_synthetic(
 ) -> None:
     """Keep the synthetic pairs whose document a public encoder ranks in the query's top k (same ledger)."""
     from privret.data.beir import load_corpus
-    from privret.synth.filter import RoundTripFilterConfig, filter_round_trip
+    from privret.synth.filter import filter_round_trip
+    from privret.synth.settings import RoundTripFilterConfig
 
     cfg = build_config(RoundTripFilterConfig, encoder=encoder, top_k=top_k, batch_size=batch_size)
     manifest = filter_round_trip(synthetic, load_corpus(data / "corpus.jsonl"), out_dir, cfg, cache_dir=cache_dir)

@@ -36,8 +36,10 @@ def generate(
     outputs are filtered only by the public --blocklist."""
     from privret.data.beir import load_corpus
     from privret.privacy.ledger import PrivacyLedger
-    from privret.synth.documents import SELECTED_IDS_FILE, DocumentChoice, read_document_ids, sampled
-    from privret.synth.generate import GenerateConfig, generate_synthetic
+    from privret.synth.documents import SELECTED_IDS_FILE, read_document_ids, sampled
+    from privret.synth.settings import DocumentChoice
+    from privret.synth.generate import generate_synthetic
+    from privret.synth.settings import GenerateConfig
 
     corpus = load_corpus(data / "corpus.jsonl")
     selection = None

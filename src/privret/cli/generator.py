@@ -65,7 +65,8 @@ def generator_train(
     """
     from privret.errors import InputError
     from privret.privacy.budget import dataset_id
-    from privret.train.generator import GeneratorTrainConfig, train_generator
+    from privret.train.generator import train_generator
+    from privret.train.settings import GeneratorTrainConfig
     from privret.train.public import train_public_generator
 
     if public_pairs is not None and any(v is not None for v in (epsilon, data, pairs, warm_start)):

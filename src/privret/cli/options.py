@@ -107,7 +107,7 @@ def generator_training_options(*, clip_norm: float, batch_size: int, epochs: flo
     """Decorator: the command's ``fine_tuning`` parameter becomes the generator fine-tuning options
     (``--clip-norm`` ... ``--max-doc-tokens``, at its place in ``--help``) with these defaults.
 
-    The command receives them as one dict of :class:`~privret.train.generator.GeneratorTrainConfig`
+    The command receives them as one dict of :class:`~privret.train.settings.GeneratorTrainConfig`
     fields, ``--trained-layers 0`` (all layers) given as ``trained_layers=None``.
     """
     defaults = dict(clip_norm=clip_norm, batch_size=batch_size, epochs=epochs, learning_rate=learning_rate,

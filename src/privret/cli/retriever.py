@@ -75,7 +75,7 @@ def retriever_train(
         help="--select: documents searched by the validation queries besides their relevant ones")] = 1000,
 ) -> None:
     """Train a dual encoder (in-batch softmax) on original or synthetic pairs; --dp trains it with DP directly."""
-    from privret.train.retriever import RetrieverTrainConfig
+    from privret.train.settings import RetrieverTrainConfig
 
     policy = budget_policy(budget_cap, allow_over_budget)
     training, data_hash = training_pairs(data, split, pairs)
@@ -84,7 +84,8 @@ def retriever_train(
                          "a privacy budget of its own", field="--select")
     if dp is not None:
         from privret.privacy.budget import dataset_id
-        from privret.train.dp_retriever import METHODS, DPRetrieverConfig, train_dp_retriever
+        from privret.train.dp_retriever import train_dp_retriever
+        from privret.train.settings import METHODS, DPRetrieverConfig
 
         if dp not in METHODS:
             raise InputError(f"unknown method '{dp}' (choose from {', '.join(METHODS)})", field="--dp")

@@ -62,10 +62,10 @@ def source(name: str, *, url: str | None = None, md5: str | None = None, local: 
     """
     if name not in BEIR_MD5 and (md5 is None or (url is None and not local)):
         raise InputError(f"unknown BEIR dataset '{name}' (known: {', '.join(sorted(BEIR_MD5))}); "
-                         "for another archive give --md5 and --url (or --archive)", field="NAME")
+                         "another archive needs its md5, and a url or a local archive", field="NAME")
     checksum = (md5 or BEIR_MD5[name]).lower()
     if len(checksum) != 32 or any(c not in "0123456789abcdef" for c in checksum):
-        raise InputError(f"'{md5}' is not an MD5 hex digest", field="--md5")
+        raise InputError(f"'{md5}' is not an MD5 hex digest", field="md5")
     return Source(name, url or (f"{BEIR_BASE_URL}/{name}.zip" if name in BEIR_MD5 else ""), checksum)
 
 
@@ -88,7 +88,7 @@ def fetch(src: Source, target: Path, *, timeout: float = 60.0, chunk: int = 1 <<
         reason = getattr(err, "reason", err)
         raise InputError(
             f"cannot download {src.url} ({reason}); offline? fetch the archive on a machine with network "
-            f"(md5 {src.md5}) and run `privret data download {src.name} --archive FILE`", field="NAME") from None
+            f"(md5 {src.md5}) and give it as the local archive", field="archive") from None
     with response, open(target, "wb") as sink, Progress() as progress:
         length = response.headers.get("Content-Length") if hasattr(response, "headers") else None
         task = progress.add_task(f"downloading {src.name}", total=int(length) if length else None)
@@ -142,7 +142,7 @@ def download_dataset(name: str, out_dir: str | Path, *, url: str | None = None, 
     if archive is not None:
         archive = Path(archive)
         if not archive.is_file():
-            raise InputError("archive not found", path=archive, field="--archive")
+            raise InputError("archive not found", path=archive, field="archive")
         received = md5_of(archive)
         if received != src.md5:
             raise InputError(f"checksum mismatch: md5 {received}, expected {src.md5} (corrupt or wrong file)",

@@ -125,3 +125,9 @@ def group_units(pairs: list[QueryDocPair], unit: PrivacyUnit) -> list[list[int]]
     for i, key in enumerate(keys):
         groups.setdefault(key, []).append(i)
     return list(groups.values())  # dicts keep insertion order: by first appearance
+
+
+def examples_from_pairs(path: str | Path, k: int) -> list[tuple[str, str]]:
+    """The first ``k`` (document, query) pairs of a public pairs JSONL (``{query, doc}`` lines)."""
+    pairs = load_pairs_jsonl(path)
+    return [(pairs.corpus[p.doc_id].full_text, p.query) for p in pairs.pairs[:k]]

@@ -1,1 +1,1 @@
-"""Measurements: retrieval quality (and, in later modules, similarity and privacy audits)."""
+"""Measurements of trained models and synthetic data: retrieval quality over several datasets, its statistics, and synthetic-query similarity."""

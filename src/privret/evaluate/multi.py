@@ -1,6 +1,6 @@
 """Zero-shot evaluation of retrievers on several BEIR datasets, in the layout of the seed's Table 5.
 
-Each dataset is searched exactly (see :mod:`privret.evaluate.retrieval`) and scored with NDCG@10 and
+Each dataset is searched exactly (see :mod:`privret.retrieval.search`) and scored with NDCG@10 and
 Recall@10 (plus Recall@100 and MRR@10 in the JSON). A dataset given as a name is looked up under
 ``data_root`` (``<data_root>/<name>``, the layout ``privret data download`` writes); a path is used
 as is. A directory without ``corpus.jsonl`` whose sub-directories are BEIR datasets (CQADupStack's
@@ -17,8 +17,8 @@ from pathlib import Path
 
 from privret.data.beir import load_beir
 from privret.errors import InputError
-from privret.evaluate.retrieval import METRICS, evaluate_retriever
 from privret.privacy.ledger import format_epsilon
+from privret.retrieval.metrics import METRICS, evaluate_retriever
 
 TABLE_METRICS = ("ndcg@10", "recall@10")
 
@@ -35,14 +35,14 @@ def resolve_datasets(specs: list[str], data_root: Path | None) -> dict[str, Path
             path = data_root / spec
         if not path.is_dir():
             hint = f" (looked in {data_root})" if data_root is not None else ""
-            raise InputError(f"dataset '{spec}' not found{hint}; download a public one with "
-                             f"`privret data download {spec} --out DIR` and pass --data-root DIR", field="--datasets")
+            raise InputError(f"dataset '{spec}' not found{hint}; give a BEIR directory, or the name of one in the "
+                             "data root (`privret data download` fetches public ones)", field="datasets")
         label = path.name
         if label in out:
-            raise InputError(f"dataset '{label}' given twice", field="--datasets")
+            raise InputError(f"dataset '{label}' given twice", field="datasets")
         out[label] = path
     if not out:
-        raise InputError("no dataset given", field="--datasets")
+        raise InputError("no dataset given", field="datasets")
     return out
 
 
@@ -58,7 +58,7 @@ def _parts(path: Path) -> list[Path]:
 def evaluate_dataset(model, path: Path, split: str, *, cache_dir: Path | None = None, index=None) -> dict:
     """Metrics of ``model`` on one dataset (mean over sub-datasets for a CQADupStack-style folder);
     ``cache_dir``: corpus embeddings reused or stored there, ``index``: the FAISS index searched
-    (:func:`~privret.evaluate.retrieval.search`)."""
+    (:func:`~privret.retrieval.search.search`)."""
     per_part = []
     for part in _parts(path):
         dataset = load_beir(part, splits=[split])
@@ -87,8 +87,8 @@ def evaluate_many(models: list[str], datasets: dict[str, Path], split: str, *,
     from privret.models.encoder import load_encoder
 
     if labels and len(labels) != len(models):
-        raise InputError(f"give one --label per --model ({len(models)} models, {len(labels)} labels)",
-                         field="--label")
+        raise InputError(f"give one label per model ({len(models)} models, {len(labels)} labels)",
+                         field="label")
     rows = []
     for i, name in enumerate(models):
         model = load_encoder(name)

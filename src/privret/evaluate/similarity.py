@@ -119,7 +119,7 @@ class MauveSettings:
 
 def featurise(encoder, texts: list[str], *, batch_size: int = 64) -> np.ndarray:
     """L2-normalised sentence embeddings, float32, computed in float32 (no bf16) for reproducibility."""
-    from privret.evaluate.retrieval import encode
+    from privret.retrieval.embedding import encode
 
     encoder.eval()
     return encode(encoder, texts, batch_size=batch_size, bf16=False)
@@ -152,7 +152,7 @@ def evaluate_similarity(private_root: str | Path, split: str, synthetic_root: st
 
     settings = mauve or MauveSettings()
     if max_texts is not None and max_texts < 2:
-        raise InputError("must be at least 2", field="--max-texts")
+        raise InputError("must be at least 2", field="max_texts")
     private = load_beir(private_root, splits=[split])
     synthetic = load_beir(synthetic_root, splits=[SYNTHETIC_SPLIT])
     aligned = align(private, split, synthetic)

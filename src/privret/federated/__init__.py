@@ -9,11 +9,10 @@ Seed: ``federated-answer-sentence-selection-thesis.txt`` (chapters 3 and 4).
 * :mod:`~privret.federated.client_app`, :mod:`~privret.federated.server_app`: the Flower ``ClientApp`` and
   ``ServerApp``; :mod:`~privret.federated.arrays`: the weights they exchange.
 * :mod:`~privret.federated.runner`: in-process grid, baselines, Flower App writer.
-* :mod:`~privret.federated.inversion`: can a decoder read a sentence back from its embedding?
 
 Privacy model: raw questions, sentences and passages never leave a client. What leaves it: model
 weights (stage 1; optionally with client-level DP), the query and sentence embeddings that
-Fed-Negative exchanges (not noised; the inversion check measures what they reveal), and evaluation
+Fed-Negative exchanges (not noised; the inversion check, :mod:`privret.audit.inversion`, measures what they reveal), and evaluation
 metrics.
 """
 

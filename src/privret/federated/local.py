@@ -25,9 +25,10 @@ import numpy as np
 import torch
 
 from privret.data.fed_squad import ClientData, Question
-from privret.evaluate.retrieval import encode, retrieval_metrics
 from privret.federated.config import FedConfig
 from privret.federated.negatives import bm25_ranked, sample_excluding, static_hard_negatives, top_k_excluding
+from privret.retrieval.embedding import encode
+from privret.retrieval.metrics import retrieval_metrics
 from privret.models.device import bf16_autocast
 from privret.models.encoder import embed, in_batch_softmax_loss
 
@@ -155,7 +156,7 @@ def train_query_encoder_epoch(query_model, client: ClientData, questions: list[Q
 
 
 def encode_texts(model, texts: list[str], *, max_length: int, bf16: bool = False) -> np.ndarray:
-    """float32 L2-normalised embeddings (the core :func:`~privret.evaluate.retrieval.encode`)."""
+    """float32 L2-normalised embeddings (the core :func:`~privret.retrieval.embedding.encode`)."""
     model.eval()
     old = model.max_seq_length
     model.max_seq_length = max_length

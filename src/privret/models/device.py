@@ -33,28 +33,13 @@ float32 keeps per-unit clipping and noise exactly as the accountant assumes.
 from __future__ import annotations
 
 import contextlib
-import re
-from typing import Annotated
 
 import torch
-from pydantic import AfterValidator
 
 from privret.distributed import launched
+from privret.models.device_spec import check_device_spec
 
-DEVICE_CHOICES = "auto, cpu, cuda or cuda:N"
-_SPEC = re.compile(r"auto|cpu|cuda(:\d+)?")
 _current = "auto"  # what load_encoder / load_generator use when given no device; set by use_device
-
-
-def check_device_spec(spec: str) -> str:
-    """``spec`` if it is a device string privret accepts (``auto``, ``cpu``, ``cuda``, ``cuda:N``), else ValueError."""
-    if not isinstance(spec, str) or not _SPEC.fullmatch(spec):
-        raise ValueError(f"'{spec}' is not a device ({DEVICE_CHOICES})")
-    return spec
-
-
-DeviceSpec = Annotated[str, AfterValidator(check_device_spec)]
-"""A config field holding a device string, checked by :func:`check_device_spec`."""
 
 
 def resolve_device(spec: str | torch.device | None = None) -> torch.device:

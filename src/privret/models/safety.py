@@ -82,5 +82,5 @@ def check_weights(location: str, name: str | None = None) -> None:
     pickles = pickle_only_weights(directory)
     if pickles:
         raise InputError(f"model '{name or location}' has weights only as pickle files ({pickles[0].name}); loading a "
-                         "pickle can run code hidden in it. Convert it to safetensors, or pass --trust-remote-pickle "
-                         "if you trust where it comes from", path=pickles[0])
+                         "pickle can run code hidden in it. Convert it to safetensors, or trust pickles if you trust "
+                         "where it comes from", path=pickles[0], field="trust_remote_pickle")

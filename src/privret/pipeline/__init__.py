@@ -3,7 +3,7 @@
 :mod:`~privret.pipeline.stages` plans the stages (name, "done" file, fingerprint of their settings)
 and checks finished ones against the config; :mod:`~privret.pipeline.run` makes what is not done;
 :mod:`~privret.pipeline.summary` writes the summary and the run's joint privacy cost;
-:mod:`~privret.pipeline.layout` names what is where.
+:mod:`~privret.run_layout` names what is where.
 
 Layout of ``RUN_DIR``::
 

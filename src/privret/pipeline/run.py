@@ -8,7 +8,7 @@ before every finished stage has been checked against the config (:func:`~privret
 **Embedding cache.** The zero-shot evaluation and the round-trip filter (once per epsilon) encode
 the same public corpus, with the same public encoder when ``synthetic_filter.encoder`` is the
 zero-shot model; the matrix is computed once and reused from ``cache/embeddings``
-(:func:`privret.evaluate.retrieval.corpus_embeddings`; keyed by the encoder's exact weights and the
+(:func:`privret.retrieval.embedding.corpus_embeddings`; keyed by the encoder's exact weights and the
 corpus texts, so a changed model or corpus never reads a stale entry). Only public encoders are
 cached: retrievers trained on the private pairs or on synthetic sets are each evaluated once, and
 their embeddings are never written there. The directory may be deleted between runs; what is
@@ -37,13 +37,13 @@ from privret.config import PipelineConfig
 from privret.data.beir import BeirDataset, dataset_hash, eval_hash, load_beir
 from privret.data.pairs import TrainingPairs, pairs_from_beir
 from privret.errors import InputError
-from privret.evaluate.retrieval import evaluate_per_query, mean_metrics
+from privret.retrieval.metrics import evaluate_per_query, mean_metrics
 from privret.evaluate.statistics import PER_QUERY_FILE
 from privret.io import file_sha256, write_json_atomic
 from privret.models.device import use_device
 from privret.models.encoder import load_encoder
 from privret.models.model_card import record_evaluation
-from privret.pipeline.layout import CONFIG_FILE, EMBEDDING_CACHE, PUBLIC_PAIRS, PUBLIC_PROMPTED, TIMING_FILE
+from privret.run_layout import CONFIG_FILE, EMBEDDING_CACHE, PUBLIC_PAIRS, PUBLIC_PROMPTED, TIMING_FILE
 from privret.pipeline.stages import (DirectRow, FilteredRow, Stage, SyntheticRow, TrainedRow, check_stages,
                                      plan_stages, write_record)
 from privret.pipeline.summary import write_summary

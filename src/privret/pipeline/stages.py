@@ -33,13 +33,14 @@ from privret.config import PipelineConfig
 from privret.errors import InputError
 from privret.io import file_sha256, write_json_atomic
 from privret.models.generator import GENERATOR_FILE
-from privret.pipeline.layout import (DIRECT_ROW_PREFIX, DOCUMENTS, DP_ROW_PREFIX, FILTERED_SUFFIX, GENERATOR, METRICS_FILE,
+from privret.run_layout import (DIRECT_ROW_PREFIX, DOCUMENTS, DP_ROW_PREFIX, FILTERED_SUFFIX, GENERATOR, METRICS_FILE,
                                      ORIGINAL, PUBLIC_PAIRS, PUBLIC_PROMPTED, PUBLIC_ROWS, RETRIEVER, SYNTHETIC,
                                      ZERO_SHOT)
 from privret.privacy.commitment import commit
 from privret.privacy.ledger import format_epsilon
 from privret.synth.documents import SELECTED_IDS_FILE
-from privret.train.dp_retriever import MECHANISM_FILE, DPRetrieverConfig, resume_settings
+from privret.train.dp_retriever import MECHANISM_FILE, resume_settings
+from privret.train.settings import DPRetrieverConfig
 from privret.train.dp_run import STAGE_FILE
 from privret.train.public import examples_hash
 

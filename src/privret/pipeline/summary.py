@@ -10,7 +10,7 @@ from rich.table import Table
 from privret.config import PipelineConfig
 from privret.evaluate.statistics import EXPLANATION, versus_zero_shot
 from privret.io import write_json_atomic, write_text_atomic
-from privret.pipeline.layout import (BUDGET_FILE, DIRECT_ROW_PREFIX, DOCUMENTS, DP_ROW_PREFIX, GENERATOR, RETRIEVER,
+from privret.run_layout import (BUDGET_FILE, DIRECT_ROW_PREFIX, DOCUMENTS, DP_ROW_PREFIX, GENERATOR, RETRIEVER,
                                      SUMMARY_FILE, SUMMARY_MARKDOWN)
 from privret.privacy.budget import run_composition, run_composition_sentence
 from privret.privacy.ledger import LEDGER_FILE, format_epsilon

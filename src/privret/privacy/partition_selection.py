@@ -36,24 +36,14 @@ from __future__ import annotations
 import math
 from collections import Counter
 
-from pydantic import BaseModel, ConfigDict, Field
 
 from privret.data.pairs import UNIT_DEFINITIONS, PrivacyUnit, TrainingPairs
 from privret.errors import InputError
 from privret.privacy.ledger import PrivacyLedger
+from privret.privacy.partition_selection_config import PartitionSelectionConfig
 from privret.privacy.secure_rng import SecureRandom
 
 MECHANISM = "laplace-partition-selection"
-
-
-class PartitionSelectionConfig(BaseModel):
-    """Budget and contribution bound of a DP document selection."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    epsilon: float = Field(1.0, gt=0, allow_inf_nan=False, description="Laplace part (ledger adds ln(1/(1-delta)))")
-    delta: float | None = Field(None, gt=0, lt=1, description="default 1/(10 n), n units")
-    max_docs_per_unit: int = Field(1, gt=0, description="m: documents one unit may vote for")
 
 
 def selection_threshold(cfg: PartitionSelectionConfig, delta: float) -> float:

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from privret.errors import InputError
 from privret.evaluate.statistics import PER_QUERY_FILE, Versus, versus_zero_shot
-from privret.pipeline.layout import (CONFIG_FILE, DIRECT_ROW_PREFIX, DP_ROW_PREFIX, FILTERED_SUFFIX, GENERATOR, METRICS_FILE,
+from privret.run_layout import (CONFIG_FILE, DIRECT_ROW_PREFIX, DP_ROW_PREFIX, FILTERED_SUFFIX, GENERATOR, METRICS_FILE,
                                      ORIGINAL, RETRIEVER, SUMMARY_FILE, SYNTHETIC, TIMING_FILE, ZERO_SHOT)
 from privret.privacy.ledger import LEDGER_FILE, format_epsilon
 

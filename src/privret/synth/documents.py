@@ -19,44 +19,14 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
-from typing import Literal
-
-from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from privret.data.beir import Document
 from privret.errors import InputError
 from privret.io import write_text_atomic
-from privret.privacy.partition_selection import PartitionSelectionConfig
+from privret.privacy.partition_selection_config import PartitionSelectionConfig
+from privret.synth.settings import DocumentChoice
 
 SELECTED_IDS_FILE = "documents.txt"  # in a selection directory, beside the DP selection's ledger
-REMOVED_SOURCE = ("'training' (the documents of the private pairs) was removed: which documents carry private "
-                  "queries is private, so choosing them that way leaked the log; use 'corpus', a public 'list', "
-                  "or 'dp-select'")
-
-
-class DocumentChoice(BaseModel):
-    """Where the synthetic set's documents come from (see the module docstring)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    source: Literal["corpus", "list", "dp-select"] = "corpus"
-    ids_file: Path | None = Field(None, description="source 'list': public document ids, one per line")
-    sample: int | None = Field(None, gt=0, description="keep a seeded uniform random subset of this many documents")
-    seed: int = 0
-    selection: PartitionSelectionConfig = PartitionSelectionConfig()
-
-    @model_validator(mode="before")
-    @classmethod
-    def _from_name(cls, value):
-        if value == "training" or (isinstance(value, dict) and value.get("source") == "training"):
-            raise ValueError(REMOVED_SOURCE)
-        return {"source": value} if isinstance(value, str) else value
-
-    @model_validator(mode="after")
-    def _list_has_file(self):
-        if (self.source == "list") != (self.ids_file is not None):
-            raise ValueError("ids_file is required with source 'list', and only then")
-        return self
 
 
 def read_document_ids(path: Path, corpus: dict[str, Document]) -> list[str]:

@@ -13,7 +13,7 @@ ledger unchanged (Dwork and Roth 2014, Prop. 2.1). An encoder trained by privret
 private data (it has a privacy ledger) would break that argument and is refused.
 
 With a ``cache_dir``, the public encoder's embeddings of the public corpus are stored there and
-reused (:func:`privret.evaluate.retrieval.corpus_embeddings`): the pipeline filters once per
+reused (:func:`privret.retrieval.embedding.corpus_embeddings`): the pipeline filters once per
 epsilon with the same encoder and corpus. As the encoder and the corpus are public, the cache
 holds nothing derived from private data.
 """
@@ -22,23 +22,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field
 
 from privret.data.beir import BeirDataset, Document, load_beir, write_beir
 from privret.errors import InputError
-from privret.evaluate.retrieval import search
+from privret.retrieval.search import search
 from privret.io import atomic_path
 from privret.models.encoder import load_encoder
-from privret.models.registry import DEFAULT_ENCODER
 from privret.privacy.ledger import PrivacyLedger, has_ledger
-
-
-class RoundTripFilterConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    encoder: str = Field(DEFAULT_ENCODER, description="a public encoder (never one trained on the private data)")
-    top_k: int = Field(20, gt=0, description="keep (q, d) when d is among q's top_k documents")
-    batch_size: int = Field(64, gt=0)
+from privret.synth.settings import RoundTripFilterConfig
 
 
 def filter_round_trip(synthetic_dir: str | Path, corpus: dict[str, Document], out_dir: str | Path,

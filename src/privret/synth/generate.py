@@ -41,7 +41,6 @@ import shutil
 from collections.abc import Iterable
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field
 
 from privret import distributed
 from privret.data.beir import BeirDataset, Document, write_beir
@@ -51,17 +50,7 @@ from privret.models.generator import load_trained_generator
 from privret.privacy.ledger import PrivacyLedger
 from privret.progress import Progress
 from privret.runlock import recover_directory
-
-
-class GenerateConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    num_queries: int = Field(1, gt=0, description="queries per document")
-    top_p: float = Field(0.8, gt=0, le=1, allow_inf_nan=False)
-    temperature: float = Field(1.0, gt=0, allow_inf_nan=False)
-    max_new_tokens: int = Field(48, gt=0)
-    batch_size: int = Field(32, gt=0)
-    seed: int = 0
+from privret.synth.settings import GenerateConfig
 
 
 def normalise(text: str) -> str:
@@ -93,8 +82,8 @@ def _read_partial(path: Path, known: set[str] | None = None) -> tuple[dict[str, 
                              path=path, line=number)
         if known is not None and row["doc_id"] not in known:
             raise InputError(f"partial generation holds document '{row['doc_id']}', which is not among the documents "
-                             "to generate for (other --documents?); remove the .partial directory or use the same "
-                             "documents", path=path, line=number)
+                             "to generate for (another document choice?); remove the .partial directory or use the "
+                             "same documents", path=path, line=number)
         done[row["doc_id"]] = row["queries"]
     return done, good
 
@@ -186,8 +175,8 @@ def _open_partial(out_dir: Path, partial_dir: Path, meta: dict, *, resume: bool)
             shutil.rmtree(partial_dir, ignore_errors=True)
         raise InputError("already exists (remove it or choose another output)", path=out_dir)
     if partial_dir.exists() and not resume:
-        raise InputError(f"an interrupted generation is in {partial_dir}; pass --resume to continue it",
-                         path=out_dir)
+        raise InputError(f"an interrupted generation is in {partial_dir}; resume it to continue", path=out_dir,
+                         field="resume")
     partial_dir.mkdir(parents=True, exist_ok=True)
     _check_meta(partial_dir, meta)
 

@@ -59,24 +59,20 @@ clipped sums couple the units of a batch and are refused.
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 import torch
 import torch.nn.functional as F
-from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from privret import distributed
 from privret.data.beir import Document
-from privret.data.pairs import UNIT_DEFINITIONS, PrivacyUnit, TrainingPairs
+from privret.data.pairs import UNIT_DEFINITIONS, TrainingPairs
 from privret.errors import InputError
 from privret.io import write_json_atomic
 from privret.models.encoder import features, load_encoder
 from privret.models.model_card import write_model_card
-from privret.models.registry import DEFAULT_ENCODER
 from privret.privacy import budget as budget_registry
 from privret.privacy.ledger import PrivacyLedger
 from privret.privacy.ghost_norms import GhostNorms
@@ -85,63 +81,17 @@ from privret.privacy.secure_rng import SecureRandom
 from privret.progress import Progress
 from privret.train.dp_parallel import set_noisy_mean
 from privret.train.dp_run import DPRun, plan_run, run_training
+from privret.train.settings import METHODS, DPRetrieverConfig
 
-METHODS = ("naive", "batch-clip", "logit-dp", "public-negatives")
 # Norms are inflated by this relative margin before clipping, so float rounding in a computed norm
 # can never let a clipped term exceed its bound.
 NORM_MARGIN = 1e-5
-Method = Literal["naive", "batch-clip", "logit-dp", "public-negatives"]
 MECHANISM_FILE = "dp_mechanism.json"  # only a finished output holds it (with the model and ledger)
 # config fields that do not change what is trained: free to differ on resume, and left out of pipeline
 # fingerprints (secure_rng only when off: see privret.pipeline.stages.direct_dp_fingerprint)
 RESUME_FREE = ("checkpoint_every", "secure_rng")
 # the methods whose clipped sum is a sum of per-unit terms, so it can be split across processes (torchrun)
 PARALLEL_METHODS = ("public-negatives",)
-
-
-class DPRetrieverConfig(BaseModel):
-    """Configuration of :func:`train_dp_retriever` (see the module docstring for each method)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    method: Method = "logit-dp"
-    model: str = DEFAULT_ENCODER
-    epsilon: float = Field(8.0, gt=0, allow_inf_nan=False, description="target epsilon (finite)")
-    delta: float | None = Field(None, description="default 1/(2n), n = number of units")
-    unit: PrivacyUnit = PrivacyUnit.query
-    clip_norm: float = Field(1.0, gt=0, allow_inf_nan=False, description="C (per unit / batch) or B (per pair)")
-    batch_size: int = Field(32, gt=1, description="expected number of units per step (Poisson)")
-    max_batch_units: int | None = Field(None, gt=1, description="cap K on units per step (naive; logit-dp)")
-    epochs: float = Field(1.0, gt=0, allow_inf_nan=False)
-    learning_rate: float = Field(2e-5, gt=0, allow_inf_nan=False)
-    temperature: float | None = Field(None, gt=0, allow_inf_nan=False,
-                                      description="default 0.05, logit-dp 0.5")
-    spreadout_weight: float = Field(0.0, ge=0, allow_inf_nan=False, description="logit-dp only")
-    trainable: str = Field("all", pattern=r"^(all|lora|top:[1-9][0-9]*)$")
-    lora_rank: int = Field(8, gt=0)
-    public_negatives: int = Field(32, gt=0, description="negatives per step (public-negatives)")
-    max_query_tokens: int = Field(64, gt=0)
-    max_doc_tokens: int = Field(256, gt=0)
-    accountant: str = "prv"
-    seed: int = 0
-    checkpoint_every: int = Field(10, gt=0, description="steps between checkpoints (resume with resume=True)")
-    secure_rng: bool = Field(False, description="DP noise and sampling from the OS CSPRNG (os.urandom)")
-
-    @model_validator(mode="after")
-    def _method_options(self):
-        if self.spreadout_weight and self.method != "logit-dp":
-            raise ValueError("spreadout_weight applies to logit-dp only")
-        return self
-
-    @property
-    def tau(self) -> float:
-        if self.temperature is not None:
-            return self.temperature
-        return 0.5 if self.method == "logit-dp" else 0.05
-
-    @property
-    def cap(self) -> int:
-        return self.max_batch_units or self.batch_size + math.ceil(4 * math.sqrt(self.batch_size))
 
 
 @dataclass(frozen=True)

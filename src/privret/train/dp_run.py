@@ -267,7 +267,7 @@ def _refuse_directory(out_dir: Path, what: str, *, finished: bool, resume: bool)
         return
     if not resume:
         if (out_dir / CHECKPOINT_DIR).exists() or (out_dir / STEP_LOG).exists():
-            raise InputError("holds an interrupted run; pass --resume to continue it", path=out_dir)
+            raise InputError("holds an interrupted run; resume it to continue", path=out_dir, field="resume")
         raise InputError("already exists (remove it or choose another output)", path=out_dir)
     foreign = [] if finished else sorted(p.name for p in out_dir.iterdir() if p.name not in RUN_FILES)
     if foreign:

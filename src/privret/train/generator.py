@@ -42,13 +42,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
 
 from privret import distributed
-from privret.data.pairs import UNIT_DEFINITIONS, PrivacyUnit, TrainingPairs
+from privret.data.pairs import UNIT_DEFINITIONS, TrainingPairs
 from privret.errors import InputError
-from privret.models.generator import GENERATOR_FILE, WARM_START_DIR, QueryGenerator, load_generator, load_trained_generator
-from privret.models.registry import DEFAULT_GENERATOR
+from privret.models.generator import (GENERATOR_FILE, WARM_START_DIR, QueryGenerator, load_generator,
+                                      load_trained_generator)
 from privret.privacy import budget as budget_registry
 from privret.privacy.clipping import clip_units
 from privret.privacy.ledger import PrivacyLedger
@@ -57,30 +56,7 @@ from privret.privacy.secure_rng import SecureRandom
 from privret.progress import Progress
 from privret.train.dp_parallel import set_noisy_mean, sum_gradients
 from privret.train.dp_run import DPRun, RunPlan, plan_run, run_training
-
-
-class GeneratorTrainConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    model: str = DEFAULT_GENERATOR
-    epsilon: float = Field(8.0, description="target epsilon; inf = non-private")
-    delta: float | None = Field(None, description="default 1/(2n), n = number of units")
-    unit: PrivacyUnit = PrivacyUnit.query
-    clip_norm: float = Field(1.0, gt=0, allow_inf_nan=False)
-    batch_size: int = Field(64, gt=0, description="expected number of units per step")
-    epochs: float = Field(3.0, gt=0, allow_inf_nan=False)
-    learning_rate: float = Field(2e-3, gt=0, allow_inf_nan=False)
-    trainable: str = Field("lora", pattern="^(lora|full)$")
-    lora_rank: int = Field(8, gt=0)
-    trained_layers: int | None = Field(8, gt=0, description="train only the top k layers (None: all)")
-    max_doc_tokens: int = Field(128, gt=0)
-    max_query_tokens: int = Field(48, gt=0)
-    physical_batch: int = Field(16, gt=0, description="rows per forward pass (memory, not privacy)")
-    bf16: bool = Field(True, description="bf16 autocast (faster on AMX CPUs and GPUs)")
-    accountant: str = "prv"
-    seed: int = 0
-    checkpoint_every: int = Field(10, gt=0)
-    secure_rng: bool = Field(False, description="DP noise and Poisson sampling from the OS CSPRNG (os.urandom)")
+from privret.train.settings import GeneratorTrainConfig
 
 
 def _plan(cfg: GeneratorTrainConfig, n_units: int) -> tuple[float, int, float, float]:

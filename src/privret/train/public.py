@@ -25,13 +25,8 @@ from privret.errors import InputError
 from privret.io import atomic_path, file_sha256
 from privret.models.generator import load_generator
 from privret.privacy.ledger import PrivacyLedger
-from privret.train.generator import GeneratorTrainConfig, train_generator
-
-
-def examples_from_pairs(path: str | Path, k: int) -> list[tuple[str, str]]:
-    """The first ``k`` (document, query) pairs of a public pairs JSONL (``{query, doc}`` lines)."""
-    pairs = load_pairs_jsonl(path)
-    return [(pairs.corpus[p.doc_id].full_text, p.query) for p in pairs.pairs[:k]]
+from privret.train.generator import train_generator
+from privret.train.settings import GeneratorTrainConfig
 
 
 def examples_hash(examples: list[tuple[str, str]]) -> str:

@@ -81,7 +81,7 @@ def select_recipe(pairs: TrainingPairs, cfg, *, work_dir: Path) -> dict:
     The record: the split's sizes, every candidate's NDCG@10 per epoch, and ``chosen`` (the winning
     settings, ``epochs`` included) to apply to ``cfg`` before the final training.
     """
-    from privret.evaluate.retrieval import evaluate_retriever
+    from privret.retrieval.metrics import evaluate_retriever
     from privret.train.retriever import fit_retriever
 
     rule = cfg.selection

@@ -24,10 +24,8 @@ import math
 import random
 from pathlib import Path
 
-from typing import Optional
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from privret import distributed
 from privret.data.pairs import UNIT_DEFINITIONS, PrivacyUnit, TrainingPairs
@@ -36,13 +34,10 @@ from privret.io import atomic_path, write_json_atomic
 from privret.models.device import bf16_autocast
 from privret.models.encoder import embed, in_batch_softmax_loss, load_encoder
 from privret.models.model_card import write_model_card
-from privret.models.registry import DEFAULT_ENCODER
 from privret.privacy.ledger import PrivacyLedger
 from privret.progress import Progress
 from privret.train.dp_parallel import sum_gradients
-
-
-SELECTABLE = ("learning_rate", "temperature", "batch_size", "max_doc_tokens", "max_query_tokens", "warmup_fraction")
+from privret.train.settings import RetrieverTrainConfig
 
 
 def non_private_ledger(pairs: TrainingPairs, model: str, data_hash: str, unit: str) -> PrivacyLedger:
@@ -51,53 +46,6 @@ def non_private_ledger(pairs: TrainingPairs, model: str, data_hash: str, unit: s
                          planned_steps=0, accountant="none", unit=unit, n_units=len(pairs.units(unit)),
                          n_pairs=len(pairs.pairs), clip_norm=math.inf, model=model, trainable="all",
                          data_hash=data_hash, unit_definition=UNIT_DEFINITIONS[PrivacyUnit(unit)])
-
-
-class RecipeSelection(BaseModel):
-    """How :func:`privret.train.recipe.select_recipe` chooses a recipe on the training pairs alone.
-
-    Every combination of ``grid`` (values of :data:`SELECTABLE` fields) is trained for
-    ``max_epochs`` on the pairs outside a validation split (``validation_fraction`` of the query
-    units, drawn with ``seed``) and scored by NDCG@10 on the validation queries after each whole
-    epoch; the best (combination, epochs) is then retrained on all the pairs. ``validation_pool``:
-    the validation queries search their relevant documents plus this many other documents of the
-    corpus, drawn with ``seed`` (None: the whole corpus).
-    """
-
-    model_config = ConfigDict(extra="forbid")
-
-    grid: dict[str, list[int | float]] = Field(default_factory=lambda: {"max_doc_tokens": [128, 256]})
-    max_epochs: int = Field(3, ge=1)
-    validation_fraction: float = Field(0.2, gt=0, lt=1)
-    validation_pool: Optional[int] = Field(1000, ge=0)
-    seed: int = 0
-
-    @field_validator("grid")
-    @classmethod
-    def _known_fields(cls, grid: dict[str, list[int | float]]) -> dict[str, list[int | float]]:
-        for name, values in grid.items():
-            if name not in SELECTABLE:
-                raise ValueError(f"'{name}' cannot be selected (choose from {', '.join(SELECTABLE)})")
-            if not values:
-                raise ValueError(f"'{name}' has no values")
-        return grid
-
-
-class RetrieverTrainConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    model: str = DEFAULT_ENCODER
-    epochs: float = Field(1.0, gt=0, allow_inf_nan=False)
-    batch_size: int = Field(32, gt=1)
-    learning_rate: float = Field(2e-5, gt=0, allow_inf_nan=False)
-    temperature: float = Field(0.05, gt=0, allow_inf_nan=False)
-    warmup_fraction: float = Field(0.1, ge=0, lt=1)
-    max_query_tokens: int = Field(64, gt=0)
-    max_doc_tokens: int = Field(128, gt=0, description="truncation of documents during training only")
-    bf16: bool = True
-    seed: int = 0
-    selection: Optional[RecipeSelection] = Field(
-        None, description="choose epochs and the grid's settings on a validation split of the training pairs")
 
 
 def batches_without_collisions(pairs, batch_size: int, rng: random.Random) -> list[list[int]]:
@@ -189,7 +137,7 @@ def train_retriever(pairs: TrainingPairs, out_dir: str | Path, cfg: RetrieverTra
         raise InputError("already exists (remove it or choose another output)", path=out_dir)
     selection = None
     if cfg.selection is not None and distributed.launched().distributed:
-        raise InputError("recipe selection (--select) runs in one process; run it without torchrun",
+        raise InputError("recipe selection runs in one process; run it without torchrun",
                          field="selection")
     if cfg.selection is not None:
         from privret.train.recipe import select_recipe

@@ -1,6 +1,6 @@
 """Exact top-k dense retrieval over a corpus that never sits in memory at once.
 
-:func:`privret.evaluate.retrieval.search` keeps every document embedding in a FAISS flat index
+:func:`privret.retrieval.search.search` keeps every document embedding in a FAISS flat index
 (N d 4 bytes) and the corpus as a dict, so its memory grows with N. :func:`stream_search` reads
 ``(doc_id, text)`` pairs from any iterable (a generator over a JSONL file, for instance), encodes
 ``chunk`` documents at a time, scores them against all queries and merges them into a running
@@ -24,7 +24,7 @@ from collections.abc import Iterable, Iterator
 import numpy as np
 import torch
 
-from privret.evaluate.retrieval import encode
+from privret.retrieval.embedding import encode
 
 DEFAULT_CHUNK = 16_384
 
@@ -84,5 +84,5 @@ def iter_corpus_jsonl(path) -> Iterator[tuple[str, str]]:
 
 
 def encoded_bytes(n_docs: int, dim: int) -> int:
-    """What the FAISS flat index of :func:`privret.evaluate.retrieval.search` holds: N d float32."""
+    """What the FAISS flat index of :func:`privret.retrieval.search.search` holds: N d float32."""
     return int(n_docs) * int(dim) * np.dtype(np.float32).itemsize

@@ -196,13 +196,13 @@ def corpus_overlap(private_root: str | Path, split: str, corpus_files: list[str 
     from privret.progress import Progress
 
     if min_tokens < 1:
-        raise InputError("must be at least 1", field="--min-tokens")
+        raise InputError("must be at least 1", field="min_tokens")
     dataset = load_beir(private_root, splits=[split])
     qrels = dataset.split(split)
     qids = sorted(qrels)
     if sample is not None:
         if sample < 1:
-            raise InputError("must be at least 1", field="--sample")
+            raise InputError("must be at least 1", field="sample")
         qids = sorted(random.Random(seed).sample(qids, min(sample, len(qids))))
     queries = {q: dataset.queries[q] for q in qids}
     doc_ids = list(dict.fromkeys(d for q in qids for d, rel in qrels[q].items() if rel > 0))
@@ -251,7 +251,7 @@ def per_token_losses(model, tokenizer, texts: list[str], *, batch_size: int = 16
 
     start = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
     if start is None:
-        raise InputError("the tokenizer has neither a BOS nor an EOS token", field="--model")
+        raise InputError("the tokenizer has neither a BOS nor an EOS token", field="model")
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else start
     device = next(model.parameters()).device
     encoded = [[start] + tokenizer(t, add_special_tokens=False).input_ids for t in texts]
@@ -375,7 +375,7 @@ def _load_causal(name: str):
     generator = load_generator(name)
     if generator.kind != "causal":
         raise InputError("the likelihood test needs a causal LM (a seq2seq model has no unconditional "
-                         "likelihood of a query)", field="--model")
+                         "likelihood of a query)", field="model")
     return generator.model, generator.tokenizer, generator.kind
 
 

@@ -1,4 +1,5 @@
-"""The names in a pipeline run directory (see :mod:`privret.pipeline` for the layout).
+"""The names in a pipeline run directory (see :mod:`privret.pipeline` for the layout), shared by the pipeline
+that writes it and the report that reads it.
 
 Plain names only, nothing imported: the report (:mod:`privret.report.collect`) reads a run directory
 through them without loading the pipeline and its trainers.

@@ -126,7 +126,7 @@ def inversion_check(clients: list[ClientData], cfg: InversionConfig | None = Non
     """BLEU and token recall of sentences generated from their embeddings vs. without them."""
     import sacrebleu
 
-    from privret.evaluate.retrieval import encode
+    from privret.retrieval.embedding import encode
     from privret.models.encoder import load_encoder
 
     cfg = cfg or InversionConfig()

@@ -1,0 +1,201 @@
+"""The canary exposure audit of the DP query generator: train with canaries inserted at each epsilon,
+score the secrets, and summarise (:mod:`privret.audit.canaries` builds the canaries,
+:mod:`privret.audit.canary_scoring` scores them, :mod:`privret.audit.canary_statistics` turns ranks
+into exposure and an epsilon lower bound). The generator is trained with
+:func:`privret.train.generator.train_generator`.
+
+Privacy units: what the audit measures
+--------------------------------------
+A canary inserted ``k`` times with the same query text is **one** unit under the default unit
+``query`` (all rows sharing a query text or id form one unit): DP-SGD clips the sum of its ``k``
+row gradients to norm C, so the ledger's (epsilon, delta) covers the canary *as a whole*, and
+the bound above is directly comparable to the ledger's epsilon. With ``unit = pair`` each copy
+is its own unit, the canary is a group of ``k`` units, and DP protects it only through group
+privacy, (k eps, k e^{(k-1) eps} delta); that is the harder setting (and closer to the seed's
+example-level training). The bound is then a bound for the group, not comparable to the
+ledger for ``k > 1`` (``comparable_to_ledger`` says which).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from privret.audit.canaries import KINDS, Canary, insert_canaries, make_canaries, subsample_pairs
+from privret.audit.canary_scoring import fast_log_likelihoods
+from privret.audit.canary_statistics import exposure, secret_rank, summarise
+from privret.data.pairs import TrainingPairs
+from privret.errors import InputError, invalid_input
+from privret.io import write_json_atomic
+from privret.models.generator import load_trained_generator
+from privret.privacy import budget as budget_registry
+from privret.privacy.accounting import default_delta
+from privret.privacy.commitment import commit
+from privret.privacy.ledger import PrivacyLedger
+from privret.progress import Progress
+from privret.train.generator import train_generator
+from privret.train.settings import GeneratorTrainConfig
+
+
+def eps_label(epsilon: float) -> str:
+    return "inf" if math.isinf(epsilon) else f"{epsilon:g}"
+
+
+def _digits(text: str) -> str:
+    return re.sub(r"\s+", "", text)
+
+
+class CanaryAuditConfig(BaseModel):
+    """Settings of one audit; the generator settings mirror :class:`GeneratorTrainConfig`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    epsilons: list[float] = Field(default_factory=lambda: [math.inf, 16.0], min_length=1)
+    trials: int = Field(3, gt=0)
+    repetitions: list[int] = Field(default_factory=lambda: [1, 10, 100], min_length=1)
+    candidates: int = Field(100, ge=2, le=100_000)
+    samples: int = Field(10, gt=0, description="queries sampled per canary document for 'leaked'")
+    top_p: float = Field(0.8, gt=0, le=1)
+    subsample: int | None = Field(None, gt=0, description="private pairs kept (uniform, seeded); None = all")
+    alpha: float = Field(0.05, gt=0, lt=1, description="confidence of the epsilon lower bound is 1 - alpha")
+    seed: int = 0
+    generator: dict = Field(default_factory=dict, description="GeneratorTrainConfig fields (epsilon aside)")
+
+    @field_validator("epsilons")
+    @classmethod
+    def _eps(cls, values):
+        for e in values:
+            if math.isnan(e) or e <= 0:
+                raise ValueError(f"every epsilon must be > 0 or inf, got {e}")
+        return values
+
+    @field_validator("repetitions")
+    @classmethod
+    def _reps(cls, values):
+        if any(k <= 0 for k in values) or len(set(values)) != len(values):
+            raise ValueError("repetitions must be distinct positive integers")
+        return sorted(values)
+
+
+def _query_fits(model: str, max_query_tokens: int):
+    """``query -> bool``: does the query (with its end-of-query token) fit the generator's target cap?"""
+    from transformers import AutoTokenizer
+
+    from privret.models.registry import resolve
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve(model))
+    return lambda query: len(tokenizer(" " + query, add_special_tokens=False).input_ids) + 1 <= max_query_tokens
+
+
+def _trial_result(generator, canaries: list[Canary], cfg: CanaryAuditConfig) -> list[dict]:
+    rows = []
+    docs = [c.document.full_text for c in canaries]
+    samples: list[list[str]] = []
+    # long enough for any query the generator was trained to write (its target cap + end of query)
+    max_new = generator.max_query_tokens + 1
+    for lo in range(0, len(docs), 8):
+        samples += generator.generate(docs[lo: lo + 8], num_queries=cfg.samples, top_p=cfg.top_p,
+                                      max_new_tokens=max_new,
+                                      seed=cfg.seed * 7919 + canaries[0].trial * 101 + lo)
+    for c, sampled in zip(canaries, samples):
+        scores = fast_log_likelihoods(generator, c.document.full_text, [c.query(s) for s in c.candidates])
+        index = c.candidates.index(c.secret)
+        rank = secret_rank(scores, index)
+        rows.append({"trial": c.trial, "kind": c.kind, "repetitions": c.repetitions, "secret": c.secret,
+                     "document_id": c.document.id, "source_query_id": c.source_query_id,
+                     "log_likelihood": scores[index], "rank": rank, "exposure": exposure(rank, len(scores)),
+                     "leaked": any(c.secret in _digits(q) for q in sampled), "samples": len(sampled)})
+    return rows
+
+
+def run_canary_audit(pairs: TrainingPairs, out_dir: str | Path, cfg: CanaryAuditConfig, *,
+                     data_hash: str, dataset_id: str = "", budget: budget_registry.BudgetPolicy | None = None) -> dict:
+    """Run every (epsilon, trial), write ``out_dir/canaries.json`` and return it.
+
+    Each trial's generator and raw result sit in ``out_dir/eps-<e>/trial-<t>/``; a re-run skips
+    trials whose ``result.json`` exists (same settings required, epsilons aside: they are checked, so
+    more epsilons can be added to an audit later). Every DP trial is a release on the audited data:
+    it is charged to ``dataset_id`` (default: that of ``pairs``, before subsampling and canaries)
+    under the budget policy ``budget`` (:mod:`privret.privacy.budget`).
+    """
+    out_dir = Path(out_dir)
+    dataset_id = dataset_id or budget_registry.dataset_id(pairs)
+    base = subsample_pairs(pairs, cfg.subsample, cfg.seed)
+    gen_fields = {**cfg.generator}
+    gen_fields.pop("epsilon", None)
+    try:
+        probe = GeneratorTrainConfig(**gen_fields, epsilon=math.inf)
+    except ValidationError as err:
+        raise invalid_input(err, under="generator", what="invalid generator setting") from None
+    settings = {"audit": cfg.model_dump(mode="json", exclude={"epsilons"}), "generator": probe.model_dump(mode="json"),
+                "data_hash": commit(data_hash), "pairs": len(base.pairs)}  # the data named as ledgers name it
+    settings_file = out_dir / "settings.json"
+    if settings_file.exists():
+        saved = json.loads(settings_file.read_text())
+        if saved != json.loads(json.dumps(settings)):
+            raise InputError("holds an audit with other settings; choose another output directory", path=out_dir)
+    else:
+        write_json_atomic(settings_file, settings)
+
+    results = []
+    fits = _query_fits(probe.model, probe.max_query_tokens)
+    trials = {t: make_canaries(base, trial=t, repetitions=tuple(cfg.repetitions), n_candidates=cfg.candidates,
+                               seed=cfg.seed, fits=fits) for t in range(cfg.trials)}
+    with Progress() as progress:
+        task = progress.add_task("canary audit (trials x epsilons)", total=cfg.trials * len(cfg.epsilons))
+        for epsilon in cfg.epsilons:
+            canary_rows: list[dict] = []
+            ledgers = []
+            for t, canaries in trials.items():
+                trial_dir = out_dir / f"eps-{eps_label(epsilon)}" / f"trial-{t}"
+                result_file = trial_dir / "result.json"
+                if not result_file.exists():
+                    training = insert_canaries(base, canaries)
+                    gen_cfg = GeneratorTrainConfig(**{**gen_fields, "epsilon": epsilon,
+                                                      "seed": gen_fields.get("seed", 0) + t})
+                    if not (trial_dir / "generator" / "generator.json").exists():
+                        train_generator(training, trial_dir / "generator", gen_cfg, data_hash=data_hash,
+                                        dataset_id=dataset_id, resume=True, budget=budget)
+                    generator = load_trained_generator(trial_dir / "generator")
+                    rows = _trial_result(generator, canaries, cfg)
+                    ledger = PrivacyLedger.load(trial_dir / "generator")
+                    write_json_atomic(result_file, {"ledger": ledger.model_dump(mode="json"), "canaries": rows})
+                saved = json.loads(result_file.read_text())
+                canary_rows += saved["canaries"]
+                ledgers.append(saved["ledger"])
+                progress.advance(task)
+            ledger = ledgers[0]
+            delta = ledger["delta"] if ledger["delta"] else default_delta(ledger["n_units"])
+            results.append({"epsilon": eps_label(epsilon), "epsilon_spent": ledger["epsilon"], "delta": delta,
+                            "unit": ledger["unit"], "n_units": ledger["n_units"], "ledger": ledger,
+                            "rows": summarise(canary_rows, n_candidates=cfg.candidates, delta=delta,
+                                              unit=ledger["unit"], alpha=cfg.alpha),
+                            "canaries": canary_rows})
+    report = {"audit": "canary-exposure", "candidates": cfg.candidates, "kinds": list(KINDS),
+              "trials": cfg.trials, "repetitions": cfg.repetitions, "samples": cfg.samples, "alpha": cfg.alpha,
+              "subsample": cfg.subsample, "pairs": len(base.pairs), "pairs_available": len(pairs.pairs),
+              "generator": probe.model_dump(mode="json", exclude={"epsilon"}), "results": results}
+    write_json_atomic(out_dir / "canaries.json", report)
+    return report
+
+
+def canary_table_markdown(report: dict) -> str:
+    """The seed's Table 7 layout, one line per (epsilon, repetitions)."""
+    lines = ["| epsilon | repetitions | canaries | rank (mean ± sd) | exposure (bits) | extracted | leaked "
+             "| epsilon lower bound |", "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    m = report["candidates"]
+    for res in report["results"]:
+        for r in res["rows"]:
+            bound = "-" if r["epsilon_lower_bound"] is None else f"{r['epsilon_lower_bound']:.3g}"
+            if r["epsilon_lower_bound"] is not None and not r["comparable_to_ledger"]:
+                bound += " (group)"
+            k = "0 (control)" if r["repetitions"] == 0 else str(r["repetitions"])
+            lines.append(f"| {res['epsilon']} | {k} | {r['canaries']} "
+                         f"| {r['rank_mean']:.1f}/{m} ± {r['rank_std']:.1f} "
+                         f"| {r['exposure_mean']:.2f} ± {r['exposure_std']:.2f} | {r['extracted_fraction']:.0%} "
+                         f"| {r['leaked_fraction']:.0%} | {bound} |")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,62 @@
+"""The synthesis stages' settings (torch-free pydantic models): the documents to write queries for
+(:mod:`privret.synth.documents`), generation (:mod:`privret.synth.generate`) and the round-trip
+filter (:mod:`privret.synth.filter`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from privret.models.registry import DEFAULT_ENCODER
+from privret.privacy.partition_selection_config import PartitionSelectionConfig
+
+
+class GenerateConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    num_queries: int = Field(1, gt=0, description="queries per document")
+    top_p: float = Field(0.8, gt=0, le=1, allow_inf_nan=False)
+    temperature: float = Field(1.0, gt=0, allow_inf_nan=False)
+    max_new_tokens: int = Field(48, gt=0)
+    batch_size: int = Field(32, gt=0)
+    seed: int = 0
+
+
+class RoundTripFilterConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    encoder: str = Field(DEFAULT_ENCODER, description="a public encoder (never one trained on the private data)")
+    top_k: int = Field(20, gt=0, description="keep (q, d) when d is among q's top_k documents")
+    batch_size: int = Field(64, gt=0)
+
+
+REMOVED_SOURCE = ("'training' (the documents of the private pairs) was removed: which documents carry private "
+                  "queries is private, so choosing them that way leaked the log; use 'corpus', a public 'list', "
+                  "or 'dp-select'")
+
+
+class DocumentChoice(BaseModel):
+    """Where the synthetic set's documents come from (see :mod:`privret.synth.documents`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    source: Literal["corpus", "list", "dp-select"] = "corpus"
+    ids_file: Path | None = Field(None, description="source 'list': public document ids, one per line")
+    sample: int | None = Field(None, gt=0, description="keep a seeded uniform random subset of this many documents")
+    seed: int = 0
+    selection: PartitionSelectionConfig = PartitionSelectionConfig()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_name(cls, value):
+        if value == "training" or (isinstance(value, dict) and value.get("source") == "training"):
+            raise ValueError(REMOVED_SOURCE)
+        return {"source": value} if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _list_has_file(self):
+        if (self.source == "list") != (self.ids_file is not None):
+            raise ValueError("ids_file is required with source 'list', and only then")
+        return self

@@ -1,0 +1,141 @@
+"""The trainers' settings: validated pydantic models, free of torch so that reading a config never loads a model.
+
+:class:`RetrieverTrainConfig` (with :class:`RecipeSelection`) configures the non-private retriever
+(:mod:`privret.train.retriever`), :class:`GeneratorTrainConfig` the (DP) generator
+(:mod:`privret.train.generator`), :class:`DPRetrieverConfig` the direct DP retriever
+(:mod:`privret.train.dp_retriever`). The privacy meaning of each field is stated in those modules.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from privret.data.pairs import PrivacyUnit
+from privret.models.registry import DEFAULT_ENCODER, DEFAULT_GENERATOR
+
+
+SELECTABLE = ("learning_rate", "temperature", "batch_size", "max_doc_tokens", "max_query_tokens", "warmup_fraction")
+
+
+class RecipeSelection(BaseModel):
+    """How :func:`privret.train.recipe.select_recipe` chooses a recipe on the training pairs alone.
+
+    Every combination of ``grid`` (values of :data:`SELECTABLE` fields) is trained for
+    ``max_epochs`` on the pairs outside a validation split (``validation_fraction`` of the query
+    units, drawn with ``seed``) and scored by NDCG@10 on the validation queries after each whole
+    epoch; the best (combination, epochs) is then retrained on all the pairs. ``validation_pool``:
+    the validation queries search their relevant documents plus this many other documents of the
+    corpus, drawn with ``seed`` (None: the whole corpus).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    grid: dict[str, list[int | float]] = Field(default_factory=lambda: {"max_doc_tokens": [128, 256]})
+    max_epochs: int = Field(3, ge=1)
+    validation_fraction: float = Field(0.2, gt=0, lt=1)
+    validation_pool: Optional[int] = Field(1000, ge=0)
+    seed: int = 0
+
+    @field_validator("grid")
+    @classmethod
+    def _known_fields(cls, grid: dict[str, list[int | float]]) -> dict[str, list[int | float]]:
+        for name, values in grid.items():
+            if name not in SELECTABLE:
+                raise ValueError(f"'{name}' cannot be selected (choose from {', '.join(SELECTABLE)})")
+            if not values:
+                raise ValueError(f"'{name}' has no values")
+        return grid
+
+
+class RetrieverTrainConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = DEFAULT_ENCODER
+    epochs: float = Field(1.0, gt=0, allow_inf_nan=False)
+    batch_size: int = Field(32, gt=1)
+    learning_rate: float = Field(2e-5, gt=0, allow_inf_nan=False)
+    temperature: float = Field(0.05, gt=0, allow_inf_nan=False)
+    warmup_fraction: float = Field(0.1, ge=0, lt=1)
+    max_query_tokens: int = Field(64, gt=0)
+    max_doc_tokens: int = Field(128, gt=0, description="truncation of documents during training only")
+    bf16: bool = True
+    seed: int = 0
+    selection: Optional[RecipeSelection] = Field(
+        None, description="choose epochs and the grid's settings on a validation split of the training pairs")
+
+
+class GeneratorTrainConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = DEFAULT_GENERATOR
+    epsilon: float = Field(8.0, description="target epsilon; inf = non-private")
+    delta: float | None = Field(None, description="default 1/(2n), n = number of units")
+    unit: PrivacyUnit = PrivacyUnit.query
+    clip_norm: float = Field(1.0, gt=0, allow_inf_nan=False)
+    batch_size: int = Field(64, gt=0, description="expected number of units per step")
+    epochs: float = Field(3.0, gt=0, allow_inf_nan=False)
+    learning_rate: float = Field(2e-3, gt=0, allow_inf_nan=False)
+    trainable: str = Field("lora", pattern="^(lora|full)$")
+    lora_rank: int = Field(8, gt=0)
+    trained_layers: int | None = Field(8, gt=0, description="train only the top k layers (None: all)")
+    max_doc_tokens: int = Field(128, gt=0)
+    max_query_tokens: int = Field(48, gt=0)
+    physical_batch: int = Field(16, gt=0, description="rows per forward pass (memory, not privacy)")
+    bf16: bool = Field(True, description="bf16 autocast (faster on AMX CPUs and GPUs)")
+    accountant: str = "prv"
+    seed: int = 0
+    checkpoint_every: int = Field(10, gt=0)
+    secure_rng: bool = Field(False, description="DP noise and Poisson sampling from the OS CSPRNG (os.urandom)")
+
+
+METHODS = ("naive", "batch-clip", "logit-dp", "public-negatives")
+Method = Literal["naive", "batch-clip", "logit-dp", "public-negatives"]
+
+
+class DPRetrieverConfig(BaseModel):
+    """Configuration of :func:`privret.train.dp_retriever.train_dp_retriever` (see that module's docstring for each
+    method)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    method: Method = "logit-dp"
+    model: str = DEFAULT_ENCODER
+    epsilon: float = Field(8.0, gt=0, allow_inf_nan=False, description="target epsilon (finite)")
+    delta: float | None = Field(None, description="default 1/(2n), n = number of units")
+    unit: PrivacyUnit = PrivacyUnit.query
+    clip_norm: float = Field(1.0, gt=0, allow_inf_nan=False, description="C (per unit / batch) or B (per pair)")
+    batch_size: int = Field(32, gt=1, description="expected number of units per step (Poisson)")
+    max_batch_units: int | None = Field(None, gt=1, description="cap K on units per step (naive; logit-dp)")
+    epochs: float = Field(1.0, gt=0, allow_inf_nan=False)
+    learning_rate: float = Field(2e-5, gt=0, allow_inf_nan=False)
+    temperature: float | None = Field(None, gt=0, allow_inf_nan=False,
+                                      description="default 0.05, logit-dp 0.5")
+    spreadout_weight: float = Field(0.0, ge=0, allow_inf_nan=False, description="logit-dp only")
+    trainable: str = Field("all", pattern=r"^(all|lora|top:[1-9][0-9]*)$")
+    lora_rank: int = Field(8, gt=0)
+    public_negatives: int = Field(32, gt=0, description="negatives per step (public-negatives)")
+    max_query_tokens: int = Field(64, gt=0)
+    max_doc_tokens: int = Field(256, gt=0)
+    accountant: str = "prv"
+    seed: int = 0
+    checkpoint_every: int = Field(10, gt=0, description="steps between checkpoints (resume with resume=True)")
+    secure_rng: bool = Field(False, description="DP noise and sampling from the OS CSPRNG (os.urandom)")
+
+    @model_validator(mode="after")
+    def _method_options(self):
+        if self.spreadout_weight and self.method != "logit-dp":
+            raise ValueError("spreadout_weight applies to logit-dp only")
+        return self
+
+    @property
+    def tau(self) -> float:
+        if self.temperature is not None:
+            return self.temperature
+        return 0.5 if self.method == "logit-dp" else 0.05
+
+    @property
+    def cap(self) -> int:
+        return self.max_batch_units or self.batch_size + math.ceil(4 * math.sqrt(self.batch_size))

@@ -1,0 +1,31 @@
+"""Reading a pipeline config is torch-free: the config classes live in modules that import neither torch,
+transformers nor the trainers, so validating a YAML file is fast and works without the model stack."""
+
+import subprocess
+import sys
+import textwrap
+
+HEAVY = ("torch", "transformers", "privret.train.dp_retriever", "privret.train.generator", "privret.train.retriever",
+         "privret.synth.generate", "privret.synth.filter")
+
+
+def test_loading_a_config_imports_no_torch_nor_trainer(tmp_path):
+    config = tmp_path / "run.yaml"
+    config.write_text(textwrap.dedent("""\
+        name: light
+        dataset: data
+        epsilons: [4.0]
+        device: cpu
+        synthetic_filter: {top_k: 5}
+        direct_dp: {methods: [logit-dp], epsilons: [2.0], settings: {batch_size: 8}}
+        """))
+    probe = textwrap.dedent(f"""\
+        import sys
+        from privret.config import load_config
+        config = load_config({str(config)!r})
+        assert config.direct_dp.config("logit-dp", 2.0, config.unit).batch_size == 8
+        print(",".join(m for m in {HEAVY!r} if m in sys.modules))
+        """)
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "", f"loading a config imported {done.stdout.strip()}"
