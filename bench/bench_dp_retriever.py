@@ -53,7 +53,8 @@ def _worker(args: dict, queue) -> None:
     from privret.data.beir import load_beir
     from privret.data.pairs import pairs_from_beir
     from privret.models.encoder import load_encoder
-    from privret.train.dp_retriever import StepBatch, _encode, clipped_sum, make_trainable
+    from privret.train.clipped_sums import StepBatch, _encode, clipped_sum
+    from privret.train.trainable import make_trainable
     from privret.train.settings import DPRetrieverConfig
 
     n, method = args["batch"], args["method"]
@@ -129,7 +130,7 @@ def materialise(model, params, batch, cfg):
     """Algorithm 1 with every g_ij materialised (one at a time): per-sequence graphs, n^2 backward passes."""
     import torch
 
-    from privret.train.dp_retriever import _encode, _grads, _norm
+    from privret.train.clipped_sums import _encode, _grads, _norm
 
     e_q = [_encode(model, [q], cfg.max_query_tokens)[0] for q in batch.queries]
     e_d = [_encode(model, [d], cfg.max_doc_tokens)[0] for d in batch.docs]

@@ -120,7 +120,7 @@ class Setup:
                                    GenerateConfig(num_queries=2, max_new_tokens=6, batch_size=2, seed=1),
                                    private_copies={p.query for p in self.pairs.pairs}, resume=True)
         elif command == "retriever":
-            from privret.pipeline import non_private_ledger
+            from privret.train.retriever import non_private_ledger
             from privret.runlock import RunLock, recover_directory
             from privret.train.retriever import train_retriever
             from privret.train.settings import RetrieverTrainConfig
@@ -133,7 +133,7 @@ class Setup:
                                     ledger=non_private_ledger(self.pairs, "tiny", "fault-injection", "query"))
         elif command == "pipeline":
             from privret.config import BudgetSettings, GeneratorStage, PipelineConfig
-            from privret.pipeline import run_pipeline
+            from privret.pipeline.run import run_pipeline
             from privret.synth.settings import GenerateConfig
             from privret.train.settings import RetrieverTrainConfig
 

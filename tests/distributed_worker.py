@@ -106,11 +106,12 @@ def retriever_step(bert_dir: str, out_dir: str) -> None:
     from privret.models.encoder import load_encoder
     from privret.train import dp_retriever as dptrain
     from privret.train.settings import DPRetrieverConfig
+    from privret.train.trainable import make_trainable
 
     group = distributed.current()
     torch.manual_seed(0)
     model = load_encoder(bert_dir, max_seq_length=32)
-    params = list(dptrain.make_trainable(model, "top:1").values())
+    params = list(make_trainable(model, "top:1").values())
     corpus = {f"d{i}": Document(f"d{i}", "", f"{w} {WORDS[i + 20]} of the {WORDS[i + 40]}")
               for i, w in enumerate(WORDS[:12])}
     rows = [QueryDocPair(query=f"what {WORDS[i + 30]} {w}", doc_id=f"d{i}", query_id=f"q{i % 9}")

@@ -233,7 +233,8 @@ def test_train_ledger_and_resume_after_crash(tiny_llama_dir, tmp_path, monkeypat
 
 
 def test_seq2seq_generator_behind_the_same_interface(tiny_t5_dir, tmp_path):
-    from privret.models.generator import Seq2SeqQueryGenerator, load_trained_generator
+    from privret.models.generator import load_trained_generator
+    from privret.models.seq2seq_generator import Seq2SeqQueryGenerator
 
     gen = load_generator(str(tiny_t5_dir), bf16=False)
     assert isinstance(gen, Seq2SeqQueryGenerator)

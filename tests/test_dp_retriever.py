@@ -18,12 +18,12 @@ from privret.privacy.budget import BudgetPolicy
 from privret.privacy.ledger import PrivacyLedger
 from privret.privacy.logit_dp import contrastive_factor
 from privret.train import dp_retriever as dptrain
-from privret.train.dp_retriever import (NORM_MARGIN, Mechanism, StepBatch, _encode, _grads,
-                                        _masked_logits, _norm, build_batch, clipped_sum, dp_step,
-                                        draw_negatives,
-                                        false_negative_mask, make_trainable, negative_pool, plan,
-                                        public_negative_losses, sensitivity, train_dp_retriever)
+from privret.train.clipped_sums import (NORM_MARGIN, StepBatch, _encode, _grads, _masked_logits, _norm, clipped_sum,
+                                        false_negative_mask, public_negative_losses)
+from privret.train.dp_retriever import (build_batch, dp_step, draw_negatives, negative_pool, plan, sensitivity,
+                                        train_dp_retriever)
 from privret.train.settings import DPRetrieverConfig
+from privret.train.trainable import make_trainable
 
 torch.set_num_threads(1)
 

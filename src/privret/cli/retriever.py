@@ -82,23 +82,19 @@ def retriever_train(
     if dp is not None and select is not None:
         raise InputError("applies to non-private training only: a validation split of private queries would need "
                          "a privacy budget of its own", field="--select")
+    lengths = {} if max_doc_tokens is None else {"max_doc_tokens": max_doc_tokens}
     if dp is not None:
         from privret.privacy.budget import dataset_id
         from privret.train.dp_retriever import train_dp_retriever
-        from privret.train.settings import METHODS, DPRetrieverConfig
+        from privret.train.settings import DPRetrieverConfig
 
-        if dp not in METHODS:
-            raise InputError(f"unknown method '{dp}' (choose from {', '.join(METHODS)})", field="--dp")
-        if dp == "public-negatives" and data is None:
-            raise InputError("--dp public-negatives draws its negatives from a public corpus: pass --data DIR (its "
-                             "corpus.jsonl); documents given inline in --pairs are private", field="--data")
+        _check_method(dp, data)
         dp_cfg = build_config(DPRetrieverConfig, method=dp, model=model, epsilon=epsilon, delta=delta, unit=unit,
                               clip_norm=clip_norm, batch_size=batch_size, max_batch_units=max_batch_units,
                               epochs=epochs, learning_rate=learning_rate, temperature=temperature,
                               spreadout_weight=spreadout_weight, trainable=trainable, lora_rank=lora_rank,
                               public_negatives=public_negatives, accountant=accountant, seed=seed,
-                              checkpoint_every=checkpoint_every, secure_rng=secure_rng,
-                              **({} if max_doc_tokens is None else {"max_doc_tokens": max_doc_tokens}))
+                              checkpoint_every=checkpoint_every, secure_rng=secure_rng, **lengths)
         # --data's corpus plus any documents inline in --pairs: train_dp_retriever leaves the inline ones out
         ledger = train_dp_retriever(training, out_dir, dp_cfg, data_hash=data_hash,
                                     dataset_id=dataset_id(training, dataset_name), public_corpus=training.corpus,
@@ -113,11 +109,22 @@ def retriever_train(
                          field="--secure-rng")
     cfg = build_config(RetrieverTrainConfig, model=model, epochs=epochs, batch_size=batch_size,
                        learning_rate=learning_rate, temperature=0.05 if temperature is None else temperature, seed=seed,
-                       **({} if max_doc_tokens is None else {"max_doc_tokens": max_doc_tokens}),
+                       **lengths,
                        selection=None if select is None else {
                            **({} if select == "default" else {"grid": parse_grid(select)}),
                            "max_epochs": select_max_epochs, "validation_pool": validation_pool})
     _train_non_private(training, data_hash, out_dir, cfg, model=model, synthetic_set=data if pairs is None else None)
+
+
+def _check_method(dp: str, data: Path | None) -> None:
+    """Refuse an unknown --dp method, and public-negatives without a public corpus (--data)."""
+    from privret.train.settings import METHODS
+
+    if dp not in METHODS:
+        raise InputError(f"unknown method '{dp}' (choose from {', '.join(METHODS)})", field="--dp")
+    if dp == "public-negatives" and data is None:
+        raise InputError("--dp public-negatives draws its negatives from a public corpus: pass --data DIR (its "
+                         "corpus.jsonl); documents given inline in --pairs are private", field="--data")
 
 
 def _train_non_private(training, data_hash: str, out_dir: Path, cfg, *, model: str, synthetic_set: Path | None) -> None:

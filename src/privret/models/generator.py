@@ -5,7 +5,7 @@ Two model families sit behind one interface, :class:`QueryGenerator`:
 * causal LMs (Llama-style decoders such as SmolLM2, or any ``AutoModelForCausalLM``): the
   document is put in a prompt (the model's chat template when it has one) and the loss is the
   mean cross-entropy of the *query tokens only*;
-* seq2seq models (T5 family): input ``generate_query: <document>``, target the query (seed 4.1).
+* seq2seq models (T5 family; :mod:`privret.models.seq2seq_generator`): document in, query out (seed 4.1).
 
 A causal generator may carry *few-shot examples* (``examples``: public (document, query) pairs)
 that are put in every prompt before the document: earlier user/assistant turns under a chat
@@ -281,7 +281,7 @@ class CausalQueryGenerator(QueryGenerator):
         try:
             for lo in range(0, len(items), batch_size):
                 chunk = items[lo: lo + batch_size]
-                ids, mask = _right_pad([c["input_ids"] for c in chunk], self.tokenizer.pad_token_id)
+                ids, mask = right_pad([c["input_ids"] for c in chunk], self.tokenizer.pad_token_id)
                 captured.clear()
                 with self.autocast():
                     try:
@@ -299,9 +299,9 @@ class CausalQueryGenerator(QueryGenerator):
 
     def collate(self, items):
         pad = self.tokenizer.pad_token_id
-        ids, mask = _right_pad([it["input_ids"] for it in items], pad)
-        predict, target_mask = _right_pad([it["predict_positions"] for it in items], 0)
-        targets, _ = _right_pad([it["target_ids"] for it in items], pad)
+        ids, mask = right_pad([it["input_ids"] for it in items], pad)
+        predict, target_mask = right_pad([it["predict_positions"] for it in items], 0)
+        targets, _ = right_pad([it["target_ids"] for it in items], pad)
         batch = {"attention_mask": mask, "predict_positions": predict, "target_ids": targets,
                  "target_mask": target_mask.float()}
         if "hidden" in items[0]:
@@ -337,56 +337,7 @@ class CausalQueryGenerator(QueryGenerator):
         return [texts[i * num_queries: (i + 1) * num_queries] for i in range(len(docs))]
 
 
-class _Seq2SeqLoss(nn.Module):
-    def __init__(self, model: nn.Module):
-        super().__init__()
-        self.seq2seq = model
-
-    def forward(self, input_ids, attention_mask, labels, target_mask):
-        logits = self.seq2seq(input_ids=input_ids, attention_mask=attention_mask, labels=labels).logits.float()
-        token_loss = F.cross_entropy(logits.transpose(1, 2), labels.clamp(min=0), reduction="none") * target_mask
-        return token_loss.sum(1) / target_mask.sum(1).clamp(min=1)
-
-
-class Seq2SeqQueryGenerator(QueryGenerator):
-    kind = "seq2seq"
-    PREFIX = "generate_query: "
-
-    def example(self, doc, query):
-        source = self.tokenizer(self.PREFIX + doc, truncation=True, max_length=self.max_doc_tokens).input_ids
-        target = self.tokenizer(query, truncation=True, max_length=self.max_query_tokens).input_ids
-        return Example(source, target)
-
-    def prepare(self, examples, progress=None):
-        if progress is not None:
-            progress(len(examples))
-        return [{"input_ids": torch.tensor(e.prompt_ids), "labels": torch.tensor(e.target_ids)} for e in examples]
-
-    def collate(self, items):
-        ids, mask = _right_pad([it["input_ids"] for it in items], self.tokenizer.pad_token_id)
-        labels, target_mask = _right_pad([it["labels"] for it in items], self.tokenizer.pad_token_id)
-        labels = labels.masked_fill(target_mask == 0, -100)
-        batch = {"input_ids": ids, "attention_mask": mask, "labels": labels, "target_mask": target_mask.float()}
-        return {k: v.to(self.device) for k, v in batch.items()}
-
-    def loss_module(self):
-        return _Seq2SeqLoss(self.model).train()
-
-    @torch.no_grad()
-    def generate(self, docs, *, num_queries=1, top_p=0.8, temperature=1.0, max_new_tokens=48, seed=None):
-        if seed is not None:
-            torch.manual_seed(seed)
-        enc = self.tokenizer([self.PREFIX + d for d in docs], return_tensors="pt", padding=True, truncation=True,
-                             max_length=self.max_doc_tokens).to(self.device)
-        self.model.eval()
-        with self.autocast():
-            out = self.model.generate(**enc, do_sample=True, top_p=top_p, top_k=0, temperature=temperature,
-                                      max_new_tokens=max_new_tokens, num_return_sequences=num_queries)
-        texts = [self._decode(row) for row in out]
-        return [texts[i * num_queries: (i + 1) * num_queries] for i in range(len(docs))]
-
-
-def _right_pad(seqs: list[torch.Tensor], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+def right_pad(seqs: list[torch.Tensor], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
     length = max(len(s) for s in seqs)
     out = torch.full((len(seqs), length), pad, dtype=seqs[0].dtype)
     mask = torch.zeros(len(seqs), length, dtype=torch.long)
@@ -406,8 +357,12 @@ def load_generator(name: str, *, max_doc_tokens: int = 128, max_query_tokens: in
     def build(location: str) -> QueryGenerator:
         config = AutoConfig.from_pretrained(location, trust_remote_code=False)
         tokenizer = AutoTokenizer.from_pretrained(location, trust_remote_code=False)
-        cls, auto = ((Seq2SeqQueryGenerator, AutoModelForSeq2SeqLM) if config.is_encoder_decoder
-                     else (CausalQueryGenerator, AutoModelForCausalLM))
+        if config.is_encoder_decoder:
+            from privret.models.seq2seq_generator import Seq2SeqQueryGenerator
+
+            cls, auto = Seq2SeqQueryGenerator, AutoModelForSeq2SeqLM
+        else:
+            cls, auto = CausalQueryGenerator, AutoModelForCausalLM
         model = auto.from_pretrained(location, trust_remote_code=False, dtype=torch.float32)
         return cls(model, tokenizer, name=name, max_doc_tokens=max_doc_tokens, max_query_tokens=max_query_tokens,
                    trained_layers=trained_layers, bf16=bf16, device=device)
@@ -418,9 +373,8 @@ def load_generator(name: str, *, max_doc_tokens: int = 128, max_query_tokens: in
 def load_trained_generator(directory: str | Path, **settings) -> QueryGenerator:
     """Load what :meth:`QueryGenerator.save` wrote (LoRA adapters are merged for fast sampling).
 
-    ``settings`` (``max_doc_tokens``, ``max_query_tokens``, ``trained_layers``, ``bf16``; and ``device``, as in
-    :func:`load_generator`) replace the saved
-    ones: to train further from this generator (a warm start) with other settings.
+    ``settings`` (``max_doc_tokens``, ``max_query_tokens``, ``trained_layers``, ``bf16``; ``device`` as in
+    :func:`load_generator`) replace the saved ones: to train on from it (a warm start) with other settings.
     """
     directory = Path(directory)
     meta = json.loads((directory / GENERATOR_FILE).read_text())

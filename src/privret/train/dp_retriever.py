@@ -36,10 +36,8 @@ steps. The noisy sum, divided by the expected batch q N, goes to Adam. Logits ar
   book-keeping (one weighted contraction per layer from the same output gradients,
   :meth:`GhostNorms.weighted_grads`; no second backward), plus a no-grad forward of the negatives.
 
-Trainable parameters (``trainable``): ``all`` (every encoder parameter except the position embeddings,
-which broadcast over the batch and cannot be clipped per sample, and the unused pooler), ``top:K``
-(the top K transformer layers; lower layers are frozen and their backward is skipped), ``lora`` (LoRA
-adapters of rank ``lora_rank`` on the attention query/key/value projections, merged before saving).
+Trainable parameters (``trainable``: ``all``, ``top:K`` or ``lora``): :mod:`privret.train.trainable`. The clipped
+sums themselves: :mod:`privret.train.clipped_sums`.
 
 Crash safety and resumption (``docs/reliability.md``) are those of every DP run, with the same code
 (:mod:`privret.train.dp_run`): one process per output directory; every ``checkpoint_every`` steps an
@@ -64,28 +62,25 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from privret import distributed
 from privret.data.beir import Document
 from privret.data.pairs import UNIT_DEFINITIONS, TrainingPairs
 from privret.errors import InputError
 from privret.io import write_json_atomic
-from privret.models.encoder import features, load_encoder
+from privret.models.encoder import load_encoder
 from privret.models.model_card import write_model_card
 from privret.privacy import budget as budget_registry
 from privret.privacy.ledger import PrivacyLedger
-from privret.privacy.ghost_norms import GhostNorms
-from privret.privacy.logit_dp import logit_dp_factor, loss_logit_grads, pair_norm_bounds, reweighting, row_losses
+from privret.privacy.logit_dp import logit_dp_factor
 from privret.privacy.secure_rng import SecureRandom
 from privret.progress import Progress
+from privret.train.clipped_sums import StepBatch, clipped_sum
 from privret.train.dp_parallel import set_noisy_mean
 from privret.train.dp_run import DPRun, plan_run, run_training
-from privret.train.settings import METHODS, DPRetrieverConfig
+from privret.train.settings import DPRetrieverConfig
+from privret.train.trainable import make_trainable, merge_adapters
 
-# Norms are inflated by this relative margin before clipping, so float rounding in a computed norm
-# can never let a clipped term exceed its bound.
-NORM_MARGIN = 1e-5
 MECHANISM_FILE = "dp_mechanism.json"  # only a finished output holds it (with the model and ledger)
 # config fields that do not change what is trained: free to differ on resume, and left out of pipeline
 # fingerprints (secure_rng only when off: see privret.pipeline.stages.direct_dp_fingerprint)
@@ -119,226 +114,6 @@ def sensitivity(cfg: DPRetrieverConfig) -> tuple[float, int | None]:
     free = logit_dp_factor(temperature=cfg.tau, spreadout_weight=cfg.spreadout_weight)
     capped = logit_dp_factor(temperature=cfg.tau, spreadout_weight=cfg.spreadout_weight, max_rows=cfg.cap)
     return (capped * c, cfg.cap) if capped < free else (free * c, None)
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# One step's batch and the four clipped sums
-
-
-@dataclass
-class StepBatch:
-    """Rows of the sampled units: texts, the unit (0..m-1) and document id of each row; for
-    public-negatives the step's sample of public negatives."""
-
-    queries: list[str]
-    docs: list[str]
-    unit_of_row: torch.Tensor
-    doc_ids: list[str]
-    n_units: int
-    negatives: list[Document] | None = None
-
-
-def _encode(model, texts: list[str], max_length: int) -> torch.Tensor:
-    return F.normalize(model(features(model, texts, max_length=max_length))["sentence_embedding"].float(), dim=-1)
-
-
-def _encode_tracked(tracker: GhostNorms, model, batch: StepBatch, cfg: DPRetrieverConfig,
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The batch's query and document embeddings, ``tracker`` recording the layer calls of each
-    under its slot ("q", "d") for the ghost per-unit norms."""
-    tracker.slot = "q"
-    e_q = _encode(model, batch.queries, cfg.max_query_tokens)
-    tracker.slot = "d"
-    e_d = _encode(model, batch.docs, cfg.max_doc_tokens)
-    tracker.slot = None
-    return e_q, e_d
-
-
-def _masked_logits(e_q, e_d, batch: StepBatch, temperature: float) -> torch.Tensor:
-    """In-batch logits with off-diagonal false negatives (same unit or same document) masked out."""
-    logits = e_q @ e_d.T / temperature
-    u = batch.unit_of_row.to(logits.device)
-    same_doc = torch.tensor([[a == b for b in batch.doc_ids] for a in batch.doc_ids], device=logits.device)
-    mask = ((u[:, None] == u[None, :]) | same_doc) & ~torch.eye(len(u), dtype=torch.bool, device=logits.device)
-    return logits.masked_fill(mask, float("-inf"))
-
-
-def _grads(scalar: torch.Tensor, params: list[torch.Tensor], *, retain: bool) -> list[torch.Tensor]:
-    got = torch.autograd.grad(scalar, params, retain_graph=retain, allow_unused=True)
-    return [torch.zeros_like(p) if g is None else g for g, p in zip(got, params)]
-
-
-def _norm(grads: list[torch.Tensor]) -> torch.Tensor:
-    return torch.sqrt(sum(g.float().pow(2).sum() for g in grads))
-
-
-def clipped_sum(method: str, model, params: list[torch.Tensor], batch: StepBatch, cfg: DPRetrieverConfig,
-                ) -> tuple[list[torch.Tensor], dict]:
-    """The method's clipped gradient sum s(batch) (before noise) and step statistics.
-
-    The statistics (``loss``: mean loss of the batch; ``clipped``: fraction of clipped units, pairs or
-    batches) are computed from the private batch without noise, so they are **not DP**: they may be shown
-    on a live terminal (:class:`privret.progress.Progress` ``stats``) and must never be written to a file,
-    a log or a report.
-    """
-    if not batch.queries:
-        return [torch.zeros_like(p) for p in params], {"loss": float("nan")}
-    if method == "naive":
-        return _naive(model, params, batch, cfg)
-    if method == "batch-clip":
-        return _batch_clip(model, params, batch, cfg)
-    if method == "logit-dp":
-        return _logit_dp(model, params, batch, cfg)
-    if method == "public-negatives":
-        return _public_negatives(model, params, batch, cfg)
-    raise InputError(f"unknown method '{method}' (choose from {', '.join(METHODS)})", field="method")
-
-
-def _naive(model, params, batch, cfg):
-    e_q = _encode(model, batch.queries, cfg.max_query_tokens)
-    e_d = _encode(model, batch.docs, cfg.max_doc_tokens)
-    losses = F.cross_entropy(_masked_logits(e_q, e_d, batch, cfg.tau),
-                             torch.arange(len(batch.queries), device=e_q.device), reduction="none")
-    u = batch.unit_of_row.to(losses.device)
-    unit_losses = torch.zeros(batch.n_units, device=losses.device).index_add(0, u, losses)
-    norms = torch.stack([_norm(_grads(unit_losses[k], params, retain=True)) for k in range(batch.n_units)])
-    factors = (cfg.clip_norm / (norms * (1 + NORM_MARGIN)).clamp_min(1e-12)).clamp(max=1.0)
-    out = _grads((factors.detach() * unit_losses).sum(), params, retain=False)
-    return out, {"loss": losses.mean().item(), "clipped": (norms > cfg.clip_norm).float().mean().item()}
-
-
-def _batch_clip(model, params, batch, cfg):
-    e_q = _encode(model, batch.queries, cfg.max_query_tokens)
-    e_d = _encode(model, batch.docs, cfg.max_doc_tokens)
-    losses = F.cross_entropy(_masked_logits(e_q, e_d, batch, cfg.tau),
-                             torch.arange(len(batch.queries), device=e_q.device), reduction="none")
-    grads = _grads(losses.sum(), params, retain=False)
-    norm = _norm(grads)
-    factor = min(1.0, cfg.clip_norm / max(norm.item() * (1 + NORM_MARGIN), 1e-12))
-    return [g * factor for g in grads], {"loss": losses.mean().item(), "clipped": float(norm > cfg.clip_norm)}
-
-
-def _logit_dp(model, params, batch, cfg):
-    if batch.n_units != len(batch.queries):
-        raise ValueError("logit-dp takes exactly one row per unit")
-    tracker = GhostNorms(model)
-    try:
-        e_q, e_d = _encode_tracked(tracker, model, batch, cfg)
-        logits = e_q @ e_d.T / cfg.tau
-        tau = loss_logit_grads(logits.detach(), cfg.spreadout_weight)
-        q_side, d_side = pair_norm_bounds(tracker, e_q, e_d, cfg.tau)
-    finally:
-        tracker.remove()
-    bounds = (q_side + d_side) * (1 + NORM_MARGIN)
-    lam = reweighting(tau, bounds, cfg.clip_norm)
-    out = _grads((lam * logits).sum(), params, retain=False)
-    loss = row_losses(logits.detach(), cfg.spreadout_weight).mean().item()
-    return out, {"loss": loss, "clipped": (bounds > cfg.clip_norm).float().mean().item()}
-
-
-def _public_negatives(model, params, batch, cfg):
-    with torch.no_grad():
-        e_n = _encode(model, [d.full_text for d in batch.negatives], cfg.max_doc_tokens)
-    tracker = GhostNorms(model)
-    try:
-        e_q, e_d = _encode_tracked(tracker, model, batch, cfg)
-        losses = public_negative_losses(e_q, e_d, e_n, cfg.tau, mask=false_negative_mask(batch))
-        cot = torch.autograd.grad(losses.sum(), [e_q, e_d], retain_graph=True)
-        u = batch.unit_of_row
-        sq = tracker.group_sq_norms([e_q, e_d], list(cot), {"q": u, "d": u}, batch.n_units, keep_deltas=True)
-        norms = sq.clamp_min(0).sqrt() * (1 + NORM_MARGIN)
-        factors = (cfg.clip_norm / norms.clamp_min(1e-12)).clamp(max=1.0)
-        # book-keeping: sum_u factor_u grad_u from the output gradients already computed for the norms
-        # (row b's gradient belongs to unit u[b] only), no second backward pass
-        row_factor = factors[u.to(factors.device)].detach()
-        out = tracker.weighted_grads(params, {"q": row_factor, "d": row_factor})
-    finally:
-        tracker.remove()
-    return out, {"loss": losses.mean().item(), "clipped": (norms > cfg.clip_norm).float().mean().item()}
-
-
-def false_negative_mask(batch: StepBatch) -> torch.Tensor:
-    """[rows x negatives], True where public negative j is one of the positive documents of row i's unit
-    (the same document id or identical text): that negative is no negative for the row.
-
-    Row i's mask is a function of its own unit's pairs and the step's public sample only, so masking
-    keeps each unit's loss independent of the other units (Delta = C still holds)."""
-    units = batch.unit_of_row.tolist()
-    ids: list[set[str]] = [set() for _ in range(batch.n_units)]
-    texts: list[set[str]] = [set() for _ in range(batch.n_units)]
-    for u, doc_id, text in zip(units, batch.doc_ids, batch.docs):
-        ids[u].add(doc_id)
-        texts[u].add(text)
-    return torch.tensor([[n.id in ids[u] or n.full_text in texts[u] for n in batch.negatives] for u in units],
-                        dtype=torch.bool)
-
-
-def public_negative_losses(e_q: torch.Tensor, e_d: torch.Tensor, e_n: torch.Tensor, temperature: float, *,
-                           mask: torch.Tensor) -> torch.Tensor:
-    """Row i: l_i = -log( e^{s_i} / (e^{s_i} + sum_{j: not mask_ij} e^{s_ij}) ), s_i = cos(q_i, d_i) / t,
-    s_ij = cos(q_i, n_j) / t: the positive against the public negatives n_1..n_M (constants: no gradient)
-    that ``mask`` (:func:`false_negative_mask`) does not exclude for row i."""
-    pos = (e_q * e_d).sum(dim=1, keepdim=True)
-    neg = (e_q @ e_n.detach().T).masked_fill(mask.to(e_q.device), float("-inf"))
-    logits = torch.cat([pos, neg], dim=1) / temperature
-    return F.cross_entropy(logits, torch.zeros(len(e_q), dtype=torch.long, device=e_q.device), reduction="none")
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Trainable parameters
-
-
-def make_trainable(model, spec: str, *, lora_rank: int = 8) -> dict[str, torch.nn.Parameter]:
-    """Freeze all but the chosen parameters of a SentenceTransformer (see module docstring)."""
-    auto = model[0].auto_model
-    for p in model.parameters():
-        p.requires_grad_(False)
-    if spec == "lora":
-        from peft import LoraConfig, get_peft_model
-
-        targets = [n for n in ("query", "key", "value") if any(name.endswith("." + n) for name, _ in
-                                                                 auto.named_modules())] or ["q_proj", "v_proj"]
-        peft_model = get_peft_model(auto, LoraConfig(r=lora_rank, lora_alpha=2 * lora_rank, lora_dropout=0.0,
-                                                     target_modules=targets))
-        _replace_auto_model(model[0], peft_model)
-        return {n: p for n, p in model.named_parameters() if "lora_" in n}
-    layers = _layer_list(auto)
-    if spec == "all":
-        chosen = [p for n, p in auto.named_parameters() if "pooler" not in n and "position_embeddings" not in n]
-    else:
-        k = int(spec.split(":")[1])
-        if k > len(layers):
-            raise InputError(f"the encoder has {len(layers)} layers, cannot train the top {k}", field="trainable")
-        chosen = [p for layer in layers[-k:] for p in layer.parameters()]
-    for p in chosen:
-        p.requires_grad_(True)
-    return {n: p for n, p in model.named_parameters() if p.requires_grad}
-
-
-def _layer_list(auto) -> torch.nn.ModuleList:
-    for name, module in auto.named_modules():
-        if isinstance(module, torch.nn.ModuleList) and name.split(".")[-1] in ("layer", "layers"):
-            return module
-    raise InputError("cannot find the transformer layers of this encoder", field="trainable")
-
-
-def _replace_auto_model(transformer, new) -> None:
-    """Put ``new`` where ``transformer`` (a sentence-transformers Transformer module) keeps its HF model.
-
-    sentence-transformers >= 5 keeps it in ``model`` and ``auto_model`` is a read-only alias: assigning
-    to the alias would only register a second, unused submodule (and the saved file would miss the
-    adapters' merge)."""
-    if isinstance(getattr(type(transformer), "auto_model", None), property):
-        transformer.model = new
-    else:
-        transformer.auto_model = new
-
-
-def _finalise(model) -> None:
-    """Merge LoRA adapters so the saved model is a plain SentenceTransformer."""
-    auto = model[0].auto_model
-    if hasattr(auto, "merge_and_unload"):
-        _replace_auto_model(model[0], auto.merge_and_unload())
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -520,7 +295,7 @@ class _RetrieverTrainer:
 
     def save(self, staged: Path, *, resumed_at_step: int) -> None:
         self.model.eval()
-        _finalise(self.model)
+        merge_adapters(self.model)
         self.model.save(str(staged), safe_serialization=True)
         mech = self.mech
         write_json_atomic(staged / MECHANISM_FILE, {
