@@ -54,7 +54,7 @@ def _worker(args: dict, queue) -> None:
     from privret.data.pairs import pairs_from_beir
     from privret.models.encoder import load_encoder
     from privret.train.clipped_sums import StepBatch, _encode, clipped_sum
-    from privret.train.trainable import make_trainable
+    from privret.models.trainable import make_trainable
     from privret.train.settings import DPRetrieverConfig
 
     n, method = args["batch"], args["method"]

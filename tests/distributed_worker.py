@@ -106,7 +106,7 @@ def retriever_step(bert_dir: str, out_dir: str) -> None:
     from privret.models.encoder import load_encoder
     from privret.train import dp_retriever as dptrain
     from privret.train.settings import DPRetrieverConfig
-    from privret.train.trainable import make_trainable
+    from privret.models.trainable import make_trainable
 
     group = distributed.current()
     torch.manual_seed(0)

@@ -23,7 +23,7 @@ from privret.train.clipped_sums import (NORM_MARGIN, StepBatch, _encode, _grads,
 from privret.train.dp_retriever import (build_batch, dp_step, draw_negatives, negative_pool, plan, sensitivity,
                                         train_dp_retriever)
 from privret.train.settings import DPRetrieverConfig
-from privret.train.trainable import make_trainable
+from privret.models.trainable import make_trainable
 
 torch.set_num_threads(1)
 

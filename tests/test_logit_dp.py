@@ -208,7 +208,7 @@ def tiny_encoder(tiny_bert_dir):
 @pytest.mark.parametrize("spec", ["all", "top:1", "lora"])
 def test_ghost_pair_norms_are_exact(tiny_encoder, spec):
     from privret.train.clipped_sums import _grads, _norm
-    from privret.train.trainable import make_trainable
+    from privret.models.trainable import make_trainable
 
     model = tiny_encoder()
     params = list(make_trainable(model, spec, lora_rank=2).values())
@@ -234,7 +234,7 @@ def test_ghost_pair_norms_are_exact(tiny_encoder, spec):
 def test_ghost_group_norms_sum_sequences_of_a_unit(tiny_encoder):
     """A unit spanning several queries and documents: the norm of the summed gradient, cross terms included."""
     from privret.train.clipped_sums import _grads, _norm
-    from privret.train.trainable import make_trainable
+    from privret.models.trainable import make_trainable
 
     model = tiny_encoder()
     params = list(make_trainable(model, "all").values())
@@ -254,7 +254,7 @@ def test_ghost_group_norms_sum_sequences_of_a_unit(tiny_encoder):
 def test_reused_input_grams_give_the_norms_of_a_fresh_computation(tiny_encoder):
     """Passes with different cotangents over one recorded forward: the Grams kept from the first pass
     (units spanning several sequences, so cross-sequence pairs too) give the same norms as recomputing."""
-    from privret.train.trainable import make_trainable
+    from privret.models.trainable import make_trainable
 
     model = tiny_encoder()
     make_trainable(model, "all")
@@ -282,7 +282,7 @@ def test_reused_input_grams_give_the_norms_of_a_fresh_computation(tiny_encoder):
 def test_weighted_grads_equal_the_backward_of_the_reweighted_loss(tiny_encoder, spec):
     """Book-keeping: sum_b w_b grad_b from the kept output gradients == autograd of sum_b w_b loss_b."""
     from privret.train.clipped_sums import _grads
-    from privret.train.trainable import make_trainable
+    from privret.models.trainable import make_trainable
 
     model = tiny_encoder()
     params = list(make_trainable(model, spec, lora_rank=2).values())
@@ -313,7 +313,7 @@ def test_weighted_grads_equal_the_backward_of_the_reweighted_loss(tiny_encoder, 
 
 def test_weighted_grads_refuse_what_they_cannot_see(tiny_encoder):
     from privret.train.clipped_sums import _encode
-    from privret.train.trainable import make_trainable
+    from privret.models.trainable import make_trainable
 
     model = tiny_encoder()
     params = list(make_trainable(model, "top:1").values())

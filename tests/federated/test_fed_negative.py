@@ -12,7 +12,7 @@ from privret.federated.negatives import (
     fed_negative_answer,
     fed_negative_merge,
     select_clients,
-    static_hard_negatives,
+    sample_excluding,
     top_k_excluding,
 )
 
@@ -74,7 +74,7 @@ def test_static_hard_negatives_exclude_gold_and_come_from_the_top_k():
     q = s[:5] + 0.01  # each query is closest to "its" sentence
     gold = [{i} for i in range(5)]
     top = top_k_excluding(q, s, gold, 10)
-    negs = static_hard_negatives(q, s, gold, k=10, n=3, rng=random.Random(0))
+    negs = [sample_excluding(r, set(), 3, random.Random(0)) for r in top]
     for i in range(5):
         assert i not in top[i] and len(top[i]) == 10
         assert len(negs[i]) == 3 and set(negs[i]) <= set(top[i])

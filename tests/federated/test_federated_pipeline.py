@@ -92,7 +92,8 @@ def test_federated_run_all_stages_bytes_and_resume(fed_dir, tiny_encoder, tmp_pa
             personal = context.state.array_records[f"query-encoder-{variant}"]
             assert set(personal) == set(global_arrays)
             assert any(not np.array_equal(personal[k].numpy(), global_arrays[k].numpy()) for k in personal)
-    again_global = _evaluate_all(grid, sorted(grid.contexts), global_arrays, f"round-{cfg.rounds}", "global")
+    again_global = _evaluate_all(grid, sorted(grid.contexts), global_arrays, f"round-{cfg.rounds}", "global",
+                                 cfg.wire_dtype)
     assert again_global == ev["pdd-as2"]
     ledger = json.loads((tmp_path / "run" / "privacy_ledger.json").read_text())
     assert ledger["mechanism"] == "none" and ledger["unit"] == "client"
@@ -185,3 +186,31 @@ def test_second_server_on_the_same_run_directory_fails_at_once(tmp_path):
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_hard_negatives_are_mined_every_remine_every_rounds_and_reused_between(fed_dir, tiny_encoder, monkeypatch):
+    import random
+
+    from privret.federated.arrays import new_encoder
+
+    cfg = _cfg(tiny_encoder, rounds=6, warmup_rounds=1, remine_every=2)
+    assert [local.round_stage(cfg, r) for r in range(1, 7)] == ["bm25", "hard", "hard-reuse", "hard",
+                                                                 "hard-reuse", "hard"]
+    assert [local.round_stage(_cfg(tiny_encoder, rounds=3), r) for r in (1, 2, 3)] == ["bm25", "hard", "hard"]
+    encoded = []
+    real = local.encode_texts
+    monkeypatch.setattr(local, "encode_texts", lambda *a, **k: encoded.append(len(a[1])) or real(*a, **k))
+    client = load_fed_squad(fed_dir)[1]
+    questions = local.train_questions(client, 0, 0)
+    gold = local.gold_indices(client, questions)
+    model, rng, rankings = new_encoder(cfg), random.Random(0), {}
+    negatives = local.epoch_negatives(model, client, questions, gold, "hard", cfg, rng, rankings)
+    assert encoded == [len(client.sentences), len(questions)]  # mined: collection and questions encoded
+    mined = rankings["hard", client.name]
+    assert all(set(n) <= set(r) and not set(n) & g for n, r, g in zip(negatives, mined, gold))
+    local.epoch_negatives(model, client, questions, gold, "hard-reuse", cfg, rng, rankings)
+    assert len(encoded) == 2 and rankings["hard", client.name] is mined  # reused: nothing encoded
+    local.epoch_negatives(model, client, questions, gold, "hard", cfg, rng, rankings)
+    assert len(encoded) == 4 and rankings["hard", client.name] is not mined
+    local.epoch_negatives(model, client, questions, gold, "hard-reuse", cfg, rng, {})  # after a restart: mined
+    assert len(encoded) == 6

@@ -52,6 +52,12 @@ def federated_train(
     warmup_rounds: Annotated[Optional[int], typer.Option(help="rounds with BM25 negatives")] = None,
     local_epochs: Annotated[Optional[int], typer.Option()] = None,
     train_fraction: Annotated[Optional[float], typer.Option(help="share of each client's training questions")] = None,
+    trainable: Annotated[Optional[str], typer.Option(
+        help="parameters trained and exchanged: layers (default; embeddings frozen), all, top:K or lora")] = None,
+    wire_dtype: Annotated[Optional[str], typer.Option(
+        help="float16 (default), bfloat16 or float32: weights down, updates up")] = None,
+    remine_every: Annotated[Optional[int], typer.Option(help="re-mine hard negatives every k-th hard round")] = None,
+    eval_every: Annotated[Optional[int], typer.Option(help="evaluate every k rounds (0: at the end only)")] = None,
     dp: Annotated[Optional[str], typer.Option(help="none, server or client (Flower DP-FedAvg wrappers)")] = None,
     dp_noise_multiplier: Annotated[Optional[float], typer.Option()] = None,
     dp_clip_norm: Annotated[Optional[float], typer.Option()] = None,
@@ -66,7 +72,8 @@ def federated_train(
 
     torch.set_num_threads(threads)
     cfg = _fed_config(config, model=model, rounds=rounds, warmup_rounds=warmup_rounds, local_epochs=local_epochs,
-                      train_fraction=train_fraction, dp=dp, dp_noise_multiplier=dp_noise_multiplier,
+                      train_fraction=train_fraction, trainable=trainable, wire_dtype=wire_dtype,
+                      remine_every=remine_every, eval_every=eval_every, dp=dp, dp_noise_multiplier=dp_noise_multiplier,
                       dp_clip_norm=dp_clip_norm, device=device)
     checked_device(cfg.device, field="--device" if device is not None else "device",
                    path=None if device is not None else config)

@@ -53,7 +53,7 @@ def retriever_train(
     unit: Annotated[str, typer.Option(help=f"--dp: {UNIT_HELP}")] = "query",
     clip_norm: Annotated[float, typer.Option(help="--dp: clipping norm (C per unit/batch, B per pair)")] = 1.0,
     max_batch_units: Annotated[Optional[int], typer.Option(help="--dp: cap K on units per step")] = None,
-    trainable: Annotated[str, typer.Option(help="--dp: all, top:K or lora")] = "all",
+    trainable: Annotated[str, typer.Option(help="--dp: all, layers, top:K or lora")] = "all",
     lora_rank: Annotated[int, typer.Option(help="--dp: LoRA rank")] = 8,
     public_negatives: Annotated[int, typer.Option(
         help="--dp public-negatives: negatives per step, drawn from --data's corpus")] = 32,

@@ -1,7 +1,9 @@
 """Model weights as Flower ``ArrayRecord``s, their checkpoint files, and the encoder they are loaded into.
 
 Shared by the ClientApp (:mod:`privret.federated.client_app`) and the ServerApp
-(:mod:`privret.federated.server_app`): both load the same encoder and exchange its full state dict.
+(:mod:`privret.federated.server_app`): both load the same encoder with the same trainable parameters
+(``FedConfig.trainable``, :func:`privret.models.trainable.make_trainable`) and exchange only those;
+the frozen ones are the checkpoint's on every node. How they travel: :mod:`privret.federated.wire`.
 """
 
 from __future__ import annotations
@@ -21,23 +23,39 @@ except ImportError:  # pragma: no cover - exercised only without flwr installed
 
 
 def new_encoder(cfg: FedConfig):
-    """``cfg.model`` loaded with torch seeded by ``cfg.seed`` (what the load initialises is the same on every
-    node), in a forked random state: the caller's torch stream is left as it was."""
+    """``cfg.model`` with ``cfg.trainable`` parameters trainable, loaded with torch seeded by ``cfg.seed``
+    (what the load initialises, LoRA adapters included, is the same on every node), in a forked random
+    state: the caller's torch stream is left as it was."""
     from privret.models.encoder import load_encoder
+    from privret.models.trainable import make_trainable
 
     with torch.random.fork_rng():
         torch.manual_seed(cfg.seed)
-        return load_encoder(cfg.model, max_seq_length=cfg.max_sentence_tokens, device=cfg.device)
+        model = load_encoder(cfg.model, max_seq_length=cfg.max_sentence_tokens, device=cfg.device)
+        make_trainable(model, cfg.trainable, lora_rank=cfg.lora_rank)
+        return model
+
+
+def trainable_parameters(model) -> dict[str, torch.nn.Parameter]:
+    return {k: p for k, p in model.named_parameters() if p.requires_grad}
 
 
 def load_weights(model, arrays: ArrayRecord) -> None:
-    """Every weight of ``model`` from ``arrays`` (strict: a missing or extra key is an error)."""
-    model.load_state_dict(arrays.to_torch_state_dict(), strict=True)
+    """The trainable parameters of ``model`` from ``arrays`` (a missing or extra name is an error)."""
+    params = trainable_parameters(model)
+    if set(arrays) != set(params):
+        missing, extra = sorted(set(params) - set(arrays)), sorted(set(arrays) - set(params))
+        raise ValueError(f"the arrays do not match the trainable parameters (missing {missing[:3]}, "
+                         f"unexpected {extra[:3]}): do both ends use the same model and trainable setting?")
+    with torch.no_grad():
+        for k, p in params.items():
+            p.copy_(torch.from_numpy(arrays[k].numpy()).to(p.dtype))
 
 
 def weights(model) -> ArrayRecord:
-    """A copy of ``model``'s state dict as an ArrayRecord (what a message carries)."""
-    return ArrayRecord({k: Array(v.detach().cpu().numpy().copy()) for k, v in model.state_dict().items()})
+    """A float32 copy of ``model``'s trainable parameters as an ArrayRecord (what a message carries)."""
+    return ArrayRecord({k: Array(p.detach().float().cpu().numpy().copy())
+                        for k, p in trainable_parameters(model).items()})
 
 
 def save_arrays(path: Path, arrays: ArrayRecord) -> None:

@@ -32,8 +32,8 @@ import numpy as np
 import torch
 
 from privret.data.fed_squad import ClientData, load_client
-from privret.federated import local
-from privret.federated.arrays import load_weights, new_encoder, weights
+from privret.federated import local, wire
+from privret.federated.arrays import load_weights, new_encoder, trainable_parameters, weights
 from privret.federated.config import FedConfig
 from privret.federated.negatives import fed_negative_answer, fed_negative_merge
 from privret.federated.strategy import DP_WEIGHT_KEY, WEIGHT_KEY
@@ -56,6 +56,20 @@ def _metric_record(values: dict) -> MetricRecord:
     return MetricRecord({k: float(v) for k, v in values.items()})
 
 
+def _wire_codec(msg, context, call_next):
+    """Every message's ``arrays`` arrive in the wire type (:mod:`privret.federated.wire`): the handlers (and
+    Flower's clipping mod) see float32 weights; a reply's ``arrays`` leave as the update against them."""
+    if "arrays" not in msg.content.array_records:
+        return call_next(msg, context)
+    dtype = FedConfig.from_run_config(context.run_config).wire_dtype
+    received = wire.decode_weights(msg.content["arrays"], dtype)
+    msg.content = RecordDict({**dict(msg.content.items()), "arrays": received})  # a copy: the sender's is kept
+    reply = call_next(msg, context)
+    if not reply.has_error() and "arrays" in reply.content.array_records:
+        reply.content["arrays"] = wire.encode_update(reply.content["arrays"], received, dtype)
+    return reply
+
+
 def _train_clipped(msg, context, call_next):
     """Flower's ``fixedclipping_mod`` when the server asks for client-side clipping, else a no-op."""
     from flwr.clientapp.mod import fixedclipping_mod
@@ -73,7 +87,7 @@ class FedClient:
     def __init__(self):
         self._data: dict[tuple[str, str], ClientData] = {}
         self._encoders: dict[tuple, object] = {}  # (model, slot, device) -> encoder, reloaded per message
-        self._bm25: dict[tuple, dict[str, list]] = {}  # questions' settings -> client -> BM25 ranking
+        self._rankings: dict[tuple, dict] = {}  # questions' settings -> (kind, client) -> negatives' rankings
 
     def client_data(self, context) -> ClientData:
         data_dir = Path(str(context.node_config["data-dir"]))
@@ -131,11 +145,13 @@ class FedClient:
         model = self.global_model(cfg, msg)
         questions = local.train_questions(client, cfg.max_train_questions, cfg.seed, cfg.train_fraction)
         gold = local.gold_indices(client, questions)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.learning_rate)
-        bm25 = self._bm25.setdefault((cfg.bm25_k, cfg.max_train_questions, cfg.train_fraction, cfg.seed), {})
+        optimizer = torch.optim.AdamW(trainable_parameters(model).values(), lr=cfg.learning_rate)
+        rankings = self._rankings.setdefault(
+            (cfg.bm25_k, cfg.hard_k, cfg.max_train_questions, cfg.train_fraction, cfg.seed), {})
         stats = []
         for _ in range(cfg.local_epochs):
-            negatives = local.epoch_negatives(model, client, questions, gold, str(config["stage"]), cfg, rng, bm25)
+            negatives = local.epoch_negatives(model, client, questions, gold, str(config["stage"]), cfg, rng,
+                                              rankings)
             stats.append(local.train_dual_encoder_epoch(
                 model, client, questions, negatives, optimizer=optimizer, batch_size=cfg.batch_size,
                 temperature=cfg.temperature, max_query_tokens=cfg.max_query_tokens,
@@ -176,7 +192,7 @@ class FedClient:
         answers = [rec for key, rec in msg.content.array_records.items() if key.startswith("fedneg-")]
         if answers:
             fed = fed_negative_merge([(a["emb"].numpy(), a["scores"].numpy()) for a in answers], cfg.fed_negatives)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.personal_learning_rate)
+        optimizer = torch.optim.AdamW(trainable_parameters(model).values(), lr=cfg.personal_learning_rate)
         stats = local.train_query_encoder_epoch(
             model, client, questions, s, optimizer=optimizer, batch_size=cfg.personal_batch_size,
             temperature=cfg.temperature, max_query_tokens=cfg.max_query_tokens, n_negatives=cfg.personal_negatives,
@@ -207,7 +223,7 @@ class FedClient:
 def build_client_app():
     """A fresh ClientApp with the handlers of its own :class:`FedClient` (module-level ``client_app`` is one)."""
     client = FedClient()
-    app = ClientApp()
+    app = ClientApp(mods=[_wire_codec])
     app.train(mods=[_train_clipped])(client.train)
     app.train("personalize")(client.personalize)
     app.query("embed")(client.embed_queries)

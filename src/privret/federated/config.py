@@ -21,6 +21,12 @@ class FedConfig(BaseModel):
     encoders with local dynamic hard negatives; "fed": the same plus Fed-Negative), every client
     fine-tunes its own copy of the query encoder for ``personal_epochs`` epochs with the sentence
     encoder frozen.
+
+    What a round costs: only the ``trainable`` parameters (:func:`privret.models.trainable.make_trainable`;
+    default ``layers``: the embeddings stay frozen and at home) travel, as ``wire_dtype`` (weights down,
+    updates up: :mod:`privret.federated.wire`); hard negatives are re-mined every ``remine_every``-th hard
+    round (:func:`privret.federated.local.round_stage`); ``eval_every`` adds evaluations of the global
+    model between rounds (for a learning curve; each costs an encoding of every collection).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -41,6 +47,14 @@ class FedConfig(BaseModel):
     max_train_questions: int = Field(0, ge=0, description="cap per client (0 = all), for quick runs")
     bf16: bool = True
     seed: int = 0
+    # what a round costs (docs/federated.md, "What a round costs")
+    trainable: str = Field("layers", pattern=r"^(all|layers|lora|top:[1-9][0-9]*)$",
+                           description="parameters trained and exchanged (privret.models.trainable)")
+    lora_rank: int = Field(8, gt=0)
+    wire_dtype: Literal["float32", "float16", "bfloat16"] = Field(
+        "float16", description="type of the exchanged parameters: weights down, updates up (privret.federated.wire)")
+    remine_every: int = Field(1, ge=1, description="hard negatives re-mined every k-th hard round (1 = each round)")
+    eval_every: int = Field(0, ge=0, description="evaluate the global model every k rounds (0 = at the end only)")
     # stage 2: client-customized query encoders and Fed-Negative
     personalize: list[Literal["local", "fed"]] = Field(default_factory=lambda: ["local", "fed"])
     personal_epochs: int = Field(1, ge=1)

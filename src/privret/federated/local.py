@@ -26,7 +26,7 @@ import torch
 
 from privret.data.fed_squad import ClientData, Question
 from privret.federated.config import FedConfig
-from privret.federated.negatives import bm25_ranked, sample_excluding, static_hard_negatives, top_k_excluding
+from privret.federated.negatives import bm25_ranked, sample_excluding, top_k_excluding
 from privret.retrieval.embedding import encode
 from privret.retrieval.metrics import retrieval_metrics
 from privret.models.device import bf16_autocast
@@ -77,19 +77,38 @@ def _positive(client_index: dict[str, int], q: Question) -> int:
     return client_index[q.positive]
 
 
+def round_stage(cfg: FedConfig, rnd: int) -> str:
+    """The negatives of stage-1 round ``rnd`` (1-based): ``bm25`` in the warm-up rounds, then ``hard`` (mine with
+    the current model) every ``remine_every``-th round, ``hard-reuse`` (sample again from the last mined
+    rankings) in between."""
+    if rnd <= cfg.warmup_rounds:
+        return "bm25"
+    return "hard" if (rnd - cfg.warmup_rounds - 1) % cfg.remine_every == 0 else "hard-reuse"
+
+
 def epoch_negatives(model, client: ClientData, questions: list[Question], gold: list[set[int]], stage: str,
-                    cfg: FedConfig, rng: random.Random, bm25_cache: dict[str, list]) -> list[list[int]]:
-    """Explicit negatives of one stage-1 epoch: ``bm25`` (warm-up) samples from the BM25 top ``bm25_k`` of each
-    question, without its gold sentences (the ranking kept in ``bm25_cache`` under the client's name); ``hard``
-    from the current model's top ``hard_k`` (:func:`~privret.federated.negatives.static_hard_negatives`)."""
+                    cfg: FedConfig, rng: random.Random, rankings: dict[tuple[str, str], list]) -> list[list[int]]:
+    """Explicit negatives of one stage-1 epoch (:func:`round_stage`), ``n_negatives`` per question sampled from a
+    ranking of the client's sentences, gold excluded:
+
+    * ``bm25``: the BM25 top ``bm25_k`` (computed once, kept in ``rankings``);
+    * ``hard``: the current model's top ``hard_k`` (static hard negatives, thesis 3.4.6): the collection and
+      the questions are encoded again, and the ranking replaces the one in ``rankings``;
+    * ``hard-reuse``: the last ``hard`` ranking kept in ``rankings`` (mined now if there is none, e.g. after the
+      client restarted).
+    """
     if stage == "bm25":
-        if client.name not in bm25_cache:
-            bm25_cache[client.name] = bm25_ranked(client.sentences, [q.text for q in questions], cfg.bm25_k + 8)
-        return [sample_excluding([i for i in r if i not in g][:cfg.bm25_k], set(), cfg.n_negatives, rng)
-                for r, g in zip(bm25_cache[client.name], gold)]
-    s = encode_texts(model, client.sentences, max_length=cfg.max_sentence_tokens, bf16=cfg.bf16)
-    q = encode_texts(model, [x.text for x in questions], max_length=cfg.max_query_tokens, bf16=cfg.bf16)
-    return static_hard_negatives(q, s, gold, k=cfg.hard_k, n=cfg.n_negatives, rng=rng)
+        key = ("bm25", client.name)
+        if key not in rankings:
+            ranked = bm25_ranked(client.sentences, [q.text for q in questions], cfg.bm25_k + 8)
+            rankings[key] = [[i for i in r if i not in g][:cfg.bm25_k] for r, g in zip(ranked, gold)]
+    else:
+        key = ("hard", client.name)
+        if stage == "hard" or key not in rankings:
+            s = encode_texts(model, client.sentences, max_length=cfg.max_sentence_tokens, bf16=cfg.bf16)
+            q = encode_texts(model, [x.text for x in questions], max_length=cfg.max_query_tokens, bf16=cfg.bf16)
+            rankings[key] = top_k_excluding(q, s, gold, cfg.hard_k)
+    return [sample_excluding(r, set(), cfg.n_negatives, rng) for r in rankings[key]]
 
 
 def train_dual_encoder_epoch(model, client: ClientData, questions: list[Question], negatives: list[list[int]], *,

@@ -2,10 +2,10 @@
 
 * BM25 negatives (thesis 3.3): the top ``k`` sentences of the client's collection by BM25 (bm25s),
   excluding the gold answer sentences, ``n`` of them sampled uniformly.
-* Static hard negatives (thesis 3.3, 3.4.6): at the start of each local epoch the current model
-  encodes the collection and the training queries; for each query the top ``k`` sentences by cosine,
-  gold excluded, and ``n`` sampled uniformly from them (``k >> n``): taking the very top ones would
-  often take unlabelled correct answers ("query hubness").
+* Static hard negatives (thesis 3.3, 3.4.6): the current model encodes the collection and the
+  training queries; for each query the top ``k`` sentences by cosine (:func:`top_k_excluding`, gold
+  excluded), and ``n`` sampled uniformly from them (``k >> n``): taking the very top ones would often
+  take unlabelled correct answers ("query hubness"). When they are mined: :func:`privret.federated.local.round_stage`.
 * Fed-Negative (thesis eqs. 4.1-4.2): client ``c`` sends its query embeddings to a selected set
   ``C_s`` of other clients (eq. 4.1); each answers with its top-``n`` sentence embeddings (and their
   scores) from its own collection; ``c`` keeps the top ``n`` of the union by score (eq. 4.2).
@@ -52,12 +52,6 @@ def top_k_excluding(q: np.ndarray, s: np.ndarray, gold: list[set[int]], k: int) 
         ranked = [int(i) for i in top[np.argsort(-row[top], kind="stable")] if int(i) not in g]
         out.append(ranked[:k])
     return out
-
-
-def static_hard_negatives(q: np.ndarray, s: np.ndarray, gold: list[set[int]], *, k: int, n: int,
-                          rng: random.Random) -> list[list[int]]:
-    """Static hard negatives: ``n`` of the top-``k`` by the current model, gold excluded (thesis 3.4.6)."""
-    return [sample_excluding(r, set(), n, rng) for r in top_k_excluding(q, s, gold, k)]
 
 
 def fed_negative_answer(query_emb: np.ndarray, sentence_emb: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:

@@ -24,6 +24,7 @@ import torch
 from privret.data.fed_squad import ClientData, load_fed_squad
 from privret.errors import InputError
 from privret.federated import local
+from privret.federated.arrays import new_encoder, trainable_parameters
 from privret.federated.config import FedConfig
 from privret.io import write_json_atomic
 
@@ -112,35 +113,51 @@ def evaluate_bm25_all(clients: list[ClientData]) -> dict:
     return {"per_client": per_client, "pooled": local.pooled(per_client)}
 
 
-def _stages(cfg: FedConfig) -> list[str]:
-    """One entry per epoch of a non-federated baseline with the same budget as ``rounds x local_epochs``."""
-    return ["bm25" if r < cfg.warmup_rounds else "hard" for r in range(cfg.rounds) for _ in range(cfg.local_epochs)]
+def _stages(cfg: FedConfig) -> list[tuple[int, str]]:
+    """``(round, stage)`` per epoch of a non-federated baseline with the budget of ``rounds x local_epochs``."""
+    return [(r, local.round_stage(cfg, r)) for r in range(1, cfg.rounds + 1) for _ in range(cfg.local_epochs)]
+
+
+def _evaluate(model, client: ClientData, cfg: FedConfig) -> dict:
+    return local.evaluate_dense(model, model, client, max_query_tokens=cfg.max_query_tokens,
+                                max_sentence_tokens=cfg.max_sentence_tokens, bf16=cfg.bf16)
 
 
 def train_local_only(cfg: FedConfig, clients: list[ClientData], *, on_client=None) -> dict:
-    """Local-only baseline: every client trains its own dual encoder on its own data; evaluated locally."""
-    from privret.models.encoder import load_encoder
+    """Local-only baseline: every client trains its own dual encoder on its own data; evaluated locally.
 
-    per_client = {}
+    The recipe is the federated one without aggregation: same trainable parameters, epochs and negative
+    schedule. With ``eval_every`` each client is also evaluated after every ``eval_every``-th round's
+    epochs (``curve``: round -> metrics), as the federated run evaluates its global model.
+    """
+    per_client, curves = {}, {}
     for c in clients:
         torch.manual_seed(cfg.seed)
         rng = random.Random(f"{cfg.seed}:{c.name}:local-only")
-        model = load_encoder(cfg.model, max_seq_length=cfg.max_sentence_tokens, device=cfg.device)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.learning_rate)
+        model = new_encoder(cfg)
+        optimizer = torch.optim.AdamW(trainable_parameters(model).values(), lr=cfg.learning_rate)
         questions = local.train_questions(c, cfg.max_train_questions, cfg.seed, cfg.train_fraction)
         gold = local.gold_indices(c, questions)
         cache: dict = {}
-        for stage in _stages(cfg):
+        curve = {}
+        stages = _stages(cfg)
+        for k, (rnd, stage) in enumerate(stages):
             negatives = local.epoch_negatives(model, c, questions, gold, stage, cfg, rng, cache)
             local.train_dual_encoder_epoch(model, c, questions, negatives, optimizer=optimizer,
                                            batch_size=cfg.batch_size, temperature=cfg.temperature,
                                            max_query_tokens=cfg.max_query_tokens,
                                            max_sentence_tokens=cfg.max_sentence_tokens, rng=rng, bf16=cfg.bf16)
-        per_client[c.name] = local.evaluate_dense(model, model, c, max_query_tokens=cfg.max_query_tokens,
-                                                  max_sentence_tokens=cfg.max_sentence_tokens, bf16=cfg.bf16)
+            round_ends = k + 1 == len(stages) or stages[k + 1][0] != rnd
+            if round_ends and cfg.eval_every and rnd % cfg.eval_every == 0 and rnd < cfg.rounds:
+                curve[rnd] = _evaluate(model, c, cfg)
+        per_client[c.name] = _evaluate(model, c, cfg)
+        curves[c.name] = {**curve, cfg.rounds: per_client[c.name]}
         if on_client is not None:
             on_client(c.name, per_client[c.name])
-    return {"per_client": per_client, "pooled": local.pooled(per_client)}
+    out = {"per_client": per_client, "pooled": local.pooled(per_client)}
+    if cfg.eval_every:
+        out["curve"] = {rnd: local.pooled({c: curves[c][rnd] for c in curves}) for rnd in curves[clients[0].name]}
+    return out
 
 
 def train_central(cfg: FedConfig, clients: list[ClientData]) -> dict:
@@ -149,17 +166,15 @@ def train_central(cfg: FedConfig, clients: list[ClientData]) -> dict:
     Batches never mix clients (a question's in-batch candidates come from its own collection, as in
     the federated run), and client batches are interleaved in a seeded random order.
     """
-    from privret.models.encoder import load_encoder
-
     torch.manual_seed(cfg.seed)
     rng = random.Random(f"{cfg.seed}:central")
-    model = load_encoder(cfg.model, max_seq_length=cfg.max_sentence_tokens, device=cfg.device)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.learning_rate)
+    model = new_encoder(cfg)
+    optimizer = torch.optim.AdamW(trainable_parameters(model).values(), lr=cfg.learning_rate)
     data = []
     for c in clients:
         questions = local.train_questions(c, cfg.max_train_questions, cfg.seed, cfg.train_fraction)
         data.append((c, questions, local.gold_indices(c, questions), {}))
-    for stage in _stages(cfg):
+    for _, stage in _stages(cfg):
         jobs = []
         for c, questions, gold, cache in data:
             negatives = local.epoch_negatives(model, c, questions, gold, stage, cfg, rng, cache)
@@ -171,9 +186,7 @@ def train_central(cfg: FedConfig, clients: list[ClientData]) -> dict:
                                            temperature=cfg.temperature, max_query_tokens=cfg.max_query_tokens,
                                            max_sentence_tokens=cfg.max_sentence_tokens, rng=random.Random(0),
                                            bf16=cfg.bf16)
-    per_client = {c.name: local.evaluate_dense(model, model, c, max_query_tokens=cfg.max_query_tokens,
-                                               max_sentence_tokens=cfg.max_sentence_tokens, bf16=cfg.bf16)
-                  for c in clients}
+    per_client = {c.name: _evaluate(model, c, cfg) for c in clients}
     return {"per_client": per_client, "pooled": local.pooled(per_client)}
 
 
@@ -181,9 +194,7 @@ def evaluate_zero_shot(cfg: FedConfig, clients: list[ClientData]) -> dict:
     from privret.models.encoder import load_encoder
 
     model = load_encoder(cfg.model, max_seq_length=cfg.max_sentence_tokens, device=cfg.device)
-    per_client = {c.name: local.evaluate_dense(model, model, c, max_query_tokens=cfg.max_query_tokens,
-                                               max_sentence_tokens=cfg.max_sentence_tokens, bf16=cfg.bf16)
-                  for c in clients}
+    per_client = {c.name: _evaluate(model, c, cfg) for c in clients}
     return {"per_client": per_client, "pooled": local.pooled(per_client)}
 
 

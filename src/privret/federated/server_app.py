@@ -18,7 +18,7 @@ import random
 import time
 from pathlib import Path
 
-from privret.federated import local
+from privret.federated import local, wire
 from privret.federated.arrays import load_arrays, new_encoder, save_arrays, weights
 from privret.federated.config import FedConfig
 from privret.federated.negatives import ExchangeLog, select_clients
@@ -33,13 +33,35 @@ except ImportError:  # pragma: no cover - exercised only without flwr installed
     ServerApp = None
 
 
-def _send(grid, messages: list, timeout: float = 24 * 3600) -> list:
+def _send(grid, messages: list, dtype: str, timeout: float = 24 * 3600) -> tuple[list, int, int]:
+    """Send ``messages`` and wait for every reply; returns ``(replies, bytes down, bytes up)``.
+
+    A message's ``arrays`` (the float32 master weights) travel in the wire type ``dtype``, a reply's
+    ``arrays`` (a client's update) come back rebuilt as that client's float32 model: master + update
+    (:mod:`privret.federated.wire`). Bytes are those of the arrays as they travel (no framing).
+    """
+    masters = {}
+    encoded: dict[int, ArrayRecord] = {}
+    for m in messages:
+        if "arrays" in m.content.array_records:
+            master = m.content["arrays"]
+            if m.metadata.dst_node_id in masters:
+                raise RuntimeError("two messages with weights to one node in one exchange")
+            masters[m.metadata.dst_node_id] = master
+            if id(master) not in encoded:
+                encoded[id(master)] = wire.encode_weights(master, dtype)
+            m.content = RecordDict({**dict(m.content.items()), "arrays": encoded[id(master)]})
+    down = sum(record_bytes(m.content) for m in messages)
     replies = list(grid.send_and_receive(messages, timeout=timeout))
     errors = [r for r in replies if r.has_error()]
     if errors or len(replies) != len(messages):
         reason = errors[0].error.reason if errors else f"{len(replies)} of {len(messages)} replies"
         raise RuntimeError(f"client failure: {reason}")
-    return replies
+    up = sum(record_bytes(r.content) for r in replies)
+    for r in replies:
+        if "arrays" in r.content.array_records:
+            r.content["arrays"] = wire.apply_update(masters[r.metadata.src_node_id], r.content["arrays"], dtype)
+    return replies, down, up
 
 
 def _per_client_metrics(replies) -> dict[str, dict]:
@@ -55,11 +77,11 @@ def _per_client_metrics(replies) -> dict[str, dict]:
     return dict(sorted(out.items()))
 
 
-def _evaluate_all(grid, nodes, arrays, version: str, variant: str) -> dict:
+def _evaluate_all(grid, nodes, arrays, version: str, variant: str, dtype: str) -> dict:
     msgs = [Message(RecordDict({"arrays": arrays, "config": ConfigRecord({"variant": variant,
                                                                           "model-version": version})}),
                     dst_node_id=n, message_type="evaluate") for n in nodes]
-    per_client = _per_client_metrics(_send(grid, msgs))
+    per_client = _per_client_metrics(_send(grid, msgs, dtype)[0])
     return {"per_client": per_client, "pooled": local.pooled(per_client)}
 
 
@@ -69,7 +91,8 @@ def _fed_negative_exchange(grid, nodes, arrays, version: str, variant: str, cfg:
     cfg_rec = ConfigRecord({"variant": variant, "model-version": version})
     msgs = [Message(RecordDict({"arrays": arrays, "config": cfg_rec}), dst_node_id=n, message_type="query.embed")
             for n in nodes]
-    queries = {r.metadata.src_node_id: r.content["queries"]["emb"].numpy() for r in _send(grid, msgs)}
+    replies = _send(grid, msgs, cfg.wire_dtype)[0]
+    queries = {r.metadata.src_node_id: r.content["queries"]["emb"].numpy() for r in replies}
     plan = []
     for i, node in enumerate(nodes):
         for j in select_clients(i, len(nodes), cfg.fed_select, rng):
@@ -77,7 +100,7 @@ def _fed_negative_exchange(grid, nodes, arrays, version: str, variant: str, cfg:
     msgs = [Message(RecordDict({"queries": ArrayRecord({"emb": Array(queries[src])}),
                                 "config": ConfigRecord({"n": cfg.fed_negatives, "model-version": version})}),
                     dst_node_id=dst, message_type="query.fednegative") for src, dst in plan]
-    replies = _send(grid, msgs)
+    replies = _send(grid, msgs, cfg.wire_dtype)[0]
     by_id = {m.metadata.message_id: (src, dst) for m, (src, dst) in zip(msgs, plan)}
     out: dict[int, list] = {n: [] for n in nodes}
     for r in replies:
@@ -113,11 +136,9 @@ def _run_server(grid, cfg: FedConfig, out_dir: Path, *, n_clients: int, data_has
     nodes = sorted(nodes)
     for rnd in range(rounds_done + 1, cfg.rounds + 1):
         t0 = time.time()
-        stage = "bm25" if rnd <= cfg.warmup_rounds else "hard"
+        stage = local.round_stage(cfg, rnd)
         msgs = list(strategy.configure_train(rnd, arrays, ConfigRecord({"stage": stage}), grid))
-        down = sum(record_bytes(m.content) for m in msgs)
-        replies = _send(grid, msgs)
-        up = sum(record_bytes(r.content) for r in replies)
+        replies, down, up = _send(grid, msgs, cfg.wire_dtype)
         new_arrays, metrics = strategy.aggregate_train(rnd, replies)
         if new_arrays is None:
             raise RuntimeError(f"round {rnd}: aggregation failed")
@@ -126,6 +147,8 @@ def _run_server(grid, cfg: FedConfig, out_dir: Path, *, n_clients: int, data_has
         history.append({"round": rnd, "stage": stage, "bytes_down": down, "bytes_up": up, "questions": n_questions,
                         "seconds": round(time.time() - t0, 1),
                         "train_loss": float(metrics["loss"]) if metrics is not None and "loss" in metrics else None})
+        if cfg.eval_every and rnd % cfg.eval_every == 0 and rnd < cfg.rounds:
+            history[-1]["evaluation"] = _evaluate_all(grid, nodes, arrays, f"round-{rnd}", "global", cfg.wire_dtype)
         save_arrays(ckpt, arrays)
         write_json_atomic(state_path, {"rounds_done": rnd, "history": history})
     ledger = dp_ledger(cfg, rounds_done=cfg.rounds, n_clients=n_clients, n_questions=int(history[-1]["questions"]) if history else 0,
@@ -137,7 +160,7 @@ def _run_server(grid, cfg: FedConfig, out_dir: Path, *, n_clients: int, data_has
     done = json.loads(results_path.read_text()).get("evaluations", {}) if resume and results_path.is_file() else {}
     evaluations = dict(done)
     if "pdd-as2" not in evaluations:
-        evaluations["pdd-as2"] = _evaluate_all(grid, nodes, arrays, version, "global")
+        evaluations["pdd-as2"] = _evaluate_all(grid, nodes, arrays, version, "global", cfg.wire_dtype)
         write_json_atomic(results_path, {**results, "evaluations": evaluations})
     for variant in cfg.personalize:
         name = "+query-encoders" if variant == "local" else "+query-encoders+fed-negative"
@@ -158,8 +181,8 @@ def _run_server(grid, cfg: FedConfig, out_dir: Path, *, n_clients: int, data_has
                 for k, ans in enumerate(fed.get(n, [])):
                     content[f"fedneg-{k}"] = ans
                 msgs.append(Message(content, dst_node_id=n, message_type="train.personalize"))
-            _send(grid, msgs)
-        evaluations[name] = _evaluate_all(grid, nodes, arrays, version, variant)
+            _send(grid, msgs, cfg.wire_dtype)
+        evaluations[name] = _evaluate_all(grid, nodes, arrays, version, variant, cfg.wire_dtype)
         if exchanges:
             evaluations[name]["fed_negative_exchanges"] = exchanges
         write_json_atomic(results_path, {**results, "evaluations": evaluations})

@@ -36,7 +36,7 @@ steps. The noisy sum, divided by the expected batch q N, goes to Adam. Logits ar
   book-keeping (one weighted contraction per layer from the same output gradients,
   :meth:`GhostNorms.weighted_grads`; no second backward), plus a no-grad forward of the negatives.
 
-Trainable parameters (``trainable``: ``all``, ``top:K`` or ``lora``): :mod:`privret.train.trainable`. The clipped
+Trainable parameters (``trainable``: ``all``, ``top:K`` or ``lora``): :mod:`privret.models.trainable`. The clipped
 sums themselves: :mod:`privret.train.clipped_sums`.
 
 Crash safety and resumption (``docs/reliability.md``) are those of every DP run, with the same code
@@ -79,7 +79,7 @@ from privret.train.clipped_sums import StepBatch, clipped_sum
 from privret.train.dp_parallel import set_noisy_mean
 from privret.train.dp_run import DPRun, plan_run, run_training
 from privret.train.settings import DPRetrieverConfig
-from privret.train.trainable import make_trainable, merge_adapters
+from privret.models.trainable import make_trainable, merge_adapters
 
 MECHANISM_FILE = "dp_mechanism.json"  # only a finished output holds it (with the model and ledger)
 # config fields that do not change what is trained: free to differ on resume, and left out of pipeline

@@ -1,8 +1,10 @@
 """Which parameters of a SentenceTransformer encoder the direct-DP trainer updates.
 
 Trainable parameters (``trainable``): ``all`` (every encoder parameter except the position embeddings,
-which broadcast over the batch and cannot be clipped per sample, and the unused pooler), ``top:K``
-(the top K transformer layers; lower layers are frozen and their backward is skipped), ``lora`` (LoRA
+which broadcast over the batch and cannot be clipped per sample, and the unused pooler), ``layers``
+(every transformer layer, the embeddings frozen: in MiniLM-L6 the word embeddings are half of the
+weights), ``top:K`` (the top K transformer layers; lower layers are frozen and their backward is
+skipped), ``lora`` (LoRA
 adapters of rank ``lora_rank`` on the attention query/key/value projections, merged before saving).
 """
 
@@ -30,6 +32,8 @@ def make_trainable(model, spec: str, *, lora_rank: int = 8) -> dict[str, torch.n
     layers = _layer_list(auto)
     if spec == "all":
         chosen = [p for n, p in auto.named_parameters() if "pooler" not in n and "position_embeddings" not in n]
+    elif spec == "layers":
+        chosen = list(layers.parameters())
     else:
         k = int(spec.split(":")[1])
         if k > len(layers):
