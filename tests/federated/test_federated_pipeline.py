@@ -66,9 +66,11 @@ def test_federated_run_all_stages_bytes_and_resume(fed_dir, tiny_encoder, tmp_pa
             grids.append(self)
 
     monkeypatch.setattr(runner, "InProcessGrid", RecordedGrid)
-    cfg = _cfg(tiny_encoder, personal_learning_rate=1e-2)  # personal encoders far enough from the global one
+    cfg = _cfg(tiny_encoder, personal_learning_rate=1e-2,  # personal encoders far enough from the global one
+               eval_every=1, per_query_metrics=True)
     res = run_federated_local(cfg, fed_dir, tmp_path / "run", resume=False)
     assert [r["stage"] for r in res["rounds"]] == ["bm25", "hard"]
+    assert set(res["rounds"][0]["evaluation"]) == set(local.LEVELS) and "evaluation" not in res["rounds"][1]
     ev = res["evaluations"]
     assert set(ev) == {"pdd-as2", "+query-encoders", "+query-encoders+fed-negative"}
     clients = load_fed_squad(fed_dir)
@@ -76,6 +78,10 @@ def test_federated_run_all_stages_bytes_and_resume(fed_dir, tiny_encoder, tmp_pa
         assert set(ev[name]["per_client"]) == {c.name for c in clients}
         total = sum(len(c.split("test")) for c in clients)
         assert ev[name]["pooled"]["sentence"]["queries"] == total
+        for c in clients:  # each test question's reciprocal rank reaches the server; their mean is the metric
+            for level, m in ev[name]["per_client"][c.name].items():
+                assert set(m["per_query"]) == {q.id for q in c.split("test")}
+                assert np.mean(list(m["per_query"].values())) == pytest.approx(m["mrr@10"])
     # bytes of one Fed-Negative exchange, by hand: each client sends its Q_i x 32 float32 query
     # embeddings to the other, which answers min(n, |S_j|) embeddings + scores per query
     ex = ev["+query-encoders+fed-negative"]["fed_negative_exchanges"][0]
@@ -138,6 +144,10 @@ def test_baselines_run_per_client(fed_dir, tiny_encoder):
                 assert result["pooled"][level][metric] == pytest.approx(weighted / sum(questions.values()))
             assert 0 <= result["pooled"][level]["recall@1"] <= result["pooled"][level]["recall@100"] <= 1
         assert result["per_client"] != zero_shot["per_client"]
+    # with eval_every, local-only also has a learning curve, whose last point is its result
+    curve = train_local_only(cfg.model_copy(update={"eval_every": 1}), clients)
+    assert list(curve["curve"]) == [1, 2] and curve["curve"][2] == curve["pooled"]
+    assert curve["curve"][1] != curve["curve"][2]
     # BM25 finds "Boats sail on the Nile." for "What sails on the Nile?" at rank 1
     bm25 = evaluate_bm25_all(clients)
     assert bm25["pooled"]["sentence"]["mrr@10"] > 0.3

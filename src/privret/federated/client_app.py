@@ -213,11 +213,16 @@ class FedClient:
             model = self.query_encoder(context, cfg, msg, variant)
         questions = client.split("test")
         q = local.encode_texts(model, [x.text for x in questions], max_length=cfg.max_query_tokens, bf16=cfg.bf16)
-        result = local.evaluate_scores(q @ s.T, client, questions)
-        flat = {f"{level}/{k}": v for level, m in result.items() for k, v in m.items() if k != "queries"}
+        result = local.evaluate_scores(q @ s.T, client, questions, per_query=cfg.per_query_metrics)
+        flat = {f"{level}/{k}": m[k] for level, m in result.items() for k in local.METRIC_NAMES}
         flat[WEIGHT_KEY] = len(questions)
-        return Message(RecordDict({"metrics": _metric_record(flat),
-                                   "info": ConfigRecord({"client": client.name})}), reply_to=msg)
+        content = RecordDict({"metrics": _metric_record(flat), "info": ConfigRecord({"client": client.name})})
+        if cfg.per_query_metrics:  # each test question's reciprocal rank, in the order of its id
+            ids = sorted(q.id for q in questions)
+            content["info"]["question-ids"] = ids
+            content["per-query"] = ArrayRecord({level: Array(np.array([m["per_query"][i] for i in ids]))
+                                                for level, m in result.items()})
+        return Message(content, reply_to=msg)
 
 
 def build_client_app():

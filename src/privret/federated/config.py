@@ -55,6 +55,8 @@ class FedConfig(BaseModel):
         "float16", description="type of the exchanged parameters: weights down, updates up (privret.federated.wire)")
     remine_every: int = Field(1, ge=1, description="hard negatives re-mined every k-th hard round (1 = each round)")
     eval_every: int = Field(0, ge=0, description="evaluate the global model every k rounds (0 = at the end only)")
+    per_query_metrics: bool = Field(False, description="evaluation replies carry each test question's reciprocal "
+                                                       "rank (paired statistics; the server sees per-question results)")
     # stage 2: client-customized query encoders and Fed-Negative
     personalize: list[Literal["local", "fed"]] = Field(default_factory=lambda: ["local", "fed"])
     personal_epochs: int = Field(1, ge=1)

@@ -28,7 +28,7 @@ from privret.data.fed_squad import ClientData, Question
 from privret.federated.config import FedConfig
 from privret.federated.negatives import bm25_ranked, sample_excluding, top_k_excluding
 from privret.retrieval.embedding import encode
-from privret.retrieval.metrics import retrieval_metrics
+from privret.retrieval.metrics import per_query_metrics
 from privret.models.device import bf16_autocast
 from privret.models.encoder import embed, in_batch_softmax_loss
 
@@ -208,39 +208,47 @@ def _run(scores: np.ndarray, qids: list[str], ids: list[str], k: int = 100) -> d
     return run
 
 
-def as2_metrics(run: dict[str, dict[str, float]], qrels: dict[str, dict[str, int]]) -> dict[str, float]:
-    """MRR@10 and Recall@1/20/100 (the thesis's Table 4.1 columns), via the core pytrec_eval wrapper."""
+def as2_metrics(run: dict[str, dict[str, float]], qrels: dict[str, dict[str, int]], *,
+                per_query: bool = False) -> dict:
+    """MRR@10 and Recall@1/20/100 (the thesis's Table 4.1 columns), via the core pytrec_eval wrapper; with
+    ``per_query`` also each question's reciprocal rank (``per_query``: qid -> MRR@10), for paired statistics."""
     import pytrec_eval
 
-    core = retrieval_metrics(run, qrels)
+    core = per_query_metrics(run, qrels)
     judged = {q: d for q, d in qrels.items() if q in run}
-    per_query = pytrec_eval.RelevanceEvaluator(judged, {"recall.1,20"}).evaluate({q: run[q] for q in judged})
+    recall = pytrec_eval.RelevanceEvaluator(judged, {"recall.1,20"}).evaluate({q: run[q] for q in judged})
     n = len(judged)
-    return {"mrr@10": core["mrr@10"], "recall@1": sum(v["recall_1"] for v in per_query.values()) / n,
-            "recall@20": sum(v["recall_20"] for v in per_query.values()) / n, "recall@100": core["recall@100"],
-            "queries": n}
+    out = {"mrr@10": sum(v["mrr@10"] for v in core.values()) / n,
+           "recall@1": sum(v["recall_1"] for v in recall.values()) / n,
+           "recall@20": sum(v["recall_20"] for v in recall.values()) / n,
+           "recall@100": sum(v["recall@100"] for v in core.values()) / n, "queries": n}
+    if per_query:
+        out["per_query"] = {q: core[q]["mrr@10"] for q in sorted(core)}
+    return out
 
 
-def evaluate_scores(scores: np.ndarray, client: ClientData, questions: list[Question]) -> dict[str, dict]:
+def evaluate_scores(scores: np.ndarray, client: ClientData, questions: list[Question], *,
+                    per_query: bool = False) -> dict[str, dict]:
     """Sentence- and passage-level metrics of a ``[Q, N]`` query x sentence score matrix."""
     qids = [q.id for q in questions]
     sentence_qrels = {q.id: {s: 1 for s in q.answer_sentences} for q in questions}
     passage_qrels = {q.id: {q.passage_id: 1} for q in questions}
     p_scores, pids = passage_scores(scores, client)
-    return {"sentence": as2_metrics(_run(scores, qids, client.sentence_ids), sentence_qrels),
-            "passage": as2_metrics(_run(p_scores, qids, pids), passage_qrels)}
+    return {"sentence": as2_metrics(_run(scores, qids, client.sentence_ids), sentence_qrels, per_query=per_query),
+            "passage": as2_metrics(_run(p_scores, qids, pids), passage_qrels, per_query=per_query)}
 
 
 def evaluate_dense(query_model, sentence_model, client: ClientData, *, split: str = "test", max_query_tokens: int,
-                   max_sentence_tokens: int, bf16: bool = False, sentence_emb: np.ndarray | None = None) -> dict:
+                   max_sentence_tokens: int, bf16: bool = False, sentence_emb: np.ndarray | None = None,
+                   per_query: bool = False) -> dict:
     questions = client.split(split)
     if sentence_emb is None:
         sentence_emb = encode_texts(sentence_model, client.sentences, max_length=max_sentence_tokens, bf16=bf16)
     q = encode_texts(query_model, [x.text for x in questions], max_length=max_query_tokens, bf16=bf16)
-    return evaluate_scores(q @ sentence_emb.T, client, questions)
+    return evaluate_scores(q @ sentence_emb.T, client, questions, per_query=per_query)
 
 
-def evaluate_bm25(client: ClientData, *, split: str = "test") -> dict:
+def evaluate_bm25(client: ClientData, *, split: str = "test", per_query: bool = False) -> dict:
     import bm25s
 
     questions = client.split(split)
@@ -249,7 +257,7 @@ def evaluate_bm25(client: ClientData, *, split: str = "test") -> dict:
     tokens = bm25s.tokenize([q.text for q in questions], stopwords="en", show_progress=False, return_ids=False)
     scores = np.stack([retriever.get_scores(t) if t else np.zeros(len(client.sentences)) for t in tokens])
     # sentences with score 0 still rank (ties broken by index), as in any BM25 engine returning top-k
-    return evaluate_scores(scores.astype(np.float64), client, questions)
+    return evaluate_scores(scores.astype(np.float64), client, questions, per_query=per_query)
 
 
 def pooled(per_client: dict[str, dict]) -> dict[str, dict]:

@@ -108,8 +108,8 @@ def run_federated_local(cfg: FedConfig, data_dir: str | Path, out_dir: str | Pat
                       resume=resume)
 
 
-def evaluate_bm25_all(clients: list[ClientData]) -> dict:
-    per_client = {c.name: local.evaluate_bm25(c) for c in clients}
+def evaluate_bm25_all(clients: list[ClientData], *, per_query: bool = False) -> dict:
+    per_client = {c.name: local.evaluate_bm25(c, per_query=per_query) for c in clients}
     return {"per_client": per_client, "pooled": local.pooled(per_client)}
 
 
@@ -120,7 +120,8 @@ def _stages(cfg: FedConfig) -> list[tuple[int, str]]:
 
 def _evaluate(model, client: ClientData, cfg: FedConfig) -> dict:
     return local.evaluate_dense(model, model, client, max_query_tokens=cfg.max_query_tokens,
-                                max_sentence_tokens=cfg.max_sentence_tokens, bf16=cfg.bf16)
+                                max_sentence_tokens=cfg.max_sentence_tokens, bf16=cfg.bf16,
+                                per_query=cfg.per_query_metrics)
 
 
 def train_local_only(cfg: FedConfig, clients: list[ClientData], *, on_client=None) -> dict:

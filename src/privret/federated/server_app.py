@@ -73,6 +73,9 @@ def _per_client_metrics(replies) -> dict[str, dict]:
         for level in local.LEVELS:
             result[level] = {k: float(m[f"{level}/{k}"]) for k in local.METRIC_NAMES}
             result[level]["queries"] = int(m[WEIGHT_KEY])
+            if "per-query" in r.content.array_records:
+                values = r.content["per-query"][level].numpy().tolist()
+                result[level]["per_query"] = dict(zip(r.content["info"]["question-ids"], values))
         out[name] = result
     return dict(sorted(out.items()))
 
@@ -148,7 +151,8 @@ def _run_server(grid, cfg: FedConfig, out_dir: Path, *, n_clients: int, data_has
                         "seconds": round(time.time() - t0, 1),
                         "train_loss": float(metrics["loss"]) if metrics is not None and "loss" in metrics else None})
         if cfg.eval_every and rnd % cfg.eval_every == 0 and rnd < cfg.rounds:
-            history[-1]["evaluation"] = _evaluate_all(grid, nodes, arrays, f"round-{rnd}", "global", cfg.wire_dtype)
+            history[-1]["evaluation"] = _evaluate_all(grid, nodes, arrays, f"round-{rnd}", "global",
+                                                      cfg.wire_dtype)["pooled"]
         save_arrays(ckpt, arrays)
         write_json_atomic(state_path, {"rounds_done": rnd, "history": history})
     ledger = dp_ledger(cfg, rounds_done=cfg.rounds, n_clients=n_clients, n_questions=int(history[-1]["questions"]) if history else 0,

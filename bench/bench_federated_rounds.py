@@ -1,0 +1,97 @@
+"""What a FedAvg round of PDD-AS2 costs, side by side in one process: seconds and bytes per round, and MRR.
+
+Variants (``--variants``), each a full federated run on Fed-SQuAD with the same data fraction, rounds and
+seed, evaluated at the end (no personalisation):
+
+* ``before``: every parameter, float32 on the wire, hard negatives mined every hard round (the recipe
+  of bench/results/federated before the round-cost work);
+* ``layers-fp32``: embeddings frozen, float32 (isolates what the frozen embeddings do);
+* ``layers-fp16``: embeddings frozen, float16 (weights down, updates up): the default;
+* ``layers-bf16``: the same in bfloat16.
+
+``--remine-every`` applies to all but ``before``. Each variant writes ``OUT/<variant>.json`` and is skipped
+when it exists, so an interrupted run continues. The table goes to ``OUT/rounds.md``:
+
+    OMP_NUM_THREADS=2 .venv/bin/python bench/bench_federated_rounds.py --threads 2 \\
+        --out bench/results/federated_rounds
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from privret.data.fed_squad import build_fed_squad
+from privret.federated.config import FedConfig
+from privret.federated.runner import run_federated_local, save_result
+
+SQUAD = Path(__file__).resolve().parents[2] / "shared" / "data" / "squad" / "squad-v1.1-dev-40.json"
+VARIANTS = {
+    "before": dict(trainable="all", wire_dtype="float32", remine_every=1),
+    "layers-fp32": dict(trainable="layers", wire_dtype="float32"),
+    "layers-fp16": dict(trainable="layers", wire_dtype="float16"),
+    "layers-bf16": dict(trainable="layers", wire_dtype="bfloat16"),
+}
+
+
+def run_variant(name: str, args, out: Path) -> dict:
+    path = out / f"{name}.json"
+    if path.is_file():
+        print(f"[skip] {name} (done: {path})", flush=True)
+        return json.loads(path.read_text())
+    knobs = {"remine_every": args.remine_every, **VARIANTS[name]}
+    cfg = FedConfig(model=args.model, rounds=args.rounds, warmup_rounds=args.warmup_rounds,
+                    train_fraction=args.train_fraction, personalize=[], seed=args.seed, **knobs)
+    print(f"[run] {name}: {knobs}", flush=True)
+    t0 = time.time()
+    res = run_federated_local(cfg, args.data, args.work / name, resume=True)
+    save_result(path, {"config": res["config"], "rounds": res["rounds"],
+                       "pooled": res["evaluations"]["pdd-as2"]["pooled"]}, seconds=round(time.time() - t0, 1))
+    return json.loads(path.read_text())
+
+
+def table(results: dict[str, dict]) -> str:
+    lines = ["| variant | trainable | wire | re-mine every | s/round (bm25) | s/round (hard, mean) | "
+             "MB down+up per round | sentence MRR@10 | passage MRR@10 |", "|---|---|---|---:|---:|---:|---:|---:|---:|"]
+    for name, r in results.items():
+        cfg, rounds = r["config"], r["rounds"]
+        bm25 = [x["seconds"] for x in rounds if x["stage"] == "bm25"]
+        hard = [x["seconds"] for x in rounds if x["stage"] != "bm25"]
+        mb = sum(x["bytes_down"] + x["bytes_up"] for x in rounds) / len(rounds) / 1e6
+        lines.append(f"| {name} | {cfg['trainable']} | {cfg['wire_dtype']} | {cfg['remine_every']} | "
+                     f"{sum(bm25) / max(len(bm25), 1):.1f} | {sum(hard) / max(len(hard), 1):.1f} | {mb:.1f} | "
+                     f"{r['pooled']['sentence']['mrr@10']:.4f} | {r['pooled']['passage']['mrr@10']:.4f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--squad", type=Path, default=SQUAD)
+    ap.add_argument("--data", type=Path, default=Path("runs/fed-squad"), help="Fed-SQuAD dir (built if missing)")
+    ap.add_argument("--out", type=Path, default=Path("bench/results/federated_rounds"))
+    ap.add_argument("--work", type=Path, default=Path("runs/bench-federated-rounds"), help="checkpoints")
+    ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    ap.add_argument("--model", default="minilm-l6")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--warmup-rounds", type=int, default=1)
+    ap.add_argument("--remine-every", type=int, default=1)
+    ap.add_argument("--train-fraction", type=float, default=0.1)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    if not args.data.is_dir():
+        build_fed_squad(args.squad, args.data)
+    args.out.mkdir(parents=True, exist_ok=True)
+    results = {name: run_variant(name, args, args.out) for name in args.variants}
+    text = table(results)
+    (args.out / "rounds.md").write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
