@@ -1,17 +1,23 @@
-"""The Table 4.1 analogue on Fed-SQuAD (thesis chapter 4), checkpointed and resumable.
+"""The Table 4.1 analogue on Fed-SQuAD (thesis chapter 4) over several seeds, checkpointed and resumable.
 
-Rows: BM25, zero-shot encoder, local-only, PDD-AS2 (FedAvg), + client-customized query encoders,
-+ Fed-Negative, central (upper bound); per client and pooled, sentence and passage level (MRR@10,
-Recall@1/20/100); bytes per FedAvg round and per Fed-Negative exchange; wall time of every step.
+Rows: BM25, zero-shot encoder, local-only, PDD-AS2 (FedAvg), + client-customized query encoders (CCQE),
++ Fed-Negative, central (upper bound); pooled over all test questions and per client, sentence and
+passage level. For the trained rows, the mean +- sd over ``--seeds`` (a seed fixes the share of
+training questions, the initialisation of nothing but the batch order and negatives, and the
+federated run); for each step of the thesis's ordering (local-only -> PDD-AS2 -> + CCQE ->
++ Fed-Negative -> central) the paired 95% bootstrap CI (privret.evaluate.statistics) of the
+difference in sentence MRR@10, over the test questions, of the seed-averaged per-question scores.
+With ``--eval-every`` the global model (and each local-only model) is also evaluated between rounds:
+``curve.png`` plots sentence MRR@10 per round for PDD-AS2 and local-only. Also: seconds and bytes per
+FedAvg round, bytes of Fed-Negative and the MRR@10 it gains per MB.
 
-Every step writes ``OUT/<step>.json`` and is skipped when that file exists (local-only also per
-client, the federated run per round), so an interrupted run continues where it stopped:
+Every step writes ``OUT/seed-S/<step>.json`` (BM25 and zero-shot, which have no seed: ``OUT/<step>.json``)
+and is skipped when that file exists (local-only also per client, the federated run per round), so
+an interrupted run continues where it stopped:
 
-    .venv/bin/python bench/bench_federated.py --data runs/fed-squad --out bench/results/federated
+    OMP_NUM_THREADS=2 .venv/bin/python bench/bench_federated.py --threads 2 --seeds 0 1 2 \\
+        --rounds 10 --remine-every 3 --eval-every 2 --out bench/results/federated
     .venv/bin/python bench/bench_federated.py --inversion   # also the embedding inversion check
-
-The default is small (2 rounds, 1 local epoch, 10% of each client's training questions) so that it
-fits in about 20 minutes of one CPU thread; raise ``--rounds`` and ``--train-fraction`` on a GPU.
 """
 
 from __future__ import annotations
@@ -21,9 +27,11 @@ import json
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from privret.data.fed_squad import build_fed_squad, load_fed_squad
+from privret.evaluate.statistics import mean_sd, paired_bootstrap_ci
 from privret.federated import local
 from privret.federated.config import FedConfig
 from privret.federated.runner import (
@@ -39,18 +47,20 @@ SQUAD = Path(__file__).resolve().parents[2] / "shared" / "data" / "squad" / "squ
 ROWS = [("BM25", "bm25"), ("zero-shot encoder", "zero-shot"), ("local-only", "local-only"),
         ("PDD-AS2", "pdd-as2"), ("+ client-customized query encoders", "+query-encoders"),
         ("+ Fed-Negative", "+query-encoders+fed-negative"), ("central (upper bound)", "central")]
+ORDERING = ["local-only", "pdd-as2", "+query-encoders", "+query-encoders+fed-negative", "central"]
+SEEDLESS = ("bm25", "zero-shot")
+LABEL = dict((key, label) for label, key in ROWS)
 
 
-def _step(out: Path, name: str, fn) -> dict:
-    path = out / f"{name}.json"
+def _step(path: Path, fn) -> dict:
     if path.is_file():
-        print(f"[skip] {name} (done: {path})", flush=True)
+        print(f"[skip] {path} (done)", flush=True)
         return json.loads(path.read_text())
-    print(f"[run] {name}", flush=True)
+    print(f"[run] {path}", flush=True)
     t0, c0 = time.time(), time.process_time()
     result = fn()
     save_result(path, result, seconds=round(time.time() - t0, 1), cpu_seconds=round(time.process_time() - c0, 1))
-    print(f"[done] {name} in {time.time() - t0:.0f}s", flush=True)
+    print(f"[done] {path} in {time.time() - t0:.0f}s", flush=True)
     return json.loads(path.read_text())
 
 
@@ -58,47 +68,118 @@ def _local_only(cfg: FedConfig, clients, out: Path) -> dict:
     """Per-client checkpoints: a client already trained is not trained again."""
     part = out / "local-only"
     part.mkdir(parents=True, exist_ok=True)
-    per_client = {}
+    per_client, curves = {}, {}
     for c in clients:
-        path = part / f"{c.name}.json"
-        if not path.is_file():
-            res = train_local_only(cfg, [c])
-            save_result(path, res["per_client"][c.name])
-        per_client[c.name] = {k: v for k, v in json.loads(path.read_text()).items() if k in local.LEVELS}
-    return {"per_client": per_client, "pooled": local.pooled(per_client)}
+        res = _step(part / f"{c.name}.json", lambda c=c: train_local_only(cfg, [c]))
+        per_client[c.name] = res["per_client"][c.name]
+        curves[c.name] = res.get("curve", {})
+    result = {"per_client": per_client, "pooled": local.pooled(per_client)}
+    if cfg.eval_every:
+        result["curve"] = {rnd: local.pooled({c: {lv: curves[c][rnd][lv] for lv in local.LEVELS} for c in curves})
+                           for rnd in curves[clients[0].name]}
+    return result
 
 
-def _fmt(m: dict) -> str:
-    return " | ".join(f"{m[k]:.3f}" for k in local.METRIC_NAMES)
+def run_seed(cfg: FedConfig, clients, args, out: Path) -> dict[str, dict]:
+    out.mkdir(parents=True, exist_ok=True)
+    results = {"local-only": _local_only(cfg, clients, out)}
+    fed = _step(out / "federated.json", lambda: run_federated_local(cfg, args.data, args.work / out.name))
+    results.update(fed["evaluations"])
+    results["federated"] = fed
+    results["central"] = _step(out / "central.json", lambda: train_central(cfg, clients))
+    return results
 
 
-def table(results: dict[str, dict], clients, fed: dict) -> str:
-    lines = ["| method | S MRR@10 | S R@1 | S R@20 | S R@100 | P MRR@10 | P R@1 | P R@20 | P R@100 |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    for label, key in ROWS:
-        if key in results:
-            p = results[key]["pooled"]
-            lines.append(f"| {label} | {_fmt(p['sentence'])} | {_fmt(p['passage'])} |")
-    lines += ["", "Per client, sentence R@1 (train questions used; test questions):", "",
-              "| client | train q | test q | " + " | ".join(label for label, key in ROWS if key in results) + " |",
-              "|---|---|---|" + "---|" * sum(key in results for _, key in ROWS)]
-    cfg = FedConfig(**fed["config"]) if fed else FedConfig()
+def _per_question(result: dict, level: str = "sentence") -> dict[str, float]:
+    return {q: v for m in result["per_client"].values() for q, v in m[level]["per_query"].items()}
+
+
+def _seed_mean(per_seed: list[dict[str, float]]) -> dict[str, float]:
+    return {q: float(np.mean([r[q] for r in per_seed])) for q in per_seed[0]}
+
+
+def _fmt(values: list[float]) -> str:
+    mean, sd = mean_sd(values)
+    return f"{mean:.3f}" if len(values) == 1 else f"{mean:.3f} ± {sd:.3f}"
+
+
+def table(seedless: dict[str, dict], seeds: dict[int, dict[str, dict]], clients) -> str:
+    """The markdown report: pooled rows, the ordering's paired CIs, per-client MRR@10, the rounds' cost."""
+    rows = {key: [seedless[key]] if key in seedless else [seeds[s][key] for s in seeds if key in seeds[s]]
+            for _, key in ROWS}
+    rows = {k: v for k, v in rows.items() if v}
+    n_seeds = len(seeds)
+    lines = [f"Pooled over {rows['bm25'][0]['pooled']['sentence']['queries']} test questions; trained rows: mean ± sd "
+             f"over {n_seeds} seed(s) ({', '.join(map(str, seeds))}).", "",
+             "| method | S MRR@10 | S R@1 | S R@20 | P MRR@10 | P R@1 |", "|---|---|---|---|---|---|"]
+    for key, results in rows.items():
+        cells = [_fmt([r["pooled"][lv][m] for r in results])
+                 for lv, m in (("sentence", "mrr@10"), ("sentence", "recall@1"), ("sentence", "recall@20"),
+                               ("passage", "mrr@10"), ("passage", "recall@1"))]
+        lines.append(f"| {LABEL[key]} | " + " | ".join(cells) + " |")
+    lines += ["", "Each step of the ordering: difference in sentence MRR@10 (seed means), with the paired 95% "
+              "bootstrap CI over the test questions of the seed-averaged per-question reciprocal ranks:", "",
+              "| step | Δ S MRR@10 | 95% CI |", "|---|---:|---|"]
+    per_q = {k: _seed_mean([_per_question(r) for r in v]) for k, v in rows.items()}
+    steps = [(a, b) for a, b in zip(ORDERING, ORDERING[1:]) if a in rows and b in rows]
+    steps += [("local-only", "+query-encoders")] if "+query-encoders" in rows else []
+    for a, b in steps:
+        qs = sorted(per_q[a])
+        lo, hi = paired_bootstrap_ci([per_q[a][q] for q in qs], [per_q[b][q] for q in qs])
+        delta = np.mean([per_q[b][q] - per_q[a][q] for q in qs])
+        lines.append(f"| {LABEL[a]} → {LABEL[b]} | {delta:+.4f} | [{lo:+.4f}, {hi:+.4f}] |")
+    lines += ["", "Per client, sentence MRR@10 (seed means; train questions used; test questions):", "",
+              "| client | train q | test q | " + " | ".join(LABEL[k] for k in rows) + " |",
+              "|---|---|---|" + "---|" * len(rows)]
+    cfg = FedConfig(**next(iter(seeds.values()))["federated"]["config"])
     for c in clients:
         n_train = len(local.train_questions(c, cfg.max_train_questions, cfg.seed, cfg.train_fraction))
-        cells = [f"{results[key]['per_client'][c.name]['sentence']['recall@1']:.3f}"
-                 for _, key in ROWS if key in results]
+        cells = [f"{np.mean([r['per_client'][c.name]['sentence']['mrr@10'] for r in rows[k]]):.3f}" for k in rows]
         lines.append(f"| {c.name} | {n_train} | {len(c.split('test'))} | " + " | ".join(cells) + " |")
-    if fed:
-        lines += ["", "Communication:", ""]
-        for r in fed["rounds"]:
-            lines.append(f"- FedAvg round {r['round']} ({r['stage']}): {r['bytes_down'] / 1e6:.1f} MB down + "
-                         f"{r['bytes_up'] / 1e6:.1f} MB up, {r['seconds']:.0f} s")
-        for ex in fed["evaluations"].get("+query-encoders+fed-negative", {}).get("fed_negative_exchanges", []):
-            lines.append(f"- Fed-Negative exchange: {ex['query_bytes'] / 1e6:.2f} MB of query embeddings + "
-                         f"{ex['answer_bytes'] / 1e6:.2f} MB of answers = {ex['total_bytes'] / 1e6:.2f} MB "
-                         f"peer-to-peer ({ex['relayed_bytes'] / 1e6:.2f} MB through the SuperLink), "
-                         f"{ex['messages']} messages")
+    lines += ["", "Cost (seed 0's run unless said otherwise):", ""]
+    fed = next(iter(seeds.values()))["federated"]
+    for r in fed["rounds"]:
+        lines.append(f"- FedAvg round {r['round']} ({r['stage']}): {r['bytes_down'] / 1e6:.1f} MB down + "
+                     f"{r['bytes_up'] / 1e6:.1f} MB up, {r['seconds']:.0f} s")
+    exchanges = fed["evaluations"].get("+query-encoders+fed-negative", {}).get("fed_negative_exchanges", [])
+    for ex in exchanges:
+        lines.append(f"- Fed-Negative exchange: {ex['query_bytes'] / 1e6:.2f} MB of query embeddings + "
+                     f"{ex['answer_bytes'] / 1e6:.2f} MB of answers = {ex['total_bytes'] / 1e6:.2f} MB "
+                     f"peer-to-peer ({ex['relayed_bytes'] / 1e6:.2f} MB through the SuperLink)")
+    if exchanges and "+query-encoders" in rows and "+query-encoders+fed-negative" in rows:
+        gain = np.mean([r["pooled"]["sentence"]["mrr@10"] for r in rows["+query-encoders+fed-negative"]]) - \
+            np.mean([r["pooled"]["sentence"]["mrr@10"] for r in rows["+query-encoders"]])
+        mb = sum(ex["total_bytes"] for ex in exchanges) / 1e6
+        lines.append(f"- Fed-Negative gains {gain:+.4f} sentence MRR@10 for {mb:.2f} MB: {gain / mb:+.5f} per MB")
     return "\n".join(lines) + "\n"
+
+
+def curve_plot(seeds: dict[int, dict[str, dict]], path: Path) -> None:
+    """Sentence MRR@10 per round, PDD-AS2's global model against local-only (mean over seeds)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    def points(curves: list[dict]) -> tuple[list[int], list[float]]:
+        rounds = sorted(set.intersection(*(set(map(int, c)) for c in curves)))
+        return rounds, [float(np.mean([c[str(r)]["sentence"]["mrr@10"] for c in curves])) for r in rounds]
+
+    fed = [{**{str(r["round"]): r["evaluation"] for r in s["federated"]["rounds"] if "evaluation" in r},
+            str(s["federated"]["config"]["rounds"]): s["pdd-as2"]["pooled"]} for s in seeds.values()]
+    lo = [{str(k): v for k, v in s["local-only"]["curve"].items()} for s in seeds.values()]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for label, curves in (("PDD-AS2 (global model)", fed), ("local-only", lo)):
+        x, y = points(curves)
+        ax.plot(x, y, marker="o", label=label)
+    ax.set_xlabel("round (local-only: epochs)")
+    ax.set_ylabel("sentence MRR@10, pooled")
+    ax.set_title(f"Fed-SQuAD, mean over {len(seeds)} seed(s)")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 def main() -> None:
@@ -108,44 +189,45 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("bench/results/federated"), help="JSON results, table.md")
     ap.add_argument("--work", type=Path, default=Path("runs/bench-federated"), help="checkpoints (large)")
     ap.add_argument("--model", default="minilm-l6")
-    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0])
+    ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--warmup-rounds", type=int, default=1)
     ap.add_argument("--local-epochs", type=int, default=1)
     ap.add_argument("--train-fraction", type=float, default=0.1)
+    ap.add_argument("--remine-every", type=int, default=3)
+    ap.add_argument("--eval-every", type=int, default=2)
+    ap.add_argument("--trainable", default="layers")
+    ap.add_argument("--wire-dtype", default="float16")
     ap.add_argument("--personal-epochs", type=int, default=1)
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--skip", nargs="*", default=[], help="steps to skip: bm25 zero-shot local-only federated central")
     ap.add_argument("--inversion", action="store_true", help="also run the (tiny) embedding inversion check")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     if not args.data.is_dir():
         build_fed_squad(args.squad, args.data)
     clients = load_fed_squad(args.data)
-    cfg = FedConfig(model=args.model, rounds=args.rounds, warmup_rounds=args.warmup_rounds,
-                    local_epochs=args.local_epochs, train_fraction=args.train_fraction,
-                    personal_epochs=args.personal_epochs)
-    out = args.out
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps(cfg.model_dump(mode="json"), indent=2) + "\n")
-    results: dict[str, dict] = {}
-    if "bm25" not in args.skip:
-        results["bm25"] = _step(out, "bm25", lambda: evaluate_bm25_all(clients))
-    if "zero-shot" not in args.skip:
-        results["zero-shot"] = _step(out, "zero-shot", lambda: evaluate_zero_shot(cfg, clients))
-    if "local-only" not in args.skip:
-        results["local-only"] = _step(out, "local-only", lambda: _local_only(cfg, clients, out))
-    fed = {}
-    if "federated" not in args.skip:
-        fed = _step(out, "federated", lambda: run_federated_local(cfg, args.data, args.work / "federated-run"))
-        results.update(fed["evaluations"])
-    if "central" not in args.skip:
-        results["central"] = _step(out, "central", lambda: train_central(cfg, clients))
+    args.out.mkdir(parents=True, exist_ok=True)
+
+    def config(seed: int) -> FedConfig:
+        return FedConfig(model=args.model, rounds=args.rounds, warmup_rounds=args.warmup_rounds,
+                         local_epochs=args.local_epochs, train_fraction=args.train_fraction,
+                         remine_every=args.remine_every, eval_every=args.eval_every, trainable=args.trainable,
+                         wire_dtype=args.wire_dtype, personal_epochs=args.personal_epochs, seed=seed,
+                         per_query_metrics=True)
+
+    (args.out / "config.json").write_text(json.dumps(config(args.seeds[0]).model_dump(mode="json"), indent=2) + "\n")
+    seedless = {"bm25": _step(args.out / "bm25.json", lambda: evaluate_bm25_all(clients, per_query=True)),
+                "zero-shot": _step(args.out / "zero-shot.json",
+                                   lambda: evaluate_zero_shot(config(args.seeds[0]), clients))}
+    seeds = {s: run_seed(config(s), clients, args, args.out / f"seed-{s}") for s in args.seeds}
     if args.inversion:
         from privret.audit.inversion import InversionConfig, inversion_check
 
-        _step(out, "inversion", lambda: inversion_check(clients, InversionConfig(encoder=args.model)))
-    text = table(results, clients, fed)
-    (out / "table.md").write_text(text)
+        _step(args.out / "inversion.json", lambda: inversion_check(clients, InversionConfig(encoder=args.model)))
+    text = table(seedless, seeds, clients)
+    (args.out / "table.md").write_text(text)
+    if args.eval_every:
+        curve_plot(seeds, args.out / "curve.png")
     print(text)
 
 
