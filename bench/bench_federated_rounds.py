@@ -7,7 +7,8 @@ seed, evaluated at the end (no personalisation):
   of bench/results/federated before the round-cost work);
 * ``layers-fp32``: embeddings frozen, float32 (isolates what the frozen embeddings do);
 * ``layers-fp16``: embeddings frozen, float16 (weights down, updates up): the default;
-* ``layers-bf16``: the same in bfloat16.
+* ``layers-bf16``: the same in bfloat16;
+* ``top2-fp16``: only the top two transformer layers train (and travel): backward passes stop there.
 
 ``--remine-every`` applies to all but ``before``. Each variant writes ``OUT/<variant>.json`` and is skipped
 when it exists, so an interrupted run continues. The table goes to ``OUT/rounds.md``:
@@ -35,6 +36,7 @@ VARIANTS = {
     "layers-fp32": dict(trainable="layers", wire_dtype="float32"),
     "layers-fp16": dict(trainable="layers", wire_dtype="float16"),
     "layers-bf16": dict(trainable="layers", wire_dtype="bfloat16"),
+    "top2-fp16": dict(trainable="top:2", wire_dtype="float16"),
 }
 
 

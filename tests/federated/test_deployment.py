@@ -92,7 +92,13 @@ def test_superlink_and_two_supernodes_run_two_rounds(tiny_squad, tiny_encoder, t
             _stop(p)
     assert [r["round"] for r in results["rounds"]] == [1, 2]
     assert [r["stage"] for r in results["rounds"]] == ["bm25", "hard"]
-    assert all(r["bytes_down"] > 0 and r["bytes_up"] == r["bytes_down"] for r in results["rounds"])
+    from privret.federated.arrays import new_encoder, trainable_parameters
+
+    params = trainable_parameters(new_encoder(cfg))  # the default wire: trainable layers as float16
+    payload = 2 * 2 * sum(p.numel() for p in params.values())  # 2 clients x 2 bytes
+    for r in results["rounds"]:  # weights down, updates (+ a scale per tensor) up, through the real SuperLink
+        assert payload <= r["bytes_down"] <= payload + 2 * 200 * len(params)
+        assert payload <= r["bytes_up"] <= payload + 4 * 200 * len(params)
     ev = results["evaluations"]
     assert set(ev["pdd-as2"]["per_client"]) == {"client_00", "client_01"}
     assert all(0 <= m["sentence"]["recall@1"] <= 1 for m in ev["pdd-as2"]["per_client"].values())
