@@ -146,6 +146,13 @@ def table(seedless: dict[str, dict], seeds: dict[int, dict[str, dict]], clients)
         lines.append(f"- Fed-Negative exchange: {ex['query_bytes'] / 1e6:.2f} MB of query embeddings + "
                      f"{ex['answer_bytes'] / 1e6:.2f} MB of answers = {ex['total_bytes'] / 1e6:.2f} MB "
                      f"peer-to-peer ({ex['relayed_bytes'] / 1e6:.2f} MB through the SuperLink)")
+    for h in fed["evaluations"].get("+query-encoders+fed-negative", {}).get("fed_negative_hardness", []):
+        m = h["mean"]
+        lines.append(f"- Fed-Negative hardness (clients weighted by training questions): mean score "
+                     f"{m['fed_score']:.3f} against {m['local_score']:.3f} for the local top "
+                     f"{cfg.personal_negatives}; {m['fed_above_local_nth']:.1%} of Fed-Negatives would enter it; "
+                     f"the best Fed-Negative beats the best local negative for {m['fed_best_above_local_best']:.1%} "
+                     f"of queries")
     if exchanges and "+query-encoders" in rows and "+query-encoders+fed-negative" in rows:
         gain = np.mean([r["pooled"]["sentence"]["mrr@10"] for r in rows["+query-encoders+fed-negative"]]) - \
             np.mean([r["pooled"]["sentence"]["mrr@10"] for r in rows["+query-encoders"]])

@@ -80,3 +80,21 @@ def test_static_hard_negatives_exclude_gold_and_come_from_the_top_k():
         assert len(negs[i]) == 3 and set(negs[i]) <= set(top[i])
         best_other = max((j for j in range(50) if j != i), key=lambda j: float(q[i] @ s[j]))
         assert top[i][0] == best_other
+
+
+def test_negative_hardness_on_hand_made_scores():
+    """Two queries, four local sentences (gold 0 and 1), two Fed-Negatives each; n = 2 local negatives."""
+    from privret.federated.negatives import negative_hardness
+
+    e = np.eye(4, dtype=np.float32)
+    s = e  # sentence j is the unit vector e_j
+    q = np.array([[0.1, 0.0, 0.6, 0.8], [0.0, 0.2, 0.6, 0.3]], dtype=np.float32)
+    gold = [{0}, {1}]
+    # local top 2 (gold excluded): query 0 -> 0.8, 0.6; query 1 -> 0.6, 0.3
+    fed = np.stack([np.stack([0.7 * e[3], 0.9 * e[3]]),  # scores 0.56 and 0.72: one above the local 2nd (0.6)
+                    np.stack([1.0 * e[2], 0.5 * e[3]])])  # scores 0.6 and 0.15: 0.6 > 0.3, and ties the best
+    h = negative_hardness(q, s, gold, fed, 2)
+    assert h["local_score"] == pytest.approx((0.8 + 0.6 + 0.6 + 0.3) / 4)
+    assert h["fed_score"] == pytest.approx((0.56 + 0.72 + 0.6 + 0.15) / 4)
+    assert h["fed_above_local_nth"] == pytest.approx(2 / 4)
+    assert h["fed_best_above_local_best"] == 0.0  # 0.72 < 0.8, and 0.6 is not above 0.6

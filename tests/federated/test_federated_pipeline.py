@@ -84,6 +84,9 @@ def test_federated_run_all_stages_bytes_and_resume(fed_dir, tiny_encoder, tmp_pa
                 assert np.mean(list(m["per_query"].values())) == pytest.approx(m["mrr@10"])
     # bytes of one Fed-Negative exchange, by hand: each client sends its Q_i x 32 float32 query
     # embeddings to the other, which answers min(n, |S_j|) embeddings + scores per query
+    (hardness,) = ev["+query-encoders+fed-negative"]["fed_negative_hardness"]  # one personalisation epoch
+    assert set(hardness["per_client"]) == {c.name for c in clients}
+    assert 0 <= hardness["mean"]["fed_above_local_nth"] <= 1 and "fed_negative_hardness" not in ev["+query-encoders"]
     ex = ev["+query-encoders+fed-negative"]["fed_negative_exchanges"][0]
     q = [len(local.train_questions(c, 0, 0)) for c in clients]
     s = [len(c.sentences) for c in clients]

@@ -35,7 +35,7 @@ from privret.data.fed_squad import ClientData, load_client
 from privret.federated import local, wire
 from privret.federated.arrays import load_weights, new_encoder, trainable_parameters, weights
 from privret.federated.config import FedConfig
-from privret.federated.negatives import fed_negative_answer, fed_negative_merge
+from privret.federated.negatives import fed_negative_answer, fed_negative_merge, negative_hardness
 from privret.federated.strategy import DP_WEIGHT_KEY, WEIGHT_KEY
 
 try:  # flwr is needed for the apps only; the rest of privret.federated works without it
@@ -192,15 +192,20 @@ class FedClient:
         answers = [rec for key, rec in msg.content.array_records.items() if key.startswith("fedneg-")]
         if answers:
             fed = fed_negative_merge([(a["emb"].numpy(), a["scores"].numpy()) for a in answers], cfg.fed_negatives)
+        metrics = {WEIGHT_KEY: len(questions), "fed-negatives-per-query": 0 if fed is None else fed.shape[1]}
+        if fed is not None:  # measured before this epoch's training, with the query encoder that trains on them
+            q = local.encode_texts(model, [x.text for x in questions], max_length=cfg.max_query_tokens, bf16=cfg.bf16)
+            hardness = negative_hardness(q, s, local.gold_indices(client, questions), fed, cfg.personal_negatives)
+            metrics.update({f"hardness/{k}": v for k, v in hardness.items()})
         optimizer = torch.optim.AdamW(trainable_parameters(model).values(), lr=cfg.personal_learning_rate)
         stats = local.train_query_encoder_epoch(
             model, client, questions, s, optimizer=optimizer, batch_size=cfg.personal_batch_size,
             temperature=cfg.temperature, max_query_tokens=cfg.max_query_tokens, n_negatives=cfg.personal_negatives,
             hard_k=cfg.personal_hard_k, rng=rng, fed_negatives=fed, bf16=cfg.bf16)
         context.state[f"query-encoder-{variant}"] = weights(model)
-        metrics = {WEIGHT_KEY: len(questions), "loss": stats["loss"], "steps": stats["steps"],
-                   "fed-negatives-per-query": 0 if fed is None else fed.shape[1]}
-        return Message(RecordDict({"metrics": _metric_record(metrics)}), reply_to=msg)
+        metrics.update({"loss": stats["loss"], "steps": stats["steps"]})
+        return Message(RecordDict({"metrics": _metric_record(metrics), "info": ConfigRecord({"client": client.name})}),
+                       reply_to=msg)
 
     def evaluate(self, msg, context):
         cfg = FedConfig.from_run_config(context.run_config)

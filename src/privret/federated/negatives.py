@@ -78,6 +78,25 @@ def fed_negative_merge(answers: list[tuple[np.ndarray, np.ndarray]], n: int) -> 
     return np.take_along_axis(embs, order[:, :, None], axis=1)
 
 
+def negative_hardness(query_emb: np.ndarray, sentence_emb: np.ndarray, gold: list[set[int]],
+                      fed_negatives: np.ndarray, n: int) -> dict[str, float]:
+    """How hard each query's Fed-Negatives are next to the hardest negatives of its own collection.
+
+    For query ``i`` (inner products of L2-normalised embeddings): ``local_i``, its ``n`` best scores in its
+    own collection, gold excluded; ``fed_i``, its scores against ``fed_negatives[i]`` (``[Q, m, d]``).
+    Means over queries of: ``fed_score`` (mean of ``fed_i``), ``local_score`` (mean of ``local_i``),
+    ``fed_above_local_nth`` (share of ``fed_i`` above ``min(local_i)``: Fed-Negatives that would enter the
+    local top ``n``), ``fed_best_above_local_best`` (share of queries whose best Fed-Negative beats its
+    best local negative). A Fed-Negative scoring below every local hard negative adds little to the loss.
+    """
+    scores = query_emb @ sentence_emb.T
+    local = np.stack([scores[i, r] for i, r in enumerate(top_k_excluding(query_emb, sentence_emb, gold, n))])
+    fed = np.einsum("qd,qmd->qm", query_emb, fed_negatives)
+    return {"fed_score": float(fed.mean()), "local_score": float(local.mean()),
+            "fed_above_local_nth": float((fed > local.min(axis=1, keepdims=True)).mean()),
+            "fed_best_above_local_best": float((fed.max(axis=1) > local.max(axis=1)).mean())}
+
+
 def select_clients(me: int, n_clients: int, how_many: int, rng: random.Random) -> list[int]:
     """Eq. 4.1: ``C_s``, a subset of the other clients (all others when ``how_many`` is 0)."""
     others = [c for c in range(n_clients) if c != me]

@@ -80,6 +80,21 @@ def _per_client_metrics(replies) -> dict[str, dict]:
     return dict(sorted(out.items()))
 
 
+def _hardness(replies) -> dict:
+    """Per client and weighted by training questions: how hard the Fed-Negatives were
+    (:func:`~privret.federated.negatives.negative_hardness`, reported in ``train.personalize`` replies)."""
+    per_client = {}
+    for r in replies:
+        m = r.content["metrics"]
+        per_client[str(r.content["info"]["client"])] = {
+            **{k.split("/", 1)[1]: float(v) for k, v in m.items() if k.startswith("hardness/")},
+            "questions": int(m[WEIGHT_KEY])}
+    total = sum(c["questions"] for c in per_client.values())
+    keys = [k for k in next(iter(per_client.values())) if k != "questions"]
+    return {"per_client": dict(sorted(per_client.items())),
+            "mean": {k: sum(c[k] * c["questions"] for c in per_client.values()) / total for k in keys}}
+
+
 def _evaluate_all(grid, nodes, arrays, version: str, variant: str, dtype: str) -> dict:
     msgs = [Message(RecordDict({"arrays": arrays, "config": ConfigRecord({"variant": variant,
                                                                           "model-version": version})}),
@@ -170,7 +185,7 @@ def _run_server(grid, cfg: FedConfig, out_dir: Path, *, n_clients: int, data_has
         name = "+query-encoders" if variant == "local" else "+query-encoders+fed-negative"
         if name in evaluations:
             continue
-        exchanges = []
+        exchanges, hardness = [], []
         rng = random.Random(f"{cfg.seed}:fedneg")
         for epoch in range(cfg.personal_epochs):
             fed = {}
@@ -185,10 +200,13 @@ def _run_server(grid, cfg: FedConfig, out_dir: Path, *, n_clients: int, data_has
                 for k, ans in enumerate(fed.get(n, [])):
                     content[f"fedneg-{k}"] = ans
                 msgs.append(Message(content, dst_node_id=n, message_type="train.personalize"))
-            _send(grid, msgs, cfg.wire_dtype)
+            replies = _send(grid, msgs, cfg.wire_dtype)[0]
+            if variant == "fed":
+                hardness.append(_hardness(replies))
         evaluations[name] = _evaluate_all(grid, nodes, arrays, version, variant, cfg.wire_dtype)
         if exchanges:
             evaluations[name]["fed_negative_exchanges"] = exchanges
+            evaluations[name]["fed_negative_hardness"] = hardness
         write_json_atomic(results_path, {**results, "evaluations": evaluations})
     results["evaluations"] = evaluations
     write_json_atomic(results_path, results)
