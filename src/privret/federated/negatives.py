@@ -84,17 +84,21 @@ def negative_hardness(query_emb: np.ndarray, sentence_emb: np.ndarray, gold: lis
 
     For query ``i`` (inner products of L2-normalised embeddings): ``local_i``, its ``n`` best scores in its
     own collection, gold excluded; ``fed_i``, its scores against ``fed_negatives[i]`` (``[Q, m, d]``).
-    Means over queries of: ``fed_score`` (mean of ``fed_i``), ``local_score`` (mean of ``local_i``),
-    ``fed_above_local_nth`` (share of ``fed_i`` above ``min(local_i)``: Fed-Negatives that would enter the
-    local top ``n``), ``fed_best_above_local_best`` (share of queries whose best Fed-Negative beats its
-    best local negative). A Fed-Negative scoring below every local hard negative adds little to the loss.
+    Returns ``fed_score`` and ``local_score`` (the mean of all ``fed_i`` and of all ``local_i`` scores),
+    ``fed_above_local_nth`` (the share of Fed-Negatives scoring above ``min(local_i)``: they would enter the
+    local top ``n``; every one when the collection has no local negative) and ``fed_best_above_local_best``
+    (the share of queries whose best Fed-Negative beats its best local negative). A Fed-Negative scoring below every local hard negative adds little to the loss.
     """
     scores = query_emb @ sentence_emb.T
-    local = np.stack([scores[i, r] for i, r in enumerate(top_k_excluding(query_emb, sentence_emb, gold, n))])
     fed = np.einsum("qd,qmd->qm", query_emb, fed_negatives)
-    return {"fed_score": float(fed.mean()), "local_score": float(local.mean()),
-            "fed_above_local_nth": float((fed > local.min(axis=1, keepdims=True)).mean()),
-            "fed_best_above_local_best": float((fed.max(axis=1) > local.max(axis=1)).mean())}
+    local = [scores[i, r] for i, r in enumerate(top_k_excluding(query_emb, sentence_emb, gold, n))]
+    has_local = np.array([len(x) > 0 for x in local])  # a collection of gold sentences only has no local negative
+    nth = np.array([x.min() if len(x) else -np.inf for x in local])
+    best = np.array([x.max() if len(x) else -np.inf for x in local])
+    return {"fed_score": float(fed.mean()), "local_score": float(np.concatenate(local).mean()) if has_local.any()
+            else float("nan"),
+            "fed_above_local_nth": float((fed > nth[:, None]).mean()),
+            "fed_best_above_local_best": float((fed.max(axis=1) > best).mean())}
 
 
 def select_clients(me: int, n_clients: int, how_many: int, rng: random.Random) -> list[int]:
