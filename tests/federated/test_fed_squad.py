@@ -125,3 +125,10 @@ def test_cli_federated_train_bm25_and_bad_config(tiny_squad, tmp_path):
                               "--config", str(bad)])
     assert isinstance(res.exception, InputError) and res.exception.field == "num_roundz"
     assert not (tmp_path / "r2").exists()
+    res = runner.invoke(app, ["federated", "train", "--data", str(tmp_path / "fed"), "--out", str(tmp_path / "r3"),
+                              "--baseline", "bm25", "--dp-epsilon", "8"])
+    assert isinstance(res.exception, InputError) and res.exception.field == "--dp-epsilon"
+    assert not (tmp_path / "r3").exists()
+    res = runner.invoke(app, ["federated", "train", "--data", str(tmp_path / "fed"), "--out", str(tmp_path / "r4"),
+                              "--baseline", "bm25", "--wire-dtype", "float8"])
+    assert isinstance(res.exception, InputError) and not (tmp_path / "r4").exists()

@@ -72,3 +72,19 @@ def test_clipping_bounds_each_update():
     arrays, _ = strategy.aggregate_train(1, _replies(CLIENTS, WEIGHTS))
     flat = np.concatenate([arrays["w"].numpy().ravel(), arrays["b"].numpy().ravel()])
     assert np.linalg.norm(flat) <= 1.0 + 1e-6
+
+
+@pytest.mark.parametrize("epsilon", [3.0, 8.0])
+def test_a_target_epsilon_sets_the_noise_that_spends_it_over_the_rounds(epsilon):
+    """The ledger of the calibrated run spends at most the target, and a little less noise would spend more."""
+    from privret.federated.strategy import with_target_epsilon
+    from privret.privacy.accounting import spent_epsilon
+
+    cfg = with_target_epsilon(FedConfig(dp="server", rounds=10), epsilon)
+    ledger = dp_ledger(cfg, rounds_done=10, n_clients=10, n_questions=100, data_hash="x")
+    assert ledger.noise_multiplier == cfg.dp_noise_multiplier and ledger.epsilon <= epsilon
+    assert ledger.epsilon > 0.97 * epsilon  # tight: not calibrated for other rounds or another accountant
+    assert spent_epsilon(noise_multiplier=0.98 * cfg.dp_noise_multiplier, sample_rate=1.0, steps=10,
+                         delta=cfg.dp_delta, accountant="rdp") > epsilon
+    with pytest.raises(ValueError, match="dp = server or client"):
+        with_target_epsilon(FedConfig(), epsilon)

@@ -60,6 +60,8 @@ def federated_train(
     eval_every: Annotated[Optional[int], typer.Option(help="evaluate every k rounds (0: at the end only)")] = None,
     dp: Annotated[Optional[str], typer.Option(help="none, server or client (Flower DP-FedAvg wrappers)")] = None,
     dp_noise_multiplier: Annotated[Optional[float], typer.Option()] = None,
+    dp_epsilon: Annotated[Optional[float], typer.Option(
+        help="target client-level epsilon over --rounds: sets the noise multiplier (--dp server or client)")] = None,
     dp_clip_norm: Annotated[Optional[float], typer.Option()] = None,
     threads: Annotated[int, typer.Option(help="torch CPU threads")] = 1,
     resume: Annotated[bool, typer.Option(help="continue from the last finished round in --out")] = True,
@@ -75,6 +77,12 @@ def federated_train(
                       train_fraction=train_fraction, trainable=trainable, wire_dtype=wire_dtype,
                       remine_every=remine_every, eval_every=eval_every, dp=dp, dp_noise_multiplier=dp_noise_multiplier,
                       dp_clip_norm=dp_clip_norm, device=device)
+    if dp_epsilon is not None:
+        from privret.federated.strategy import with_target_epsilon
+
+        if cfg.dp == "none":
+            raise InputError("--dp-epsilon needs --dp server or --dp client", field="--dp-epsilon")
+        cfg = with_target_epsilon(cfg, dp_epsilon)
     checked_device(cfg.device, field="--device" if device is not None else "device",
                    path=None if device is not None else config)
     clients = runner.require_data(data)

@@ -53,6 +53,18 @@ def make_strategy(cfg: FedConfig, n_clients: int):
     return base
 
 
+def with_target_epsilon(cfg: FedConfig, epsilon: float) -> FedConfig:
+    """``cfg`` with the smallest ``dp_noise_multiplier`` whose ``rounds`` releases (every client in every round:
+    sampling rate 1) spend at most ``epsilon`` at ``dp_delta`` under the RDP accountant of :func:`dp_ledger`."""
+    from privret.privacy.accounting import calibrate_noise
+
+    if cfg.dp == "none":
+        raise ValueError("a target epsilon needs dp = server or client")
+    sigma = calibrate_noise(target_epsilon=epsilon, delta=cfg.dp_delta, sample_rate=1.0, steps=cfg.rounds,
+                            accountant="rdp")
+    return cfg.model_copy(update={"dp_noise_multiplier": sigma})
+
+
 def dp_ledger(cfg: FedConfig, *, rounds_done: int, n_clients: int, n_questions: int, data_hash: str) -> PrivacyLedger:
     """The client-level ledger of the FedAvg updates (epsilon = inf without DP)."""
     private = cfg.dp != "none" and cfg.dp_noise_multiplier > 0
