@@ -87,7 +87,8 @@ def negative_hardness(query_emb: np.ndarray, sentence_emb: np.ndarray, gold: lis
     Returns ``fed_score`` and ``local_score`` (the mean of all ``fed_i`` and of all ``local_i`` scores),
     ``fed_above_local_nth`` (the share of Fed-Negatives scoring above ``min(local_i)``: they would enter the
     local top ``n``; every one when the collection has no local negative) and ``fed_best_above_local_best``
-    (the share of queries whose best Fed-Negative beats its best local negative). A Fed-Negative scoring below every local hard negative adds little to the loss.
+    (the share of queries whose best Fed-Negative beats its best local negative). A Fed-Negative scoring
+    below every local hard negative adds little to the loss.
     """
     scores = query_emb @ sentence_emb.T
     fed = np.einsum("qd,qmd->qm", query_emb, fed_negatives)
