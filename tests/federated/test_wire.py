@@ -98,7 +98,8 @@ def test_a_round_moves_only_the_trainable_parameters_in_the_wire_type(tiny_squad
     fed = build_fed_squad(tiny_squad, tmp_path / "fed", n_clients=2, seed=0) and tmp_path / "fed"
     runs = {}
     for name, kw in {"full": dict(trainable="all", wire_dtype="float32"),
-                     "cheap": dict(trainable="layers", wire_dtype="float16")}.items():
+                     "cheap": dict(trainable="layers", wire_dtype="float16"),
+                     "top": dict(trainable="top:1", wire_dtype="bfloat16")}.items():
         cfg = _fed_cfg(tiny_encoder, **kw)
         params = trainable_parameters(new_encoder(cfg))
         n_params = sum(p.numel() for p in params.values())
@@ -108,7 +109,7 @@ def test_a_round_moves_only_the_trainable_parameters_in_the_wire_type(tiny_squad
         assert payload <= r["bytes_down"] <= payload + framing
         assert payload <= r["bytes_up"] <= payload + 2 * framing
         runs[name] = (n_params, r)
-    assert runs["cheap"][0] < runs["full"][0]  # the embeddings stay home
+    assert runs["top"][0] < runs["cheap"][0] < runs["full"][0]  # the embeddings (and lower layers) stay home
     state = json.loads((tmp_path / "cheap" / "state.json").read_text())
     assert state["rounds_done"] == 1
 

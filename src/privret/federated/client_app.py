@@ -86,7 +86,7 @@ class FedClient:
 
     def __init__(self):
         self._data: dict[tuple[str, str], ClientData] = {}
-        self._encoders: dict[tuple, object] = {}  # (model, slot, device) -> encoder, reloaded per message
+        self._encoders: dict[tuple, object] = {}  # (model, trainable, slot, device) -> encoder, weights per message
         self._rankings: dict[tuple, dict] = {}  # questions' settings -> (kind, client) -> negatives' rankings
 
     def client_data(self, context) -> ClientData:
@@ -101,7 +101,7 @@ class FedClient:
 
     def encoder(self, cfg: FedConfig, slot: str = "main"):
         """One encoder object per slot, reloaded with whatever weights a message carries."""
-        key = (cfg.model, slot, cfg.device)
+        key = (cfg.model, cfg.trainable, cfg.lora_rank, slot, cfg.device)
         if key not in self._encoders:
             self._encoders[key] = new_encoder(cfg)
         return self._encoders[key]

@@ -31,6 +31,7 @@ from privret.retrieval.embedding import encode
 from privret.retrieval.metrics import per_query_metrics
 from privret.models.device import bf16_autocast
 from privret.models.encoder import embed, in_batch_softmax_loss
+from privret.models.frozen_prefix import frozen_prefix
 
 LEVELS = ("sentence", "passage")
 METRIC_NAMES = ("mrr@10", "recall@1", "recall@20", "recall@100")
@@ -124,8 +125,8 @@ def train_dual_encoder_epoch(model, client: ClientData, questions: list[Question
         positives = [_positive(index, questions[i]) for i in batch]
         extra = list(dict.fromkeys(n for i in batch for n in negatives[i] if n not in taken))
         with bf16_autocast(model.device, bf16):
-            q = embed(model, [questions[i].text for i in batch], max_length=max_query_tokens)
-            d = embed(model, [client.sentences[j] for j in positives + extra], max_length=max_sentence_tokens)
+            q = _embed(model, [questions[i].text for i in batch], max_length=max_query_tokens)
+            d = _embed(model, [client.sentences[j] for j in positives + extra], max_length=max_sentence_tokens)
             loss = in_batch_softmax_loss(q.float(), d.float(), temperature)
         loss.backward()
         optimizer.step()
@@ -157,7 +158,7 @@ def train_query_encoder_epoch(query_model, client: ClientData, questions: list[Q
         taken = set().union(*(gold[i] for i in batch))
         positives = [_positive(index, questions[i]) for i in batch]
         with bf16_autocast(query_model.device, bf16):
-            q = embed(query_model, [questions[i].text for i in batch], max_length=max_query_tokens).float()
+            q = _embed(query_model, [questions[i].text for i in batch], max_length=max_query_tokens).float()
         extra: list[int] = []
         if n_negatives:
             ranked = top_k_excluding(q.detach().cpu().numpy(), sentence_emb, [gold[i] for i in batch], hard_k)
@@ -174,8 +175,18 @@ def train_query_encoder_epoch(query_model, client: ClientData, questions: list[Q
     return {"loss": float(np.mean(losses)) if losses else float("nan"), "steps": len(losses)}
 
 
+def _embed(model, texts: list[str], *, max_length: int):
+    """Embeddings with gradients; through the kept frozen prefix when the lower layers are frozen."""
+    prefix = frozen_prefix(model)
+    return prefix.embed(texts, max_length=max_length) if prefix else embed(model, texts, max_length=max_length)
+
+
 def encode_texts(model, texts: list[str], *, max_length: int, bf16: bool = False) -> np.ndarray:
-    """float32 L2-normalised embeddings (the core :func:`~privret.retrieval.embedding.encode`)."""
+    """float32 L2-normalised embeddings (the core :func:`~privret.retrieval.embedding.encode`; with frozen
+    lower layers, only the trainable top runs: :mod:`privret.models.frozen_prefix`)."""
+    prefix = frozen_prefix(model)
+    if prefix:
+        return prefix.encode(texts, max_length=max_length)
     model.eval()
     old = model.max_seq_length
     model.max_seq_length = max_length

@@ -1,0 +1,137 @@
+"""Run only the trainable top of an encoder: what its frozen lower layers compute is kept per text.
+
+When the embeddings and the lower ``F`` transformer layers are frozen (``trainable = top:K`` freezes
+``F = L - K``, :mod:`privret.models.trainable`), their output for a text never changes during training.
+:class:`FrozenPrefix` computes it once per ``(text, max_length)`` (``[tokens, hidden]``, in eval mode, no
+gradient) and, for each forward pass, puts ``[inject, layer F+1, ..., layer L]`` in place of the
+encoder's layer list: ``inject`` hands the kept states, padded to the batch, to the first trainable
+layer, and the model's own code builds the attention mask, runs the top layers, pools and normalises.
+A training step then costs the forward and backward of ``K`` layers instead of a forward of ``L`` and
+a backward of ``K``; encoding a collection again (hard-negative mining, evaluation) costs ``K`` layers.
+
+Exactness: in eval mode the result equals the full forward pass up to float rounding
+(``tests/test_frozen_prefix.py``). In training mode the frozen layers see no dropout (they are run in
+eval mode once); dropout still applies in the trainable layers. Memory: ``tokens x hidden x 4`` bytes
+per kept text (MiniLM-L6: 1.5 KB per token). The frozen weights must not change while the cache is
+in use (nothing in privret loads them after :func:`~privret.models.trainable.make_trainable`).
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from privret.models.encoder import features
+
+
+def _layer_holder(auto) -> tuple[torch.nn.Module, str]:
+    """The module holding the transformer layers' ModuleList, and its attribute name."""
+    for name, module in auto.named_modules():
+        if isinstance(module, torch.nn.ModuleList) and name.split(".")[-1] in ("layer", "layers"):
+            parent = auto.get_submodule(name.rsplit(".", 1)[0]) if "." in name else auto
+            return parent, name.split(".")[-1]
+    raise ValueError("cannot find the transformer layers of this encoder")
+
+
+class _Inject(torch.nn.Module):
+    """Stands in for the frozen layers: returns the kept states of the batch, whatever it is given."""
+
+    def __init__(self, states: torch.Tensor):
+        super().__init__()
+        self.states = states
+
+    def forward(self, hidden_states, *args, **kwargs):
+        return self.states.to(hidden_states.dtype)
+
+
+class FrozenPrefix:
+    """The kept outputs of ``model``'s frozen prefix (see the module docstring); ``n_frozen`` layers."""
+
+    def __init__(self, model):
+        self.model = model
+        self.transformer = model[0]
+        self.holder, self.attr = _layer_holder(self.transformer.auto_model)
+        layers = getattr(self.holder, self.attr)
+        embeddings_frozen = not any(p.requires_grad for n, p in self.transformer.auto_model.named_parameters()
+                                    if "embeddings" in n)
+        n = 0
+        while embeddings_frozen and n < len(layers) and not any(p.requires_grad for p in layers[n].parameters()):
+            n += 1
+        self.n_frozen = n
+        self._states: dict[tuple[str, int | None], torch.Tensor] = {}
+
+    @property
+    def useful(self) -> bool:
+        return self.n_frozen > 0
+
+    @contextmanager
+    def _layers(self, modules: list[torch.nn.Module]):
+        original = getattr(self.holder, self.attr)
+        setattr(self.holder, self.attr, torch.nn.ModuleList(modules))
+        try:
+            yield
+        finally:
+            setattr(self.holder, self.attr, original)
+
+    def _fill(self, texts: list[str], max_length: int | None, batch_size: int = 64) -> None:
+        missing = list(dict.fromkeys(t for t in texts if (t, max_length) not in self._states))
+        if not missing:
+            return
+        layers = getattr(self.holder, self.attr)
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with torch.no_grad(), self._layers(list(layers[:self.n_frozen])):
+                for lo in range(0, len(missing), batch_size):
+                    chunk = missing[lo:lo + batch_size]
+                    feats = features(self.model, chunk, max_length=max_length)
+                    hidden = self.transformer(feats)["token_embeddings"]
+                    for text, h, m in zip(chunk, hidden, feats["attention_mask"]):
+                        n = int(m.sum())
+                        if not bool(m[:n].all()):
+                            raise ValueError("the frozen-prefix cache needs right padding (tokens first)")
+                        self._states[text, max_length] = h[:n].detach().clone()
+        finally:
+            self.model.train(was_training)
+
+    def embed(self, texts: list[str], *, max_length: int | None = None) -> torch.Tensor:
+        """L2-normalised embeddings, with gradients through the trainable layers only."""
+        self._fill(texts, max_length)
+        feats = features(self.model, texts, max_length=max_length)
+        length = feats["attention_mask"].shape[1]
+        kept = [self._states[t, max_length] for t in texts]
+        states = torch.zeros(len(texts), length, kept[0].shape[-1], device=kept[0].device, dtype=kept[0].dtype)
+        for i, h in enumerate(kept):
+            states[i, : h.shape[0]] = h
+        layers = getattr(self.holder, self.attr)
+        with self._layers([_Inject(states), *layers[self.n_frozen:]]):
+            out = self.model(feats)["sentence_embedding"]
+        return F.normalize(out, dim=-1)
+
+    def encode(self, texts: list[str], *, max_length: int | None = None, batch_size: int = 64) -> np.ndarray:
+        """float32 L2-normalised embeddings without gradients (eval mode), texts batched by length."""
+        order = np.argsort([-len(t) for t in texts], kind="stable")
+        out = np.zeros((len(texts), self.model.get_embedding_dimension()), dtype=np.float32)
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with torch.no_grad():
+                for lo in range(0, len(texts), batch_size):
+                    idx = order[lo:lo + batch_size]
+                    out[idx] = self.embed([texts[i] for i in idx], max_length=max_length).float().cpu().numpy()
+        finally:
+            self.model.train(was_training)
+        return out
+
+
+def frozen_prefix(model) -> FrozenPrefix | None:
+    """The :class:`FrozenPrefix` kept on ``model`` (made on first use), or None when nothing below the
+    trainable layers is frozen (``all``, ``layers``, ``lora``: no layer to skip)."""
+    prefix = getattr(model, "_privret_frozen_prefix", None)
+    if prefix is None:
+        prefix = FrozenPrefix(model)
+        model._privret_frozen_prefix = prefix
+    return prefix if prefix.useful else None

@@ -1,0 +1,61 @@
+"""The frozen-prefix cache gives what the whole encoder gives, gradients included, and skips the frozen layers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from privret.models.encoder import embed, load_encoder
+from privret.models.frozen_prefix import frozen_prefix
+from privret.models.trainable import make_trainable
+
+TEXTS = ["what does aspirin do for the heart", "sleep", "vitamin levels in children and adults",
+         "how does the immune response to a virus increase with exercise and diet in patients"]
+
+
+@pytest.fixture()
+def top1(tiny_bert_dir):
+    model = load_encoder(str(tiny_bert_dir), max_seq_length=32)
+    make_trainable(model, "top:1")  # of 2 layers: the embeddings and layer 1 are frozen
+    return model
+
+
+def test_nothing_to_skip_when_every_layer_trains(tiny_bert_dir):
+    for spec in ("all", "layers", "lora"):
+        model = load_encoder(str(tiny_bert_dir), max_seq_length=32)
+        make_trainable(model, spec)
+        assert frozen_prefix(model) is None
+
+
+def test_embeddings_and_gradients_equal_the_full_forward(top1):
+    top1.eval()  # no dropout: the two paths compute the same function
+    prefix = frozen_prefix(top1)
+    assert prefix is not None and prefix.n_frozen == 1
+    for max_length in (None, 4):
+        full = embed(top1, TEXTS, max_length=max_length)
+        cached = prefix.embed(TEXTS, max_length=max_length)
+        torch.testing.assert_close(cached, full, atol=1e-5, rtol=1e-4)
+    trainable = [p for p in top1.parameters() if p.requires_grad]
+    grads = []
+    for fn in (lambda: embed(top1, TEXTS), lambda: prefix.embed(TEXTS)):
+        out = fn()
+        loss = (out[:, :5] ** 2).sum() + out[0] @ out[1]
+        grads.append(torch.autograd.grad(loss, trainable))
+    for g_full, g_cached in zip(*grads):
+        torch.testing.assert_close(g_cached, g_full, atol=1e-5, rtol=1e-4)
+    np.testing.assert_allclose(prefix.encode(TEXTS), embed(top1, TEXTS).detach().numpy(), atol=1e-5)
+
+
+def test_the_frozen_layers_run_once_per_text(top1):
+    prefix = frozen_prefix(top1)
+    layers = top1[0].auto_model.encoder.layer
+    frozen_layer = layers[0]
+    calls = []
+    frozen_layer.register_forward_hook(lambda module, args, out: calls.append(args[0].shape[0]))
+    prefix.embed(TEXTS[:2])
+    prefix.embed(TEXTS)  # two new texts: the frozen layer sees only those
+    prefix.embed(TEXTS)
+    assert calls == [2, 2]
+    assert top1[0].auto_model.encoder.layer is layers  # the model's own layer list is back
+    assert frozen_prefix(top1) is prefix  # kept on the model
