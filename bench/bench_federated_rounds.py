@@ -8,7 +8,12 @@ seed, evaluated at the end (no personalisation):
 * ``layers-fp32``: embeddings frozen, float32 (isolates what the frozen embeddings do);
 * ``layers-fp16``: embeddings frozen, float16 (weights down, updates up): the default;
 * ``layers-bf16``: the same in bfloat16;
-* ``top2-fp16``: only the top two transformer layers train (and travel): backward passes stop there.
+* ``top2-fp16``: only the top two transformer layers train (and travel); the client keeps what the frozen
+  lower layers compute per text (privret.models.frozen_prefix), so only two layers run.
+
+Choices are made on validation: every client's training questions that the run does not train on
+(``--train-fraction`` < 1 leaves them out), scored by each variant's final global model; the test
+questions are reported beside, never used to choose.
 
 ``--remine-every`` applies to all but ``before``. Each variant writes ``OUT/<variant>.json`` and is skipped
 when it exists, so an interrupted run continues. The table goes to ``OUT/rounds.md``:
@@ -26,7 +31,9 @@ from pathlib import Path
 
 import torch
 
-from privret.data.fed_squad import build_fed_squad
+from privret.data.fed_squad import build_fed_squad, load_fed_squad
+from privret.federated import local
+from privret.federated.arrays import load_arrays, load_weights, new_encoder
 from privret.federated.config import FedConfig
 from privret.federated.runner import run_federated_local, save_result
 
@@ -56,9 +63,36 @@ def run_variant(name: str, args, out: Path) -> dict:
     return json.loads(path.read_text())
 
 
+def validation_questions(client, cfg: FedConfig) -> list:
+    """The client's training questions this run does not train on (``train_fraction`` < 1): a validation split."""
+    used = {q.id for q in local.train_questions(client, cfg.max_train_questions, cfg.seed, cfg.train_fraction)}
+    return [q for q in client.split("train") if q.id not in used]
+
+
+def validate(name: str, args, out: Path) -> dict:
+    """Pooled metrics of the variant's final global model on every client's validation questions."""
+    path = out / f"{name}.json"
+    result = json.loads(path.read_text())
+    if "validation" in result:
+        return result
+    cfg = FedConfig(**result["config"])
+    model = new_encoder(cfg)
+    load_weights(model, load_arrays(args.work / name / "global.npz"))
+    per_client = {}
+    for c in load_fed_squad(args.data):
+        questions = validation_questions(c, cfg)
+        s = local.encode_texts(model, c.sentences, max_length=cfg.max_sentence_tokens)
+        q = local.encode_texts(model, [x.text for x in questions], max_length=cfg.max_query_tokens)
+        per_client[c.name] = local.evaluate_scores(q @ s.T, c, questions)
+    result["validation"] = local.pooled(per_client)
+    save_result(path, result)
+    return result
+
+
 def table(results: dict[str, dict]) -> str:
     lines = ["| variant | trainable | wire | re-mine every | s/round (bm25) | s/round (hard, mean) | "
-             "MB down+up per round | sentence MRR@10 | passage MRR@10 |", "|---|---|---|---:|---:|---:|---:|---:|---:|"]
+             "MB down+up per round | validation S MRR@10 | test S MRR@10 | test P MRR@10 |",
+             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for name, r in results.items():
         cfg, rounds = r["config"], r["rounds"]
         bm25 = [x["seconds"] for x in rounds if x["stage"] == "bm25"]
@@ -66,6 +100,7 @@ def table(results: dict[str, dict]) -> str:
         mb = sum(x["bytes_down"] + x["bytes_up"] for x in rounds) / len(rounds) / 1e6
         lines.append(f"| {name} | {cfg['trainable']} | {cfg['wire_dtype']} | {cfg['remine_every']} | "
                      f"{sum(bm25) / max(len(bm25), 1):.1f} | {sum(hard) / max(len(hard), 1):.1f} | {mb:.1f} | "
+                     f"{r['validation']['sentence']['mrr@10']:.4f} | "
                      f"{r['pooled']['sentence']['mrr@10']:.4f} | {r['pooled']['passage']['mrr@10']:.4f} |")
     return "\n".join(lines) + "\n"
 
@@ -89,7 +124,9 @@ def main() -> None:
     if not args.data.is_dir():
         build_fed_squad(args.squad, args.data)
     args.out.mkdir(parents=True, exist_ok=True)
-    results = {name: run_variant(name, args, args.out) for name in args.variants}
+    for name in args.variants:
+        run_variant(name, args, args.out)
+    results = {name: validate(name, args, args.out) for name in args.variants}
     text = table(results)
     (args.out / "rounds.md").write_text(text)
     print(text)
