@@ -227,3 +227,52 @@ def test_hard_negatives_are_mined_every_remine_every_rounds_and_reused_between(f
     assert len(encoded) == 4 and rankings["hard", client.name] is not mined
     local.epoch_negatives(model, client, questions, gold, "hard-reuse", cfg, rng, {})  # after a restart: mined
     assert len(encoded) == 6
+
+
+def test_a_server_killed_between_saving_a_round_and_its_state_counts_the_round_once(fed_dir, tiny_encoder, tmp_path,
+                                                                                     monkeypatch):
+    """The weights carry their round: a kill after ``global.npz`` of round 2 but before ``state.json`` must
+    neither train round 2 again (an extra noisy aggregate the ledger would not count) nor lose it."""
+    pytest.importorskip("flwr")
+    from privret.federated import server_app
+    from privret.federated.arrays import load_arrays
+    from privret.federated.runner import run_federated_local
+
+    cfg = _cfg(tiny_encoder, rounds=3, personalize=[], learning_rate=1e-2)
+    reference = run_federated_local(cfg, fed_dir, tmp_path / "ref", resume=False)
+    real = server_app.write_json_atomic
+
+    def killed_at_round_2(path, obj):
+        if path.name == "state.json" and obj["rounds_done"] == 2:
+            raise KeyboardInterrupt("SIGKILL stand-in")
+        real(path, obj)
+
+    monkeypatch.setattr(server_app, "write_json_atomic", killed_at_round_2)
+    with pytest.raises(KeyboardInterrupt):
+        run_federated_local(cfg, fed_dir, tmp_path / "run", resume=False)
+    monkeypatch.setattr(server_app, "write_json_atomic", real)
+    assert json.loads((tmp_path / "run" / "state.json").read_text())["rounds_done"] == 1
+    trained = []
+    monkeypatch.setattr(local, "train_dual_encoder_epoch",
+                        lambda *a, _real=local.train_dual_encoder_epoch, **k: trained.append(1) or _real(*a, **k))
+    resumed = run_federated_local(cfg, fed_dir, tmp_path / "run", resume=True)
+    assert len(trained) == 2  # round 3 only, on 2 clients
+    assert [r["round"] for r in resumed["rounds"]] == [1, 2, 3] and resumed["rounds"][1]["recovered"]
+    assert resumed["ledger"]["steps"] == reference["ledger"]["steps"] == 3
+    ref, got = load_arrays(tmp_path / "ref" / "global.npz"), load_arrays(tmp_path / "run" / "global.npz")
+    for k in ref:
+        np.testing.assert_array_equal(got[k].numpy(), ref[k].numpy())
+
+
+def test_resuming_with_other_settings_is_refused(fed_dir, tiny_encoder, tmp_path):
+    pytest.importorskip("flwr")
+    from privret.errors import InputError
+    from privret.federated.runner import run_federated_local
+
+    cfg = _cfg(tiny_encoder, rounds=1, personalize=[])
+    run_federated_local(cfg, fed_dir, tmp_path / "run", resume=False)
+    with pytest.raises(InputError) as err:
+        run_federated_local(cfg.model_copy(update={"learning_rate": 1e-3}), fed_dir, tmp_path / "run", resume=True)
+    assert err.value.field == "learning_rate" and "state.json" in str(err.value)
+    more = run_federated_local(cfg.model_copy(update={"rounds": 2}), fed_dir, tmp_path / "run", resume=True)
+    assert [r["round"] for r in more["rounds"]] == [1, 2]  # more rounds continue the same run

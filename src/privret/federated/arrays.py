@@ -58,12 +58,26 @@ def weights(model) -> ArrayRecord:
                         for k, p in trainable_parameters(model).items()})
 
 
-def save_arrays(path: Path, arrays: ArrayRecord) -> None:
+ROUND_KEY = "__round__"  # beside the weights in a checkpoint: the FedAvg round that produced them
+
+
+def save_arrays(path: Path, arrays: ArrayRecord, *, round_number: int | None = None) -> None:
+    """``arrays`` as an .npz (atomic); ``round_number`` is stored in the same file, so that the weights and
+    the round they come from can never disagree after a crash."""
+    extra = {} if round_number is None else {ROUND_KEY: np.array(round_number, dtype=np.int64)}
     with atomic_path(path) as tmp:
         with open(tmp, "wb") as f:
-            np.savez(f, **{k: v.numpy() for k, v in arrays.items()})
+            np.savez(f, **{k: v.numpy() for k, v in arrays.items()}, **extra)
 
 
 def load_arrays(path: Path) -> ArrayRecord:
     with np.load(path) as data:
-        return ArrayRecord({k: Array(data[k]) for k in data.files})
+        return ArrayRecord({k: Array(data[k]) for k in data.files if k != ROUND_KEY})
+
+
+def checkpoint_round(path: Path) -> int | None:
+    """The round stored with the weights by :func:`save_arrays`, or None (no file, or none stored)."""
+    if not Path(path).is_file():
+        return None
+    with np.load(path) as data:
+        return int(data[ROUND_KEY]) if ROUND_KEY in data.files else None

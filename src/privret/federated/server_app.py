@@ -18,8 +18,9 @@ import random
 import time
 from pathlib import Path
 
+from privret.errors import InputError
 from privret.federated import local, wire
-from privret.federated.arrays import load_arrays, new_encoder, save_arrays, weights
+from privret.federated.arrays import checkpoint_round, load_arrays, new_encoder, save_arrays, weights
 from privret.federated.config import FedConfig
 from privret.federated.negatives import ExchangeLog, select_clients
 from privret.federated.strategy import WEIGHT_KEY, dp_ledger, make_strategy, record_bytes
@@ -129,6 +130,24 @@ def _fed_negative_exchange(grid, nodes, arrays, version: str, variant: str, cfg:
     return out
 
 
+def _fingerprint(cfg: FedConfig) -> dict:
+    """What a resumed run must share with the run it continues: every setting but the number of rounds."""
+    return {k: v for k, v in cfg.model_dump(mode="json").items() if k != "rounds"}
+
+
+def _check_same_run(state: dict, cfg: FedConfig, state_path: Path) -> None:
+    saved = state.get("config")
+    if saved is None:
+        return
+    for key, value in _fingerprint(cfg).items():
+        if saved.get(key) != value:
+            raise InputError(f"this run directory was started with {key}={saved.get(key)!r}, not {value!r}; "
+                             "use another directory or start over (resume off)", path=state_path, field=key)
+    if int(state.get("rounds_done", 0)) > cfg.rounds:
+        raise InputError(f"this run directory already has {state['rounds_done']} rounds, more than {cfg.rounds}",
+                         path=state_path, field="rounds")
+
+
 def run_server(grid, cfg: FedConfig, out_dir: str | Path, *, n_clients: int, data_hash: str = "",
                resume: bool = True) -> dict:
     """Stage 1 (FedAvg rounds, checkpointed each round), evaluation, stage 2 variants; ``results.json``.
@@ -144,9 +163,16 @@ def _run_server(grid, cfg: FedConfig, out_dir: Path, *, n_clients: int, data_has
     out_dir.mkdir(parents=True, exist_ok=True)
     state_path, ckpt = out_dir / "state.json", out_dir / "global.npz"
     state = json.loads(state_path.read_text()) if resume and state_path.is_file() else {}
-    rounds_done = int(state.get("rounds_done", 0))
-    arrays = load_arrays(ckpt) if rounds_done and ckpt.is_file() else weights(new_encoder(cfg))
+    _check_same_run(state, cfg, state_path)
     history = state.get("history", [])
+    rounds_done = int(state.get("rounds_done", 0))
+    on_disk = checkpoint_round(ckpt) if resume else None
+    if on_disk is not None and on_disk > rounds_done:
+        # killed after the round's weights were saved, before state.json: the round happened (and, with DP,
+        # its noisy aggregate reached disk): count it, never train it again
+        history.append({"round": on_disk, "stage": local.round_stage(cfg, on_disk), "recovered": True})
+        rounds_done = on_disk
+    arrays = load_arrays(ckpt) if rounds_done and ckpt.is_file() else weights(new_encoder(cfg))
     strategy = make_strategy(cfg, n_clients)
     from flwr.serverapp.strategy.strategy_utils import sample_nodes
 
@@ -165,13 +191,14 @@ def _run_server(grid, cfg: FedConfig, out_dir: Path, *, n_clients: int, data_has
         history.append({"round": rnd, "stage": stage, "bytes_down": down, "bytes_up": up, "questions": n_questions,
                         "seconds": round(time.time() - t0, 1),
                         "train_loss": float(metrics["loss"]) if metrics is not None and "loss" in metrics else None})
+        save_arrays(ckpt, arrays, round_number=rnd)  # before the new weights leave the server (evaluation)
         if cfg.eval_every and rnd % cfg.eval_every == 0 and rnd < cfg.rounds:
             history[-1]["evaluation"] = _evaluate_all(grid, nodes, arrays, f"round-{rnd}", "global",
                                                       cfg.wire_dtype)["pooled"]
-        save_arrays(ckpt, arrays)
-        write_json_atomic(state_path, {"rounds_done": rnd, "history": history})
-    ledger = dp_ledger(cfg, rounds_done=cfg.rounds, n_clients=n_clients, n_questions=int(history[-1]["questions"]) if history else 0,
-                       data_hash=data_hash)
+        write_json_atomic(state_path, {"rounds_done": rnd, "history": history, "config": _fingerprint(cfg)})
+    questions = [r["questions"] for r in history if "questions" in r]
+    ledger = dp_ledger(cfg, rounds_done=cfg.rounds, n_clients=n_clients,
+                       n_questions=int(questions[-1]) if questions else 0, data_hash=data_hash)
     ledger.save(out_dir)
     version = f"round-{cfg.rounds}"
     results = {"config": cfg.model_dump(mode="json"), "rounds": history, "ledger": json.loads(ledger.model_dump_json())}
