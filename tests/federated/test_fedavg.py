@@ -56,13 +56,13 @@ def test_dp_wrapper_uses_uniform_weights_and_records_epsilon():
     arrays, _ = strategy.aggregate_train(1, _replies(CLIENTS, WEIGHTS))
     # sigma = 0 and a huge clip norm: the plain *uniform* mean (sensitivity C/m needs uniform weights)
     np.testing.assert_allclose(arrays["w"].numpy(), [5.0, -5.0 / 3])
-    ledger = dp_ledger(FedConfig(dp="server", dp_noise_multiplier=1.0, rounds=4), rounds_done=4, n_clients=10,
+    ledger = dp_ledger(FedConfig(dp="server", dp_noise_multiplier=1.0, rounds=4), releases=4, n_clients=10,
                        n_questions=100, data_hash="x")
     assert ledger.unit == "client" and ledger.steps == 4 and 0 < ledger.epsilon < float("inf")
-    more = dp_ledger(FedConfig(dp="server", dp_noise_multiplier=1.0, rounds=8), rounds_done=8, n_clients=10,
+    more = dp_ledger(FedConfig(dp="server", dp_noise_multiplier=1.0, rounds=8), releases=8, n_clients=10,
                      n_questions=100, data_hash="x")
     assert more.epsilon > ledger.epsilon
-    assert not dp_ledger(FedConfig(), rounds_done=4, n_clients=10, n_questions=100, data_hash="x").is_private
+    assert not dp_ledger(FedConfig(), releases=4, n_clients=10, n_questions=100, data_hash="x").is_private
 
 
 def test_clipping_bounds_each_update():
@@ -81,7 +81,7 @@ def test_a_target_epsilon_sets_the_noise_that_spends_it_over_the_rounds(epsilon)
     from privret.privacy.accounting import spent_epsilon
 
     cfg = with_target_epsilon(FedConfig(dp="server", rounds=10), epsilon)
-    ledger = dp_ledger(cfg, rounds_done=10, n_clients=10, n_questions=100, data_hash="x")
+    ledger = dp_ledger(cfg, releases=10, n_clients=10, n_questions=100, data_hash="x")
     assert ledger.noise_multiplier == cfg.dp_noise_multiplier and ledger.epsilon <= epsilon
     assert ledger.epsilon > 0.97 * epsilon  # tight: not calibrated for other rounds or another accountant
     assert spent_epsilon(noise_multiplier=0.98 * cfg.dp_noise_multiplier, sample_rate=1.0, steps=10,

@@ -276,3 +276,33 @@ def test_resuming_with_other_settings_is_refused(fed_dir, tiny_encoder, tmp_path
     assert err.value.field == "learning_rate" and "state.json" in str(err.value)
     more = run_federated_local(cfg.model_copy(update={"rounds": 2}), fed_dir, tmp_path / "run", resume=True)
     assert [r["round"] for r in more["rounds"]] == [1, 2]  # more rounds continue the same run
+
+
+def test_a_dp_server_killed_while_saving_a_round_counts_that_aggregate_too(fed_dir, tiny_encoder, tmp_path,
+                                                                            monkeypatch):
+    """A kill during the save of round 2 may leave its noisy aggregate on disk (a partial temp file): the
+    round is trained again, and the ledger composes 4 releases for 3 rounds, never 3."""
+    pytest.importorskip("flwr")
+    from privret.federated import server_app
+    from privret.federated.runner import run_federated_local
+    from privret.federated.strategy import dp_ledger
+
+    cfg = _cfg(tiny_encoder, rounds=3, personalize=[], dp="server", dp_noise_multiplier=1.0, dp_clip_norm=0.5)
+    real = server_app.save_arrays
+
+    def killed_while_saving_round_2(path, arrays, *, round_number=None):
+        if round_number == 2:
+            raise KeyboardInterrupt("SIGKILL stand-in")
+        real(path, arrays, round_number=round_number)
+
+    monkeypatch.setattr(server_app, "save_arrays", killed_while_saving_round_2)
+    with pytest.raises(KeyboardInterrupt):
+        run_federated_local(cfg, fed_dir, tmp_path / "run", resume=False)
+    monkeypatch.setattr(server_app, "save_arrays", real)
+    state = json.loads((tmp_path / "run" / "state.json").read_text())
+    assert state["rounds_done"] == 1 and state["aggregates_written"] == 2  # announced before the save began
+    resumed = run_federated_local(cfg, fed_dir, tmp_path / "run", resume=True)
+    assert [r["round"] for r in resumed["rounds"]] == [1, 2, 3]
+    assert resumed["ledger"]["steps"] == 4
+    four = dp_ledger(cfg, releases=4, n_clients=2, n_questions=0, data_hash="x")
+    assert resumed["ledger"]["epsilon"] == pytest.approx(four.epsilon)

@@ -173,6 +173,12 @@ def _run_server(grid, cfg: FedConfig, out_dir: Path, *, n_clients: int, data_has
         history.append({"round": on_disk, "stage": local.round_stage(cfg, on_disk), "recovered": True})
         rounds_done = on_disk
     arrays = load_arrays(ckpt) if rounds_done and ckpt.is_file() else weights(new_encoder(cfg))
+    written = int(state.get("aggregates_written", rounds_done))  # global models that may have reached disk
+
+    def save_state(done: int) -> None:
+        write_json_atomic(state_path, {"rounds_done": done, "aggregates_written": written, "history": history,
+                                       "config": _fingerprint(cfg)})
+
     strategy = make_strategy(cfg, n_clients)
     from flwr.serverapp.strategy.strategy_utils import sample_nodes
 
@@ -188,16 +194,18 @@ def _run_server(grid, cfg: FedConfig, out_dir: Path, *, n_clients: int, data_has
             raise RuntimeError(f"round {rnd}: aggregation failed")
         arrays = new_arrays
         n_questions = int(sum(float(next(iter(r.content.metric_records.values()))[WEIGHT_KEY]) for r in replies))
-        history.append({"round": rnd, "stage": stage, "bytes_down": down, "bytes_up": up, "questions": n_questions,
-                        "seconds": round(time.time() - t0, 1),
-                        "train_loss": float(metrics["loss"]) if metrics is not None and "loss" in metrics else None})
+        entry = {"round": rnd, "stage": stage, "bytes_down": down, "bytes_up": up, "questions": n_questions,
+                 "seconds": round(time.time() - t0, 1),
+                 "train_loss": float(metrics["loss"]) if metrics is not None and "loss" in metrics else None}
+        written += 1  # announced before the aggregate may reach disk: a kill while saving still counts it
+        save_state(rnd - 1)
         save_arrays(ckpt, arrays, round_number=rnd)  # before the new weights leave the server (evaluation)
+        history.append(entry)
         if cfg.eval_every and rnd % cfg.eval_every == 0 and rnd < cfg.rounds:
-            history[-1]["evaluation"] = _evaluate_all(grid, nodes, arrays, f"round-{rnd}", "global",
-                                                      cfg.wire_dtype)["pooled"]
-        write_json_atomic(state_path, {"rounds_done": rnd, "history": history, "config": _fingerprint(cfg)})
+            entry["evaluation"] = _evaluate_all(grid, nodes, arrays, f"round-{rnd}", "global", cfg.wire_dtype)["pooled"]
+        save_state(rnd)
     questions = [r["questions"] for r in history if "questions" in r]
-    ledger = dp_ledger(cfg, rounds_done=cfg.rounds, n_clients=n_clients,
+    ledger = dp_ledger(cfg, releases=written, n_clients=n_clients,
                        n_questions=int(questions[-1]) if questions else 0, data_hash=data_hash)
     ledger.save(out_dir)
     version = f"round-{cfg.rounds}"

@@ -65,19 +65,21 @@ def with_target_epsilon(cfg: FedConfig, epsilon: float) -> FedConfig:
     return cfg.model_copy(update={"dp_noise_multiplier": sigma})
 
 
-def dp_ledger(cfg: FedConfig, *, rounds_done: int, n_clients: int, n_questions: int, data_hash: str) -> PrivacyLedger:
-    """The client-level ledger of the FedAvg updates (epsilon = inf without DP)."""
+def dp_ledger(cfg: FedConfig, *, releases: int, n_clients: int, n_questions: int, data_hash: str) -> PrivacyLedger:
+    """The client-level ledger of the FedAvg updates (epsilon = inf without DP): ``releases`` noisy global
+    models, each a Gaussian mechanism at sampling rate 1; the server counts every one that may have
+    reached disk, so a kill while saving one makes ``releases`` exceed the rounds (conservative)."""
     private = cfg.dp != "none" and cfg.dp_noise_multiplier > 0
     epsilon = float("inf")
-    if private and rounds_done > 0:
-        epsilon = spent_epsilon(noise_multiplier=cfg.dp_noise_multiplier, sample_rate=1.0, steps=rounds_done,
+    if private and releases > 0:
+        epsilon = spent_epsilon(noise_multiplier=cfg.dp_noise_multiplier, sample_rate=1.0, steps=releases,
                                 delta=cfg.dp_delta, accountant="rdp")
     elif private:
         epsilon = 0.0
     return PrivacyLedger(
         mechanism=f"dp-fedavg-{cfg.dp}-side-fixed-clipping (model updates only)" if private else "none",
         epsilon=epsilon, delta=cfg.dp_delta if private else 0.0,
-        noise_multiplier=cfg.dp_noise_multiplier if private else 0.0, sample_rate=1.0, steps=rounds_done,
+        noise_multiplier=cfg.dp_noise_multiplier if private else 0.0, sample_rate=1.0, steps=releases,
         planned_steps=cfg.rounds, accountant="rdp" if private else "none", unit="client", n_units=n_clients,
         n_pairs=n_questions, clip_norm=cfg.dp_clip_norm if private else 0.0, model=cfg.model, trainable="full",
         data_hash=data_hash)
