@@ -16,7 +16,10 @@ kills per trial, then it runs to the end). Checked after each trial:
   is the sum over processes of their largest m.
 
 Commands: generator-dp (epsilon 4), generator-plain (epsilon inf), generate, retriever, retriever-dp
-(direct DP training of the retriever, batch-clip at epsilon 4), pipeline.
+(direct DP training of the retriever, batch-clip at epsilon 4), pipeline, federated (PDD-AS2 with
+both personalisation variants on an in-process grid: a kill stops the server and every client at
+once) and federated-dp (DP-FedAvg, server-side clipping; its truth counts the noisy global models
+whose save began).
 Tiny models built in code (tests/helpers.py); CPU, one thread.
 
     python bench/fault_injection.py                      # all commands, default trial counts
@@ -57,6 +60,16 @@ from privret.privacy import budget  # noqa: E402
 from privret.privacy.ledger import PrivacyLedger  # noqa: E402
 
 TRUTH_ENV = "PRIVRET_FI_TRUTH"
+
+
+def _federated_fixtures():
+    """tests/federated/conftest.py (the tiny Fed-SQuAD source and encoder), loaded as a module."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("federated_fixtures", ROOT / "tests" / "federated" / "conftest.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 # dozens of DP runs on one toy dataset, in a registry of their own: measurements, not releases
 OVER_BUDGET = budget.BudgetPolicy(allow_over=True)
 warnings.simplefilter("ignore", budget.BudgetWarning)
@@ -83,6 +96,21 @@ class Setup:
         words = "aspirin heart risk gene memory mice vitamin blood children sleep immune virus cancer drug".split()
         self.docs = [Document(f"g{i}", "", " ".join(words[(i * 7 + j) % len(words)] for j in range(6)))
                      for i in range(40)]
+        fed = _federated_fixtures()
+        (work / "squad.json").write_text(json.dumps(fed.TINY_SQUAD))
+        self.fed_encoder = fed.write_tiny_encoder(work / "tiny-fed-encoder")
+        from privret.data.fed_squad import build_fed_squad
+
+        self.fed_data = work / "fed-squad"
+        build_fed_squad(work / "squad.json", self.fed_data, n_clients=2, seed=0)
+
+    def federated_cfg(self, dp: bool):
+        from privret.federated.config import FedConfig
+
+        private = {"dp": "server", "dp_noise_multiplier": 1.0, "dp_clip_norm": 0.5} if dp else {}
+        return FedConfig(model=self.fed_encoder, rounds=4, warmup_rounds=1, remine_every=1, eval_every=2,
+                         batch_size=2, n_negatives=1, hard_k=3, bm25_k=3, personal_batch_size=2, personal_negatives=1,
+                         personal_hard_k=3, fed_negatives=2, bf16=False, learning_rate=1e-2, **private)
 
     def generator_cfg(self, epsilon: float):
         from privret.train.settings import GeneratorTrainConfig
@@ -111,6 +139,10 @@ class Setup:
 
             train_dp_retriever(self.pairs, out, self.retriever_dp_cfg(), data_hash="fault-injection", resume=True,
                                budget=OVER_BUDGET)
+        elif command in ("federated", "federated-dp"):
+            from privret.federated.runner import run_federated_local
+
+            run_federated_local(self.federated_cfg(command == "federated-dp"), self.fed_data, out, resume=True)
         elif command == "generate":
             from privret.synth.generate import generate_synthetic
             from privret.synth.settings import GenerateConfig
@@ -193,6 +225,16 @@ def install_truth_hooks(truth_file: Path) -> None:
         note()
         return original_st_save(self, *a, **k)
 
+    from privret.federated import server_app
+
+    original_fed_save = server_app.save_arrays
+
+    def fed_save(path, arrays, *, round_number=None):  # each noisy global model, before its write begins
+        state["dp_steps"] += 1
+        note()
+        return original_fed_save(path, arrays, round_number=round_number)
+
+    server_app.save_arrays = fed_save
     gtrain._dp_step = counted_step
     rtrain.dp_step = counted_retriever_step
     st_torch.save_file = save_file
@@ -249,6 +291,10 @@ def artefact_files(command: str, out: Path) -> dict[str, bytes]:
     elif command == "pipeline":
         roots = [out / "original" / "retriever", out / "eps-inf" / "generator", out / "eps-inf" / "synthetic",
                  out / "eps-inf" / "retriever"]
+    elif command == "federated":  # the final global model and every evaluation (the history records kills)
+        results = json.loads((out / "results.json").read_text())
+        return {"global.npz": (out / "global.npz").read_bytes(),
+                "evaluations": json.dumps(results["evaluations"], sort_keys=True).encode()}
     else:
         return {}
     files = {}
@@ -267,7 +313,7 @@ def artefact_files(command: str, out: Path) -> dict[str, bytes]:
 
 
 def final_ledger(command: str, out: Path) -> PrivacyLedger | None:
-    if command in ("generator-dp", "retriever-dp"):
+    if command in ("generator-dp", "retriever-dp", "federated-dp"):
         return PrivacyLedger.load(out)
     if command == "pipeline":
         return PrivacyLedger.load(out / "eps-4" / "generator")
@@ -275,6 +321,9 @@ def final_ledger(command: str, out: Path) -> PrivacyLedger | None:
 
 
 def complete(command: str, out: Path) -> bool:
+    if command in ("federated", "federated-dp"):
+        results = out / "results.json"
+        return results.is_file() and "+query-encoders+fed-negative" in json.loads(results.read_text())["evaluations"]
     marker = {"generator-dp": "generator.json", "generator-plain": "generator.json", "generate": "manifest.json",
               "retriever": "privacy_ledger.json", "retriever-dp": "dp_mechanism.json",
               "pipeline": "summary.json"}[command]
@@ -283,7 +332,8 @@ def complete(command: str, out: Path) -> bool:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--commands", default="generator-dp,generator-plain,generate,retriever,retriever-dp,pipeline")
+    parser.add_argument("--commands", default="generator-dp,generator-plain,generate,retriever,retriever-dp,pipeline,"
+                                              "federated,federated-dp")
     parser.add_argument("--trials", type=int, default=4, help="trials per command (pipeline: half)")
     parser.add_argument("--kills", type=int, default=4, help="at most this many kills per trial")
     parser.add_argument("--seed", type=int, default=0)
@@ -341,8 +391,9 @@ def main() -> None:
                 ledger = final_ledger(command, out)
                 if ledger is not None:
                     truth = truth_steps(truth_file)
-                    registry = max(r.steps for r in budget.releases(ledger.dataset_id)
-                                   if r.artefact == str(out) or r.artefact.startswith(str(out) + "/"))
+                    registry = ledger.steps if command.startswith("federated") else max(  # not in the registry
+                        r.steps for r in budget.releases(ledger.dataset_id)
+                        if r.artefact == str(out) or r.artefact.startswith(str(out) + "/"))
                     row["ledger_checks"] += 1
                     row["ledger_ge_truth"] += int(ledger.steps >= truth and registry >= truth)
                     gap = ledger.steps - truth
