@@ -101,8 +101,7 @@ def test_federated_run_all_stages_bytes_and_resume(fed_dir, tiny_encoder, tmp_pa
             personal = context.state.array_records[f"query-encoder-{variant}"]
             assert set(personal) == set(global_arrays)
             assert any(not np.array_equal(personal[k].numpy(), global_arrays[k].numpy()) for k in personal)
-    again_global = _evaluate_all(grid, sorted(grid.contexts), global_arrays, f"round-{cfg.rounds}", "global",
-                                 cfg.wire_dtype)
+    again_global = _evaluate_all(grid, sorted(grid.contexts), global_arrays, f"round-{cfg.rounds}", "global", cfg)
     assert again_global == ev["pdd-as2"]
     ledger = json.loads((tmp_path / "run" / "privacy_ledger.json").read_text())
     assert ledger["mechanism"] == "none" and ledger["unit"] == "client"
@@ -306,3 +305,29 @@ def test_a_dp_server_killed_while_saving_a_round_counts_that_aggregate_too(fed_d
     assert resumed["ledger"]["steps"] == 4
     four = dp_ledger(cfg, releases=4, n_clients=2, n_questions=0, data_hash="x")
     assert resumed["ledger"]["epsilon"] == pytest.approx(four.epsilon)
+
+
+def test_a_missing_reply_stops_the_server_after_round_timeout(fed_dir, tiny_encoder, tmp_path, monkeypatch):
+    """A client that never answers (killed SuperNode): the server waits ``round_timeout``, then stops with an
+    error that says so, and a resume with every client back finishes the run."""
+    pytest.importorskip("flwr")
+    from privret.federated import runner
+
+    waited = []
+
+    class LosingGrid(runner.InProcessGrid):
+        def send_and_receive(self, messages, *, timeout=None):
+            waited.append(timeout)
+            replies = super().send_and_receive(messages, timeout=timeout)
+            return replies[:-1] if len(waited) == 2 else replies  # round 2: the last client's reply is lost
+
+    cfg = _cfg(tiny_encoder, rounds=2, personalize=[], round_timeout=7.5)
+    real = runner.InProcessGrid
+    monkeypatch.setattr(runner, "InProcessGrid", LosingGrid)
+    with pytest.raises(RuntimeError, match=r"client failure: 1 of 2 replies within round_timeout = 7.5 s"):
+        runner.run_federated_local(cfg, fed_dir, tmp_path / "run", resume=False)
+    monkeypatch.setattr(runner, "InProcessGrid", real)
+    assert waited == [7.5, 7.5]
+    assert json.loads((tmp_path / "run" / "state.json").read_text())["rounds_done"] == 1
+    done = runner.run_federated_local(cfg, fed_dir, tmp_path / "run", resume=True)
+    assert [r["round"] for r in done["rounds"]] == [1, 2]

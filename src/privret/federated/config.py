@@ -71,6 +71,8 @@ class FedConfig(BaseModel):
     dp_noise_multiplier: float = Field(1.0, ge=0, allow_inf_nan=False)
     dp_clip_norm: float = Field(1.0, gt=0, allow_inf_nan=False)
     dp_delta: float = Field(1e-3, gt=0, lt=1)
+    round_timeout: float = Field(3600.0, gt=0, allow_inf_nan=False,
+                                 description="seconds the server waits for every client's reply before it stops")
     device: DeviceSpec = Field("auto", description="where each process runs its models: auto, cpu, cuda or cuda:N "
                                             "(privret.models.device)")
 

@@ -34,13 +34,15 @@ except ImportError:  # pragma: no cover - exercised only without flwr installed
     ServerApp = None
 
 
-def _send(grid, messages: list, dtype: str, timeout: float = 24 * 3600) -> tuple[list, int, int]:
-    """Send ``messages`` and wait for every reply; returns ``(replies, bytes down, bytes up)``.
+def _send(grid, messages: list, cfg: FedConfig) -> tuple[list, int, int]:
+    """Send ``messages`` and wait up to ``cfg.round_timeout`` seconds for every reply (a missing or failed
+    reply stops the server: resume the run once the client is back); returns ``(replies, bytes down, bytes up)``.
 
-    A message's ``arrays`` (the float32 master weights) travel in the wire type ``dtype``, a reply's
+    A message's ``arrays`` (the float32 master weights) travel in the wire type ``cfg.wire_dtype``, a reply's
     ``arrays`` (a client's update) come back rebuilt as that client's float32 model: master + update
     (:mod:`privret.federated.wire`). Bytes are those of the arrays as they travel (no framing).
     """
+    dtype = cfg.wire_dtype
     masters = {}
     encoded: dict[int, ArrayRecord] = {}
     for m in messages:
@@ -53,11 +55,12 @@ def _send(grid, messages: list, dtype: str, timeout: float = 24 * 3600) -> tuple
                 encoded[id(master)] = wire.encode_weights(master, dtype)
             m.content = RecordDict({**dict(m.content.items()), "arrays": encoded[id(master)]})
     down = sum(record_bytes(m.content) for m in messages)
-    replies = list(grid.send_and_receive(messages, timeout=timeout))
+    replies = list(grid.send_and_receive(messages, timeout=cfg.round_timeout))
     errors = [r for r in replies if r.has_error()]
     if errors or len(replies) != len(messages):
-        reason = errors[0].error.reason if errors else f"{len(replies)} of {len(messages)} replies"
-        raise RuntimeError(f"client failure: {reason}")
+        reason = errors[0].error.reason if errors else \
+            f"{len(replies)} of {len(messages)} replies within round_timeout = {cfg.round_timeout:g} s"
+        raise RuntimeError(f"client failure: {reason}; the finished rounds are saved, resume when the clients are back")
     up = sum(record_bytes(r.content) for r in replies)
     for r in replies:
         if "arrays" in r.content.array_records:
@@ -96,11 +99,11 @@ def _hardness(replies) -> dict:
             "mean": {k: sum(c[k] * c["questions"] for c in per_client.values()) / total for k in keys}}
 
 
-def _evaluate_all(grid, nodes, arrays, version: str, variant: str, dtype: str) -> dict:
+def _evaluate_all(grid, nodes, arrays, version: str, variant: str, cfg: FedConfig) -> dict:
     msgs = [Message(RecordDict({"arrays": arrays, "config": ConfigRecord({"variant": variant,
                                                                           "model-version": version})}),
                     dst_node_id=n, message_type="evaluate") for n in nodes]
-    per_client = _per_client_metrics(_send(grid, msgs, dtype)[0])
+    per_client = _per_client_metrics(_send(grid, msgs, cfg)[0])
     return {"per_client": per_client, "pooled": local.pooled(per_client)}
 
 
@@ -110,7 +113,7 @@ def _fed_negative_exchange(grid, nodes, arrays, version: str, variant: str, cfg:
     cfg_rec = ConfigRecord({"variant": variant, "model-version": version})
     msgs = [Message(RecordDict({"arrays": arrays, "config": cfg_rec}), dst_node_id=n, message_type="query.embed")
             for n in nodes]
-    replies = _send(grid, msgs, cfg.wire_dtype)[0]
+    replies = _send(grid, msgs, cfg)[0]
     queries = {r.metadata.src_node_id: r.content["queries"]["emb"].numpy() for r in replies}
     plan = []
     for i, node in enumerate(nodes):
@@ -119,7 +122,7 @@ def _fed_negative_exchange(grid, nodes, arrays, version: str, variant: str, cfg:
     msgs = [Message(RecordDict({"queries": ArrayRecord({"emb": Array(queries[src])}),
                                 "config": ConfigRecord({"n": cfg.fed_negatives, "model-version": version})}),
                     dst_node_id=dst, message_type="query.fednegative") for src, dst in plan]
-    replies = _send(grid, msgs, cfg.wire_dtype)[0]
+    replies = _send(grid, msgs, cfg)[0]
     by_id = {m.metadata.message_id: (src, dst) for m, (src, dst) in zip(msgs, plan)}
     out: dict[int, list] = {n: [] for n in nodes}
     for r in replies:
@@ -188,7 +191,7 @@ def _run_server(grid, cfg: FedConfig, out_dir: Path, *, n_clients: int, data_has
         t0 = time.time()
         stage = local.round_stage(cfg, rnd)
         msgs = list(strategy.configure_train(rnd, arrays, ConfigRecord({"stage": stage}), grid))
-        replies, down, up = _send(grid, msgs, cfg.wire_dtype)
+        replies, down, up = _send(grid, msgs, cfg)
         new_arrays, metrics = strategy.aggregate_train(rnd, replies)
         if new_arrays is None:
             raise RuntimeError(f"round {rnd}: aggregation failed")
@@ -202,7 +205,7 @@ def _run_server(grid, cfg: FedConfig, out_dir: Path, *, n_clients: int, data_has
         save_arrays(ckpt, arrays, round_number=rnd)  # before the new weights leave the server (evaluation)
         history.append(entry)
         if cfg.eval_every and rnd % cfg.eval_every == 0 and rnd < cfg.rounds:
-            entry["evaluation"] = _evaluate_all(grid, nodes, arrays, f"round-{rnd}", "global", cfg.wire_dtype)["pooled"]
+            entry["evaluation"] = _evaluate_all(grid, nodes, arrays, f"round-{rnd}", "global", cfg)["pooled"]
         save_state(rnd)
     questions = [r["questions"] for r in history if "questions" in r]
     ledger = dp_ledger(cfg, releases=written, n_clients=n_clients,
@@ -214,7 +217,7 @@ def _run_server(grid, cfg: FedConfig, out_dir: Path, *, n_clients: int, data_has
     done = json.loads(results_path.read_text()).get("evaluations", {}) if resume and results_path.is_file() else {}
     evaluations = dict(done)
     if "pdd-as2" not in evaluations:
-        evaluations["pdd-as2"] = _evaluate_all(grid, nodes, arrays, version, "global", cfg.wire_dtype)
+        evaluations["pdd-as2"] = _evaluate_all(grid, nodes, arrays, version, "global", cfg)
         write_json_atomic(results_path, {**results, "evaluations": evaluations})
     for variant in cfg.personalize:
         name = "+query-encoders" if variant == "local" else "+query-encoders+fed-negative"
@@ -235,10 +238,10 @@ def _run_server(grid, cfg: FedConfig, out_dir: Path, *, n_clients: int, data_has
                 for k, ans in enumerate(fed.get(n, [])):
                     content[f"fedneg-{k}"] = ans
                 msgs.append(Message(content, dst_node_id=n, message_type="train.personalize"))
-            replies = _send(grid, msgs, cfg.wire_dtype)[0]
+            replies = _send(grid, msgs, cfg)[0]
             if variant == "fed":
                 hardness.append(_hardness(replies))
-        evaluations[name] = _evaluate_all(grid, nodes, arrays, version, variant, cfg.wire_dtype)
+        evaluations[name] = _evaluate_all(grid, nodes, arrays, version, variant, cfg)
         if exchanges:
             evaluations[name]["fed_negative_exchanges"] = exchanges
             evaluations[name]["fed_negative_hardness"] = hardness
