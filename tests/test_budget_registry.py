@@ -12,6 +12,7 @@ from helpers import TOY_DOCS, TOY_TRAIN
 from privret.config import BudgetSettings, PipelineConfig
 from privret.data.beir import load_beir
 from privret.data.pairs import load_pairs_jsonl, pairs_from_beir
+from privret.cli.common import as_flags
 from privret.errors import InputError
 from privret.privacy import budget
 from privret.privacy.accounting import spent_epsilon
@@ -72,7 +73,7 @@ def test_a_release_at_another_privacy_unit_is_refused_or_warned_about():
         budget.check_and_record(_release(unit="pair", steps=5))
     message = str(refused.value)
     assert "already has DP releases per query" in message and "registry" in message and "\n" not in message
-    assert refused.value.field == "--unit" and len(budget.releases("sha256-toy")) == 1  # nothing recorded
+    assert refused.value.field == "unit" and len(budget.releases("sha256-toy")) == 1  # nothing recorded
     with pytest.warns(budget.BudgetWarning, match="per query; a release per pair does not compose"):
         budget.check_and_record(_release(unit="pair", steps=5), budget.BudgetPolicy(allow_over=True))
     assert sorted(r.unit for r in budget.releases("sha256-toy")) == ["pair", "query"]
@@ -86,7 +87,11 @@ def test_the_default_cap_refuses_in_one_line_and_the_override_warns():
         budget.check_and_record(_release())
     message = str(refused.value)
     assert f"past the budget cap {budget.DEFAULT_CAP:g}" in message and "\n" not in message
-    assert "--allow-over-budget" in message and "--budget-cap" in message and refused.value.field == "--budget-cap"
+    # the library names the policy's fields; the CLI shows them as its flags
+    assert "`allow_over`" in message and "`cap`" in message and "--" not in message and refused.value.field == "cap"
+    shown = as_flags(refused.value).one_line()
+    assert "set --allow-over-budget to run" in shown and "(--budget-cap changes it)" in shown
+    assert shown.startswith("field '--budget-cap'")
     with pytest.warns(budget.BudgetWarning, match="past the budget cap"):
         budget.check_and_record(_release(), budget.BudgetPolicy(allow_over=True))
     assert len(budget.releases("sha256-toy")) == 2

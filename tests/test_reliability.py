@@ -248,7 +248,7 @@ def test_cap_refuses_then_warns_with_override_and_resumes_are_not_double_counted
     with pytest.raises(InputError, match="past the budget cap"):
         budget.check_and_record(release(rid="run-2"), policy)
     assert len(budget.releases("data")) == 1  # refused: nothing recorded
-    with pytest.warns(budget.BudgetWarning, match="running anyway, as allowed"):
+    with pytest.warns(budget.BudgetWarning, match="running anyway, as the budget policy.s `allow_over` allows"):
         total = budget.check_and_record(release(rid="run-2"), policy.model_copy(update={"allow_over": True}))
     assert total.releases == 2 and len(budget.releases("data")) == 2
 
@@ -271,7 +271,7 @@ def test_generator_training_records_and_enforces_the_cap(tiny_llama_dir, tmp_pat
     pairs = toy_pairs()
     cfg = cfg_for(tiny_llama_dir, epochs=1, epsilon=2.0)
     first = train_generator(pairs, tmp_path / "g1", cfg, data_hash="same-data")
-    with pytest.raises(InputError, match="--allow-over-budget"):
+    with pytest.raises(InputError, match="set `allow_over` to run anyway"):
         train_generator(pairs, tmp_path / "g2", cfg, data_hash="same-data", budget=budget.BudgetPolicy(cap=3.0))
     assert not (tmp_path / "g2" / "steps.jsonl").exists()  # refused before any update could reach disk
     with warnings.catch_warnings():
@@ -291,7 +291,7 @@ def test_direct_dp_retriever_records_and_enforces_the_cap(tiny_bert_dir, tmp_pat
     first = train_dp_retriever(pairs, tmp_path / "r1", cfg, data_hash="same-data")
     recorded = budget.releases(first.dataset_id)
     assert [(r.status, r.steps, r.mechanism) for r in recorded] == [("final", first.steps, "direct-batch-clip")]
-    with pytest.raises(InputError, match="--allow-over-budget"):
+    with pytest.raises(InputError, match="set `allow_over` to run anyway"):
         train_dp_retriever(pairs, tmp_path / "r2", cfg, data_hash="same-data", budget=budget.BudgetPolicy(cap=3.0))
     assert not (tmp_path / "r2").exists() and len(budget.releases(first.dataset_id)) == 1  # refused before training
 

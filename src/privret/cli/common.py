@@ -3,6 +3,7 @@ policy and the private training pairs."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from rich.console import Console
@@ -13,13 +14,13 @@ out = Console()
 
 # The one mapping from the library's field names to the command line's flags. Library code names the field
 # (InputError.field); the CLI shows the flag. Fields whose flag is not ``--`` + their name with dashes:
-FLAG_OF_FIELD = {"learning_rate": "--lr", "cap": "--budget-cap", "selection": "--select",
-                 "selection_grid": "--select", "selection_max_epochs": "--select-max-epochs",
+FLAG_OF_FIELD = {"learning_rate": "--lr", "cap": "--budget-cap", "allow_over": "--allow-over-budget",
+                 "selection": "--select", "selection_grid": "--select", "selection_max_epochs": "--select-max-epochs",
                  "selection_validation_pool": "--validation-pool"}
 # Fields that library functions raise errors on and that the commands take as flags of the same name: a bare
 # name here is always that flag (config files name their fields with a path, or with their section: a.b).
 OPTION_FIELDS = ("datasets", "label", "max_texts", "min_tokens", "sample", "subsample", "md5", "archive", "resume",
-                 "trust_remote_pickle")
+                 "trust_remote_pickle", "unit")
 
 
 def flag(field: str) -> str:
@@ -27,10 +28,16 @@ def flag(field: str) -> str:
     return FLAG_OF_FIELD.get(field, "--" + field.replace("_", "-"))
 
 
+def _has_flag(field: str | None) -> bool:
+    return field in FLAG_OF_FIELD or field in OPTION_FIELDS
+
+
 def as_flags(err: InputError) -> InputError:
-    """``err`` with its field shown as the flag, when the field is one the command line sets by a flag."""
-    if err.field in FLAG_OF_FIELD or err.field in OPTION_FIELDS:
+    """``err`` with its field, and the fields its message names in backquotes (```allow_over```), shown as
+    flags, when they are ones the command line sets by a flag."""
+    if _has_flag(err.field):
         err.field = flag(err.field)
+    err.message = re.sub(r"`([a-z_]+)`", lambda m: flag(m[1]) if _has_flag(m[1]) else m[0], err.message)
     return err
 
 

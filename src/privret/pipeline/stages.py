@@ -249,7 +249,7 @@ def _read_record(stage: Stage) -> dict | None:
         return record["fingerprint"]
     except (ValueError, KeyError, TypeError, UnicodeDecodeError):
         raise InputError(f"unreadable stage record; delete {stage.output.name} to redo the stage (or use another "
-                         "--run-dir)", path=stage.record) from None
+                         "run directory)", path=stage.record) from None
 
 
 def write_record(stage: Stage) -> None:

@@ -319,22 +319,22 @@ def check_and_record(release: Release, policy: BudgetPolicy | None = None) -> Co
         if units:
             _refuse_or_warn(policy, f"this dataset already has DP releases per {' and '.join(units)}; a release per "
                             f"{release.unit} does not compose with them here (one privacy unit per dataset; "
-                            f"registry {path})", field="--unit")
+                            f"registry {path})", field="unit")
         total = compose(others + [release], unit=release.unit)
         if total.epsilon > policy.cap:
             _refuse_or_warn(policy, f"releases on this dataset (unit '{release.unit}') would reach epsilon = "
                             f"{total.epsilon:.3g} (delta = {total.delta:.2g}, {total.releases} releases, "
-                            f"{total.method}), past the budget cap {policy.cap:g} (--budget-cap changes it); "
-                            f"registry {path}", field="--budget-cap")
+                            f"{total.method}), past the budget cap {policy.cap:g} (`cap` changes it); "
+                            f"registry {path}", field="cap")
         _append(path, release)
     return total
 
 
 def _refuse_or_warn(policy: BudgetPolicy, message: str, *, field: str) -> None:
     if not policy.allow_over:
-        raise InputError(f"{message}; pass --allow-over-budget to run anyway", field=field)
-    warnings.warn(f"{message}; running anyway, as allowed (--allow-over-budget or a pipeline config's "
-                  "budget.allow_over)", BudgetWarning, stacklevel=3)
+        raise InputError(f"{message}; set `allow_over` to run anyway", field=field)
+    warnings.warn(f"{message}; running anyway, as the budget policy's `allow_over` allows", BudgetWarning,
+                  stacklevel=3)
 
 
 def record(release: Release, policy: BudgetPolicy | None = None) -> Composition | None:
