@@ -331,3 +331,22 @@ def test_a_missing_reply_stops_the_server_after_round_timeout(fed_dir, tiny_enco
     assert json.loads((tmp_path / "run" / "state.json").read_text())["rounds_done"] == 1
     done = runner.run_federated_local(cfg, fed_dir, tmp_path / "run", resume=True)
     assert [r["round"] for r in done["rounds"]] == [1, 2]
+
+
+def test_stage_2_settings_may_change_on_a_finished_stage_1_and_its_evaluations_are_redone(fed_dir, tiny_encoder,
+                                                                                          tmp_path, monkeypatch):
+    pytest.importorskip("flwr")
+    from privret.federated import local as local_mod
+    from privret.federated.runner import run_federated_local
+
+    cfg = _cfg(tiny_encoder, rounds=1, personalize=["fed"])
+    first = run_federated_local(cfg, fed_dir, tmp_path / "run", resume=False)
+    trained = []
+    monkeypatch.setattr(local_mod, "train_dual_encoder_epoch", lambda *a, **k: trained.append(1))
+    same = run_federated_local(cfg, fed_dir, tmp_path / "run", resume=True)
+    assert same["evaluations"] == first["evaluations"] and not trained
+    more = run_federated_local(cfg.model_copy(update={"fed_negatives": 1}), fed_dir, tmp_path / "run", resume=True)
+    assert not trained  # stage 1 is not trained again
+    (exchange,) = more["evaluations"]["+query-encoders+fed-negative"]["fed_negative_exchanges"]
+    (before,) = first["evaluations"]["+query-encoders+fed-negative"]["fed_negative_exchanges"]
+    assert exchange["answer_bytes"] < before["answer_bytes"]  # redone with 1 Fed-Negative per query, not reused

@@ -133,9 +133,27 @@ def _fed_negative_exchange(grid, nodes, arrays, version: str, variant: str, cfg:
     return out
 
 
+# settings a run directory may change between runs: how long to wait, where to run, and stage 2 and the
+# evaluations (which results.json redoes when they change); stage 1 may only get more rounds
+RUNTIME_FIELDS = {"round_timeout", "device"}
+STAGE2_FIELDS = {"personalize", "personal_epochs", "personal_learning_rate", "personal_batch_size",
+                 "personal_negatives", "personal_hard_k", "fed_negatives", "fed_select", "per_query_metrics"}
+
+
 def _fingerprint(cfg: FedConfig) -> dict:
-    """What a resumed run must share with the run it continues: every setting but the number of rounds."""
-    return {k: v for k, v in cfg.model_dump(mode="json").items() if k != "rounds"}
+    """What a resumed stage 1 must share with the run it continues: every setting of stage 1 but ``rounds``."""
+    return {k: v for k, v in cfg.model_dump(mode="json").items()
+            if k != "rounds" and k not in RUNTIME_FIELDS | STAGE2_FIELDS}
+
+
+def _finished_evaluations(results_path: Path, cfg: FedConfig) -> dict:
+    """The evaluations of an earlier run of this directory with the same settings (else none: redo them)."""
+    if not results_path.is_file():
+        return {}
+    earlier = json.loads(results_path.read_text())
+    same = {k: v for k, v in earlier.get("config", {}).items() if k not in RUNTIME_FIELDS}
+    now = {k: v for k, v in cfg.model_dump(mode="json").items() if k not in RUNTIME_FIELDS}
+    return earlier.get("evaluations", {}) if same == now else {}
 
 
 def _check_same_run(state: dict, cfg: FedConfig, state_path: Path) -> None:
@@ -214,7 +232,7 @@ def _run_server(grid, cfg: FedConfig, out_dir: Path, *, n_clients: int, data_has
     version = f"round-{cfg.rounds}"
     results = {"config": cfg.model_dump(mode="json"), "rounds": history, "ledger": json.loads(ledger.model_dump_json())}
     results_path = out_dir / "results.json"
-    done = json.loads(results_path.read_text()).get("evaluations", {}) if resume and results_path.is_file() else {}
+    done = _finished_evaluations(results_path, cfg) if resume else {}
     evaluations = dict(done)
     if "pdd-as2" not in evaluations:
         evaluations["pdd-as2"] = _evaluate_all(grid, nodes, arrays, version, "global", cfg)
