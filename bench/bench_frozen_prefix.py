@@ -14,7 +14,6 @@ cache; later ones reuse it (as every round after the first does). Prints a markd
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import random
 import time
