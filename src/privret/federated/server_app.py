@@ -169,6 +169,34 @@ def _check_same_run(state: dict, cfg: FedConfig, state_path: Path) -> None:
                          path=state_path, field="rounds")
 
 
+def _personalize(grid, nodes, arrays, version: str, variant: str, cfg: FedConfig) -> dict:
+    """Stage 2 of one variant: ``personal_epochs`` epochs of every client's query encoder (with ``fed``, a
+    Fed-Negative exchange before each), then its evaluation, exchanges and Fed-Negative hardness."""
+    exchanges, hardness = [], []
+    rng = random.Random(f"{cfg.seed}:fedneg")
+    for epoch in range(cfg.personal_epochs):
+        fed = {}
+        if variant == "fed":
+            log = ExchangeLog()
+            fed = _fed_negative_exchange(grid, nodes, arrays, version, variant, cfg, log, rng)
+            exchanges.append(log.as_dict())
+        msgs = []
+        for n in nodes:
+            content = RecordDict({"arrays": arrays, "config": ConfigRecord(
+                {"variant": variant, "epoch": epoch, "model-version": version})})
+            for k, ans in enumerate(fed.get(n, [])):
+                content[f"fedneg-{k}"] = ans
+            msgs.append(Message(content, dst_node_id=n, message_type="train.personalize"))
+        replies = _send(grid, msgs, cfg)[0]
+        if variant == "fed":
+            hardness.append(_hardness(replies))
+    result = _evaluate_all(grid, nodes, arrays, version, variant, cfg)
+    if exchanges:
+        result["fed_negative_exchanges"] = exchanges
+        result["fed_negative_hardness"] = hardness
+    return result
+
+
 def run_server(grid, cfg: FedConfig, out_dir: str | Path, *, n_clients: int, data_hash: str = "",
                resume: bool = True) -> dict:
     """Stage 1 (FedAvg rounds, checkpointed each round), evaluation, stage 2 variants; ``results.json``.
@@ -239,31 +267,9 @@ def _run_server(grid, cfg: FedConfig, out_dir: Path, *, n_clients: int, data_has
         write_json_atomic(results_path, {**results, "evaluations": evaluations})
     for variant in cfg.personalize:
         name = "+query-encoders" if variant == "local" else "+query-encoders+fed-negative"
-        if name in evaluations:
-            continue
-        exchanges, hardness = [], []
-        rng = random.Random(f"{cfg.seed}:fedneg")
-        for epoch in range(cfg.personal_epochs):
-            fed = {}
-            if variant == "fed":
-                log = ExchangeLog()
-                fed = _fed_negative_exchange(grid, nodes, arrays, version, variant, cfg, log, rng)
-                exchanges.append(log.as_dict())
-            msgs = []
-            for n in nodes:
-                content = RecordDict({"arrays": arrays, "config": ConfigRecord(
-                    {"variant": variant, "epoch": epoch, "model-version": version})})
-                for k, ans in enumerate(fed.get(n, [])):
-                    content[f"fedneg-{k}"] = ans
-                msgs.append(Message(content, dst_node_id=n, message_type="train.personalize"))
-            replies = _send(grid, msgs, cfg)[0]
-            if variant == "fed":
-                hardness.append(_hardness(replies))
-        evaluations[name] = _evaluate_all(grid, nodes, arrays, version, variant, cfg)
-        if exchanges:
-            evaluations[name]["fed_negative_exchanges"] = exchanges
-            evaluations[name]["fed_negative_hardness"] = hardness
-        write_json_atomic(results_path, {**results, "evaluations": evaluations})
+        if name not in evaluations:
+            evaluations[name] = _personalize(grid, nodes, arrays, version, variant, cfg)
+            write_json_atomic(results_path, {**results, "evaluations": evaluations})
     results["evaluations"] = evaluations
     write_json_atomic(results_path, results)
     return results
