@@ -34,6 +34,7 @@ from privret.data.fed_squad import build_fed_squad, load_fed_squad
 from privret.evaluate.statistics import mean_sd, paired_bootstrap_ci
 from privret.federated import local
 from privret.federated.config import FedConfig
+from privret.federated.strategy import with_target_epsilon
 from privret.federated.runner import (
     evaluate_bm25_all,
     evaluate_zero_shot,
@@ -87,6 +88,14 @@ def run_seed(cfg: FedConfig, clients, args, out: Path) -> dict[str, dict]:
     results.update(fed["evaluations"])
     results["federated"] = fed
     results["central"] = _step(out / "central.json", lambda: train_central(cfg, clients))
+    for epsilon in args.dp_epsilons:  # DP-FedAvg rows: stage 1 only, its global model evaluated
+        private = with_target_epsilon(cfg.model_copy(update={"dp": "server", "dp_clip_norm": args.dp_clip_norm,
+                                                             "personalize": []}), epsilon)
+        name = f"dp-eps{epsilon:g}"
+        run = _step(out / f"{name}.json",
+                    lambda c=private, n=name: run_federated_local(c, args.data, args.work / f"{out.name}-{n}"))
+        results[name] = {**run["evaluations"]["pdd-as2"], "ledger": run["ledger"]}
+        LABEL.setdefault(name, f"PDD-AS2, DP-FedAvg ε = {epsilon:g} (ledger ε {run['ledger']['epsilon']:.2f})")
     return results
 
 
@@ -105,8 +114,9 @@ def _fmt(values: list[float]) -> str:
 
 def table(seedless: dict[str, dict], seeds: dict[int, dict[str, dict]], clients) -> str:
     """The markdown report: pooled rows, the ordering's paired CIs, per-client MRR@10, the rounds' cost."""
+    keys = [key for _, key in ROWS] + sorted({k for s in seeds.values() for k in s if k.startswith("dp-eps")})
     rows = {key: [seedless[key]] if key in seedless else [seeds[s][key] for s in seeds if key in seeds[s]]
-            for _, key in ROWS}
+            for key in keys}
     rows = {k: v for k, v in rows.items() if v}
     n_seeds = len(seeds)
     lines = [f"Pooled over {rows['bm25'][0]['pooled']['sentence']['queries']} test questions; trained rows: mean ± sd "
@@ -123,6 +133,7 @@ def table(seedless: dict[str, dict], seeds: dict[int, dict[str, dict]], clients)
     per_q = {k: _seed_mean([_per_question(r) for r in v]) for k, v in rows.items()}
     steps = [(a, b) for a, b in zip(ORDERING, ORDERING[1:]) if a in rows and b in rows]
     steps += [("local-only", "+query-encoders")] if "+query-encoders" in rows else []
+    steps += [("zero-shot", key) for key in rows if key.startswith("dp-eps")]  # the DP goal: above zero-shot
     for a, b in steps:
         qs = sorted(per_q[a])
         lo, hi = paired_bootstrap_ci([per_q[a][q] for q in qs], [per_q[b][q] for q in qs])
@@ -207,6 +218,9 @@ def main() -> None:
     ap.add_argument("--wire-dtype", default="float16")
     ap.add_argument("--personal-epochs", type=int, default=1)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--dp-epsilons", type=float, nargs="*", default=[],
+                    help="also DP-FedAvg rows (server-side clipping) at these client-level epsilons over the rounds")
+    ap.add_argument("--dp-clip-norm", type=float, default=1e-3, help="C of the DP-FedAvg rows (chosen a priori)")
     ap.add_argument("--inversion", action="store_true", help="also run the (tiny) embedding inversion check")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
