@@ -350,3 +350,18 @@ def test_stage_2_settings_may_change_on_a_finished_stage_1_and_its_evaluations_a
     (exchange,) = more["evaluations"]["+query-encoders+fed-negative"]["fed_negative_exchanges"]
     (before,) = first["evaluations"]["+query-encoders+fed-negative"]["fed_negative_exchanges"]
     assert exchange["answer_bytes"] < before["answer_bytes"]  # redone with 1 Fed-Negative per query, not reused
+
+
+def test_two_nodes_serving_one_client_are_refused(fed_dir, tiny_encoder, tmp_path):
+    """A client answering twice would count twice in FedAvg and exceed the DP-FedAvg sensitivity."""
+    pytest.importorskip("flwr")
+    from privret.federated.client_app import build_client_app
+    from privret.federated.runner import InProcessGrid
+    from privret.federated.server_app import run_server
+
+    cfg = _cfg(tiny_encoder, rounds=1, personalize=[], dp="server", dp_noise_multiplier=1.0)
+    nodes = [{"data-dir": str(fed_dir), "client": "client_00"}, {"data-dir": str(fed_dir), "client": "client_00"}]
+    grid = InProcessGrid(build_client_app(), nodes, {**cfg.to_run_config(), "num-clients": 2})
+    with pytest.raises(RuntimeError, match="more than one node answered for client_00"):
+        run_server(grid, cfg, tmp_path / "run", n_clients=2)
+    assert not (tmp_path / "run" / "global.npz").exists()  # nothing aggregated, nothing released

@@ -159,7 +159,8 @@ class FedClient:
         metrics = {WEIGHT_KEY: len(questions), DP_WEIGHT_KEY: 1.0, "steps": sum(s["steps"] for s in stats)}
         if cfg.dp == "none":  # under DP-FedAvg the local loss is not DP: it never leaves the client
             metrics["loss"] = stats[-1]["loss"]
-        return Message(RecordDict({"arrays": weights(model), "metrics": _metric_record(metrics)}), reply_to=msg)
+        return Message(RecordDict({"arrays": weights(model), "metrics": _metric_record(metrics),
+                                   "info": ConfigRecord({"client": client.name})}), reply_to=msg)
 
     def embed_queries(self, msg, context):
         cfg = FedConfig.from_run_config(context.run_config)

@@ -68,6 +68,16 @@ def _send(grid, messages: list, cfg: FedConfig) -> tuple[list, int, int]:
     return replies, down, up
 
 
+def _check_one_reply_per_client(replies, rnd: int) -> None:
+    """Two SuperNodes serving the same client would weigh it twice in FedAvg (and, under DP-FedAvg, give it
+    twice the influence the noise is calibrated for): refuse the round."""
+    names = [str(r.content["info"]["client"]) for r in replies]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise RuntimeError(f"round {rnd}: more than one node answered for {', '.join(twice)}; "
+                           "each client must run on one SuperNode")
+
+
 def _per_client_metrics(replies) -> dict[str, dict]:
     out = {}
     for r in replies:
@@ -238,6 +248,7 @@ def _run_server(grid, cfg: FedConfig, out_dir: Path, *, n_clients: int, data_has
         stage = local.round_stage(cfg, rnd)
         msgs = list(strategy.configure_train(rnd, arrays, ConfigRecord({"stage": stage}), grid))
         replies, down, up = _send(grid, msgs, cfg)
+        _check_one_reply_per_client(replies, rnd)
         new_arrays, metrics = strategy.aggregate_train(rnd, replies)
         if new_arrays is None:
             raise RuntimeError(f"round {rnd}: aggregation failed")
