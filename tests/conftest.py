@@ -6,10 +6,18 @@
 * Hypothesis profiles: ``thorough`` (the default: what ``make test`` runs, 100 derandomised
   examples per property) and ``dev`` (``make check``: 15 examples), chosen with pytest's
   ``--hypothesis-profile NAME`` option.
-* Marker ``slow``: real models, the Flower deployment, the scale, browser and canary memorisation
-  runs; ``make check`` deselects them with ``-m "not slow"``.
+* Accountant: the DP training loop's noise calibration and epsilon (:mod:`privret.train.dp_run`'s
+  ``calibrate_noise`` and ``spent_epsilon``) and the budget registry's composition
+  (:mod:`privret.privacy.budget`'s ``_accountant_epsilon``) are computed once per distinct arguments per test
+  run (:func:`_accountant_computed_once`). They are pure functions of their arguments, so every call returns
+  exactly what it would compute, but Opacus's PRV accountant takes 1 to 15 s a call for the tiny n here and
+  the training tests ask for the same plans again and again. Tests of the accountant itself call
+  :mod:`privret.privacy.accounting` directly, uncached.
+* Marker ``slow``: real models, the Flower deployment, the multi-process torch.distributed runs, the scale,
+  browser and canary memorisation runs; ``make check`` deselects them with ``-m "not slow"``.
 """
 
+import functools
 import os
 import tempfile
 
@@ -38,6 +46,34 @@ SLOW_DP_TESTS = {
                              "test_train_dp_retriever_end_to_end",
                              "test_cli_dp_flag_draws_negatives_from_data_never_from_inline_pairs"),
 }
+
+
+def _computed_once(function):
+    """``function`` memoised on the ``repr`` of its arguments (exact for the floats, ints, strings and lists of
+    tuples the accountant takes: equal reprs, equal values)."""
+    results = {}
+
+    @functools.wraps(function)
+    def once(*args, **kwargs):
+        key = repr((args, sorted(kwargs.items())))
+        if key not in results:
+            results[key] = function(*args, **kwargs)
+        return results[key]
+
+    return once
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _accountant_computed_once():
+    """The accountant calls of the training loop and of the budget registry, memoised for the session (see the
+    module docstring); a test's own monkeypatch of them still wins while it runs."""
+    from privret.privacy import budget
+    from privret.train import dp_run
+
+    with pytest.MonkeyPatch.context() as patch:
+        for module, name in ((dp_run, "calibrate_noise"), (dp_run, "spent_epsilon"), (budget, "_accountant_epsilon")):
+            patch.setattr(module, name, _computed_once(getattr(module, name)))
+        yield
 
 
 @pytest.fixture(autouse=True)

@@ -74,6 +74,9 @@ def test_a_release_at_another_privacy_unit_is_refused_or_warned_about():
     message = str(refused.value)
     assert "already has DP releases per query" in message and "registry" in message and "\n" not in message
     assert refused.value.field == "unit" and len(budget.releases("sha256-toy")) == 1  # nothing recorded
+    assert "`allow_over`" in message and "--" not in message  # fields here; the CLI shows its flags
+    shown = as_flags(refused.value).one_line()
+    assert shown.startswith("field '--unit'") and "set --allow-over-budget to run anyway" in shown
     with pytest.warns(budget.BudgetWarning, match="per query; a release per pair does not compose"):
         budget.check_and_record(_release(unit="pair", steps=5), budget.BudgetPolicy(allow_over=True))
     assert sorted(r.unit for r in budget.releases("sha256-toy")) == ["pair", "query"]
@@ -150,6 +153,7 @@ def test_cli_second_release_on_a_reformatted_copy_passes_the_default_cap(toy_bei
     refused = run_cli(*args("r2", "--pairs", copy))  # the real entry point: exit code and stderr
     (error,) = [line for line in refused.stderr.splitlines() if line.startswith("error:")]  # (and model loading)
     assert refused.returncode == 2 and "past the budget cap 10" in error and "--allow-over-budget" in error
+    assert "(--budget-cap changes it)" in error and "`" not in error  # every field it names, shown as its flag
     assert not (tmp_path / "r2").exists()
     with pytest.warns(budget.BudgetWarning):
         assert CliRunner().invoke(app, args("r2", "--pairs", copy, "--allow-over-budget")).exit_code == 0

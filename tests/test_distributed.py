@@ -1,7 +1,8 @@
 """DP training over several processes (torch.distributed, gloo on loopback): the guarantee of one process.
 
 Each test starts 2 ranks of tests/distributed_worker.py (or of the CLI under torchrun) with the environment
-torchrun sets, on tiny models. Marked ``distributed`` (``-m "not distributed"`` deselects them)."""
+torchrun sets, on tiny models. Marked ``distributed`` (``-m "not distributed"`` deselects them) and ``slow``
+(13 to 40 s each on 2 shared cores, 150 s together: ``make check`` leaves them to ``make test``)."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from privret.privacy.ledger import PrivacyLedger
 from privret.train.checkpointing import CHECKPOINT_DIR, STEP_LOG, distinct_steps
 from privret.train.generator import train_generator
 
-pytestmark = pytest.mark.distributed
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
 TESTS = Path(__file__).resolve().parent
 SRC = TESTS.parent / "src"

@@ -249,7 +249,7 @@ def _read_record(stage: Stage) -> dict | None:
         return record["fingerprint"]
     except (ValueError, KeyError, TypeError, UnicodeDecodeError):
         raise InputError(f"unreadable stage record; delete {stage.output.name} to redo the stage (or use another "
-                         "run directory)", path=stage.record) from None
+                         "`run_dir`)", path=stage.record) from None
 
 
 def write_record(stage: Stage) -> None:
@@ -271,7 +271,7 @@ def _dependents(plan: StagePlan, stage: Stage) -> list[str]:
 def _stale(plan: StagePlan, stage: Stage, message: str, *, fieldname: str | None = None) -> InputError:
     also = _dependents(plan, stage)
     redo = f"delete {stage.name}" + (f" and what was made from it ({', '.join(also)})" if also else "")
-    return InputError(f"stage {message}; use another --run-dir, or {redo} to redo it", path=stage.output,
+    return InputError(f"stage {message}; use another `run_dir`, or {redo} to redo it", path=stage.output,
                       field=fieldname)
 
 
