@@ -128,6 +128,45 @@ def test_dp_flag_records_a_finite_epsilon(side, fed_dir, tiny_encoder, tmp_path)
         assert [r["train_loss"] for r in rounds] == [None]
 
 
+def test_dp_run_keeps_training_statistics_on_the_clients(fed_dir, tiny_encoder, tmp_path, monkeypatch):
+    """Under DP-FedAvg no reply carries a statistic of a client's training questions beyond the clipped
+    update (the local and personalisation losses, the Fed-Negative hardness), and none reaches a file;
+    without DP the same run reports them (so the check below can see them when they are there)."""
+    pytest.importorskip("flwr")
+    from privret.federated import runner
+    from privret.federated.runner import run_federated_local
+
+    def run(dp: str, out):
+        replies = []
+
+        class RecordingGrid(runner.InProcessGrid):
+            def pull_messages(self, message_ids):
+                got = super().pull_messages(message_ids)
+                replies.extend((r.metadata.message_type, dict(r.content["metrics"]))
+                               for r in got if "metrics" in r.content.metric_records)
+                return got
+
+        monkeypatch.setattr(runner, "InProcessGrid", RecordingGrid)
+        extra = dict(dp=dp, dp_noise_multiplier=1.0, dp_clip_norm=0.5) if dp != "none" else {}
+        res = run_federated_local(_cfg(tiny_encoder, rounds=1, personalize=["local", "fed"], **extra), fed_dir,
+                                  out, resume=False)
+        return replies, res
+
+    def private_keys(metrics):
+        return {k for k in metrics if k == "loss" or k.startswith("hardness/")}
+
+    plain, res = run("none", tmp_path / "plain")
+    assert {t for t, m in plain if private_keys(m)} == {"train", "train.personalize"}
+    assert "fed_negative_hardness" in res["evaluations"]["+query-encoders+fed-negative"]
+    for side in ("server", "client"):
+        dp, res = run(side, tmp_path / side)
+        assert {t for t, _ in dp} >= {"train", "train.personalize"}
+        assert [m for _, m in dp if private_keys(m)] == []
+        assert "fed_negative_hardness" not in res["evaluations"]["+query-encoders+fed-negative"]
+        written = (tmp_path / side / "results.json").read_text() + (tmp_path / side / "state.json").read_text()
+        assert "hardness" not in written
+
+
 def test_baselines_run_per_client(fed_dir, tiny_encoder):
     """Each baseline scores every client; pooled = the per-client metrics weighted by test questions; the
     trained baselines score differently from the untrained encoder they start from."""

@@ -194,7 +194,8 @@ class FedClient:
         if answers:
             fed = fed_negative_merge([(a["emb"].numpy(), a["scores"].numpy()) for a in answers], cfg.fed_negatives)
         metrics = {WEIGHT_KEY: len(questions), "fed-negatives-per-query": 0 if fed is None else fed.shape[1]}
-        if fed is not None:  # measured before this epoch's training, with the query encoder that trains on them
+        private_stats = cfg.dp == "none"  # under DP-FedAvg, statistics of the training questions stay here
+        if fed is not None and private_stats:  # measured before this epoch's training, on the encoder that trains
             q = local.encode_texts(model, [x.text for x in questions], max_length=cfg.max_query_tokens, bf16=cfg.bf16)
             hardness = negative_hardness(q, s, local.gold_indices(client, questions), fed, cfg.personal_negatives)
             metrics.update({f"hardness/{k}": v for k, v in hardness.items()})
@@ -204,7 +205,9 @@ class FedClient:
             temperature=cfg.temperature, max_query_tokens=cfg.max_query_tokens, n_negatives=cfg.personal_negatives,
             hard_k=cfg.personal_hard_k, rng=rng, fed_negatives=fed, bf16=cfg.bf16)
         context.state[f"query-encoder-{variant}"] = weights(model)
-        metrics.update({"loss": stats["loss"], "steps": stats["steps"]})
+        metrics["steps"] = stats["steps"]
+        if private_stats:
+            metrics["loss"] = stats["loss"]
         return Message(RecordDict({"metrics": _metric_record(metrics), "info": ConfigRecord({"client": client.name})}),
                        reply_to=msg)
 

@@ -198,11 +198,12 @@ def _personalize(grid, nodes, arrays, version: str, variant: str, cfg: FedConfig
                 content[f"fedneg-{k}"] = ans
             msgs.append(Message(content, dst_node_id=n, message_type="train.personalize"))
         replies = _send(grid, msgs, cfg)[0]
-        if variant == "fed":
+        if variant == "fed" and cfg.dp == "none":  # under DP the clients do not report it
             hardness.append(_hardness(replies))
     result = _evaluate_all(grid, nodes, arrays, version, variant, cfg)
     if exchanges:
         result["fed_negative_exchanges"] = exchanges
+    if hardness:
         result["fed_negative_hardness"] = hardness
     return result
 
