@@ -16,7 +16,7 @@ out = Console()
 # (InputError.field); the CLI shows the flag. Fields whose flag is not ``--`` + their name with dashes:
 FLAG_OF_FIELD = {"learning_rate": "--lr", "cap": "--budget-cap", "allow_over": "--allow-over-budget",
                  "selection": "--select", "selection_grid": "--select", "selection_max_epochs": "--select-max-epochs",
-                 "selection_validation_pool": "--validation-pool"}
+                 "selection_validation_pool": "--validation-pool", "candidates": "--candidate"}
 # Fields that library functions raise errors on and that the commands take as flags of the same name: a bare
 # name here is always that flag (config files name their fields with a path, or with their section: a.b).
 OPTION_FIELDS = ("datasets", "label", "max_texts", "min_tokens", "sample", "subsample", "md5", "archive", "resume",

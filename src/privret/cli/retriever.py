@@ -116,6 +116,45 @@ def retriever_train(
     _train_non_private(training, data_hash, out_dir, cfg, model=model, synthetic_set=data if pairs is None else None)
 
 
+@app.command("select")
+@device_option
+def retriever_select(
+    out_dir: Annotated[Path, typer.Option("--out", help="output directory: the chosen retriever")],
+    candidate: Annotated[list[Path], typer.Option(
+        "--candidate", help="a fine-tuned retriever to choose from (repeat the flag for several)")],
+    data: DataOpt = None, split: SplitOpt = "train", pairs: PairsOpt = None,
+    epsilon: Annotated[float, typer.Option(help="epsilon of the choice (pure DP, delta 0), added to the "
+                                                "candidates' own")] = 1.0,
+    base: Annotated[str, typer.Option(help="the public encoder the candidates were fine-tuned from "
+                                           f"(itself a candidate); {ENCODER_HELP}")] = "minilm-l6",
+    weights: Annotated[str, typer.Option(
+        help="interpolation weights alpha in (0, 1]: each candidate also enters as (1 - alpha) base + alpha "
+             "candidate (WiSE-FT)")] = "0.5,1",
+    unit: Annotated[str, typer.Option(help=UNIT_HELP)] = "query",
+    budget_cap: BudgetCapOpt = None,
+    allow_over_budget: AllowOverOpt = False,
+    dataset_name: DatasetNameOpt = None,
+) -> None:
+    """Choose, with DP, the best of the base encoder, the candidates and their interpolations by NDCG@10 on
+    the private log (exponential mechanism; guards against negative transfer of synthetic data)."""
+    from privret.privacy.budget import dataset_id
+    from privret.train.private_selection import select_retriever
+    from privret.train.settings import PrivateSelectionConfig
+
+    policy = budget_policy(budget_cap, allow_over_budget)
+    training, data_hash = training_pairs(data, split, pairs)
+    try:
+        alphas = [float(w) for w in weights.split(",") if w.strip()]
+    except ValueError:
+        raise InputError(f"'{weights}' is not a comma-separated list of numbers", field="--weights") from None
+    cfg = build_config(PrivateSelectionConfig, epsilon=epsilon, base=base, candidates=[str(c) for c in candidate],
+                       weights=alphas, unit=unit)
+    record = select_retriever(training, out_dir, cfg, data_hash=data_hash,
+                              dataset_id=dataset_id(training, dataset_name), budget=policy)
+    out.print(f"chose {record['chosen']} of {len(record['candidates'])} candidates (epsilon {epsilon:g}); "
+              f"written to {out_dir}")
+
+
 def _check_method(dp: str, data: Path | None) -> None:
     """Refuse an unknown --dp method, and public-negatives without a public corpus (--data)."""
     from privret.train.settings import METHODS

@@ -26,7 +26,8 @@ from privret.privacy.ledger import PrivacyLedger, format_epsilon, has_ledger
 
 CARD_FILE = "README.md"
 EVALUATIONS_FILE = "evaluations.json"
-SETTINGS_FILES = {"train_config.json": "Training settings", "dp_mechanism.json": "DP mechanism"}
+SETTINGS_FILES = {"train_config.json": "Training settings", "dp_mechanism.json": "DP mechanism",
+                  "private_selection.json": "DP choice among candidate models"}
 
 
 def guarantee_text(ledger: PrivacyLedger) -> str:
@@ -37,8 +38,14 @@ def guarantee_text(ledger: PrivacyLedger) -> str:
     if not ledger.is_private:
         return ("**No privacy guarantee.** The weights were trained on private data without differential privacy "
                 "(a non-private reference); do not publish them if the training data is private.")
-    kind = "synthetic data from a DP generator (post-processing)" if ledger.mechanism == "dp-sgd" else \
-        f"direct DP training (`{ledger.mechanism}`)"
+    first, *rest = ledger.mechanism.split(" + ")
+    kind = {"dp-sgd": "synthetic data from a DP generator (post-processing)",
+            "exponential-mechanism": "a DP choice among public models scored on the private log"}.get(
+        first, f"direct DP training (`{first}`)")
+    if "laplace-partition-selection" in rest:
+        kind += ", whose documents were chosen by a DP partition selection"
+    if "exponential-mechanism" in rest:
+        kind += ", then a DP choice among candidate models scored on the private log (exponential mechanism)"
     return (f"({ledger.epsilon:.4g}, {ledger.delta:.3g})-differential privacy with respect to one privacy unit "
             f"(`{ledger.unit}`: {ledger.unit_definition or ledger.unit}) of the private log, through {kind}. "
             "The guarantee covers the weights and anything computed from them; it does not cover the public "

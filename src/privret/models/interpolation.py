@@ -1,0 +1,37 @@
+"""Weight-space interpolation of a fine-tuned encoder with the model it started from (WiSE-FT).
+
+``theta(alpha) = (1 - alpha) theta_base + alpha theta_tuned`` for every floating-point tensor of the two
+state dicts (Wortsman et al., "Robust fine-tuning of zero-shot models", CVPR 2022). alpha = 0 is the
+base model, 1 the fine-tuned one; in between, the fine-tune's gain is often kept while what it lost
+of the base model's zero-shot quality comes back. Both models must have the same architecture (the
+tuned one was fine-tuned from the base). Integer buffers (position ids) are taken from the base.
+Interpolating two public or DP models is post-processing: it costs no privacy.
+"""
+
+from __future__ import annotations
+
+import copy
+
+from privret.errors import InputError
+
+
+def interpolate(base, tuned, alpha: float, *, name: str = "tuned"):
+    """A new model (a deep copy of ``base``) with weights ``(1 - alpha) base + alpha tuned``; ``name``
+    labels ``tuned`` in errors."""
+    if not 0.0 <= alpha <= 1.0:
+        raise InputError(f"interpolation weight {alpha:g} is not in [0, 1]", field="weights")
+    base_state, tuned_state = base.state_dict(), tuned.state_dict()
+    if base_state.keys() != tuned_state.keys():
+        missing = sorted(base_state.keys() ^ tuned_state.keys())[:3]
+        raise InputError(f"{name} is not a fine-tune of the base model: their parameters differ ({', '.join(missing)})",
+                         field="base")
+    mixed = {}
+    for key, b in base_state.items():
+        t = tuned_state[key]
+        if b.shape != t.shape:
+            raise InputError(f"{name} is not a fine-tune of the base model: {key} has shape {tuple(t.shape)}, "
+                             f"not {tuple(b.shape)}", field="base")
+        mixed[key] = (b + alpha * (t.to(b.dtype) - b)) if b.is_floating_point() else b.clone()
+    model = copy.deepcopy(base)
+    model.load_state_dict(mixed)
+    return model

@@ -1,0 +1,155 @@
+"""Choose a retriever with the private log, under DP: zero-shot, fine-tuned, or in between.
+
+A retriever trained on DP synthetic queries may be worse than the public encoder it started from,
+and only real queries can show it (:mod:`privret.privacy.private_selection`). This run:
+
+1. builds the candidates: the public ``base`` encoder, each fine-tuned retriever in ``candidates``, and
+   its weight-space interpolations with the base at ``weights``
+   (:func:`privret.models.interpolation.interpolate`);
+2. scores each candidate on every privacy unit of the private log: the unit's queries (one per
+   distinct query text of the unit, its documents relevant) search the *public* corpus (documents
+   given inline with private pairs are left out: they are not public), and the unit's score is the
+   mean NDCG@10 of its queries, in [0, 1], a function of that unit's rows alone;
+3. draws the choice with the exponential mechanism (recorded in the budget registry before step 2);
+4. writes the chosen model with a ledger that composes the choice with every distinct ledger of the
+   candidates (the choice depends on all of them), ``private_selection.json`` (the candidates and the
+   one chosen; never their scores, which are not DP) and a model card.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from privret.data.pairs import TrainingPairs
+from privret.errors import InputError
+from privret.io import atomic_path, write_json_atomic
+from privret.models.encoder import load_encoder
+from privret.models.interpolation import interpolate
+from privret.models.model_card import write_model_card
+from privret.privacy import budget as budget_registry
+from privret.privacy import private_selection as mechanism
+from privret.privacy.ledger import PrivacyLedger, has_ledger
+from privret.retrieval.metrics import per_query_metrics
+from privret.retrieval.search import search
+from privret.runlock import RunLock
+from privret.train.settings import PrivateSelectionConfig
+
+SELECTION_FILE = "private_selection.json"
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """``source`` interpolated with the base at ``weight`` (``source`` None: the base itself)."""
+
+    source: str | None
+    weight: float
+
+    @property
+    def name(self) -> str:
+        if self.source is None:
+            return "base"
+        return self.source if self.weight == 1.0 else f"{self.source}@{self.weight:g}"
+
+
+def build_candidates(cfg: PrivateSelectionConfig) -> list[Candidate]:
+    """The base first, then each of ``cfg.candidates`` at each of ``cfg.weights``."""
+    return [Candidate(None, 0.0)] + [Candidate(str(c), w) for c in cfg.candidates for w in cfg.weights]
+
+
+def materialise(candidate: Candidate, cfg: PrivateSelectionConfig, *, base=None):
+    """The candidate as a SentenceTransformer (``base``: the loaded base model, to skip loading it again)."""
+    base = base if base is not None else load_encoder(cfg.base, max_seq_length=cfg.max_seq_length)
+    if candidate.source is None:
+        return base
+    tuned = load_encoder(candidate.source, max_seq_length=cfg.max_seq_length)
+    return tuned if candidate.weight == 1.0 else interpolate(base, tuned, candidate.weight, name=candidate.source)
+
+
+def unit_queries(pairs: TrainingPairs, unit) -> tuple[dict[str, str], dict[str, dict[str, int]], list[list[str]]]:
+    """The queries each unit asks: ids ``<unit>:<k>``, one per distinct query text of the unit (its documents
+    relevant); returns (texts, qrels, the query ids of each unit)."""
+    texts, qrels, per_unit = {}, {}, []
+    for u, rows in enumerate(pairs.units(unit)):
+        docs: dict[str, set[str]] = defaultdict(set)
+        for i in rows:
+            docs[pairs.pairs[i].query].add(pairs.pairs[i].doc_id)
+        ids = []
+        for k, (text, relevant) in enumerate(docs.items()):
+            qid = f"{u}:{k}"
+            texts[qid], qrels[qid] = text, {d: 1 for d in relevant}
+            ids.append(qid)
+        per_unit.append(ids)
+    return texts, qrels, per_unit
+
+
+def public_corpus(pairs: TrainingPairs) -> dict:
+    """The documents the units' queries search: the pairs' corpus without the documents that came inline with
+    private pairs (those are private; with them, one unit's document could change another unit's score)."""
+    return {d: doc for d, doc in pairs.corpus.items() if d not in pairs.inline_doc_ids}
+
+
+def unit_scores(model, pairs: TrainingPairs, unit, corpus: dict) -> np.ndarray:
+    """Each unit's mean NDCG@10 over its queries, searching ``corpus`` (public) with ``model``."""
+    texts, qrels, per_unit = unit_queries(pairs, unit)
+    distinct = {text: f"t{i}" for i, text in enumerate(dict.fromkeys(texts.values()))}
+    run_by_text = search(model, corpus, {tid: text for text, tid in distinct.items()}, k=10)
+    run = {qid: run_by_text[distinct[text]] for qid, text in texts.items()}
+    ndcg = {qid: m["ndcg@10"] for qid, m in per_query_metrics(run, qrels).items()}
+    return np.array([np.mean([ndcg.get(q, 0.0) for q in ids]) for ids in per_unit])
+
+
+def composed_ledger(candidates: list[Candidate], selection: PrivacyLedger) -> PrivacyLedger:
+    """The selection composed with every distinct ledger among the candidates' sources (copies of one
+    ledger, e.g. two retrievers trained on one synthetic set, count once); sources without one are public."""
+    seen: dict[str, PrivacyLedger] = {}
+    for c in candidates:
+        if c.source is not None and has_ledger(c.source):
+            ledger = PrivacyLedger.load(c.source)
+            seen.setdefault(ledger.model_dump_json(), ledger)
+    ledgers = list(seen.values())
+    return ledgers[0].compose(*ledgers[1:], selection) if ledgers else selection
+
+
+def select_retriever(pairs: TrainingPairs, out_dir: str | Path, cfg: PrivateSelectionConfig, *, data_hash: str,
+                     dataset_id: str, budget=None) -> dict:
+    """Score the candidates on ``pairs`` (the private log), choose one with epsilon-DP, save it to ``out_dir``.
+
+    Returns the record written to ``private_selection.json``. The release is recorded in the budget
+    registry (``budget``: a :class:`~privret.privacy.budget.BudgetPolicy`) first, so a run past the cap is
+    refused before any work, and a crash later counts the release without a model (conservative).
+    """
+    out_dir = Path(out_dir)
+    if out_dir.exists():
+        raise InputError("already exists (remove it or choose another output)", path=out_dir)
+    if not cfg.candidates:
+        raise InputError("give at least one fine-tuned retriever to choose from", field="candidates")
+    candidates = build_candidates(cfg)
+    units = pairs.units(cfg.unit)
+    selection = mechanism.selection_ledger(epsilon=cfg.epsilon, n_units=len(units), unit=cfg.unit.value,
+                                           n_pairs=len(pairs.pairs), data_hash=data_hash, dataset_id=dataset_id)
+    ledger = composed_ledger(candidates, selection)  # refuses candidates of another privacy unit, early
+    corpus = public_corpus(pairs)
+    if not corpus:
+        raise InputError("the units' queries search a public corpus, and there is none: give the BEIR dataset "
+                         "whose corpus the pairs point at", field="data")
+    with RunLock(out_dir, what="retriever directory"):
+        budget_registry.check_and_record(budget_registry.Release.from_ledger(
+            selection, release_id=budget_registry.new_release_id(), status="final", artefact=out_dir.absolute()),
+            budget)
+        base = load_encoder(cfg.base, max_seq_length=cfg.max_seq_length)
+        scores = np.stack([unit_scores(materialise(c, cfg, base=base), pairs, cfg.unit, corpus)
+                           for c in candidates], axis=1)
+        chosen = candidates[mechanism.choose(scores, cfg.epsilon)]
+        record = {"mechanism": mechanism.MECHANISM, "epsilon": cfg.epsilon, "unit": cfg.unit.value,
+                  "n_units": len(units), "base": cfg.base, "candidates": [c.name for c in candidates],
+                  "chosen": chosen.name, "chosen_source": chosen.source or cfg.base, "chosen_weight": chosen.weight}
+        with atomic_path(out_dir) as staged:
+            materialise(chosen, cfg, base=base).save(str(staged), safe_serialization=True)
+            ledger.save(staged)
+            write_json_atomic(staged / SELECTION_FILE, record)
+            write_model_card(staged)
+    return record
