@@ -44,6 +44,13 @@ def test_dp_card_states_the_guarantee_its_data_and_base_model(tmp_path):
     assert "only by a keyed commitment" in card
     synthetic = render_model_card(_dp_ledger(mechanism="dp-sgd").save(tmp_path / "s").parent)
     assert "synthetic data from a DP generator (post-processing)" in synthetic
+    # a composed ledger (documents chosen by DP, then a DP choice of retriever) names every part in words
+    composed = _dp_ledger(mechanism="dp-sgd").compose(_dp_ledger(mechanism="laplace-partition-selection"),
+                                                      _dp_ledger(mechanism="exponential-mechanism"))
+    card = render_model_card(composed.save(tmp_path / "c").parent)
+    assert ("synthetic data from a DP generator (post-processing), whose documents were chosen by a DP partition "
+            "selection, then a DP choice among candidate models scored on the private log") in card
+    assert "direct DP training" not in card
 
 
 def test_non_private_and_public_cards_say_so(tmp_path):

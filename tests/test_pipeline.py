@@ -551,3 +551,38 @@ def test_direct_dp_fingerprint_leaves_out_only_what_changes_nothing_trained():
     assert direct_dp_fingerprint(base.model_copy(update={"checkpoint_every": 3})) == plain
     assert direct_dp_fingerprint(base.model_copy(update={"learning_rate": 1e-4})) != plain
     assert direct_dp_fingerprint(base.model_copy(update={"secure_rng": True})) == {**plain, "secure_rng": True}
+
+
+@pytest.mark.slow
+def test_selected_row_composes_one_generator_ledger_with_the_choice(tiny_config, tmp_path, monkeypatch):
+    """private_selection adds eps-<e>-selected: a DP choice among the public encoder, the row's two retrievers
+    (unfiltered, filtered: one generator release between them) and their interpolations; its ledger is the
+    generator's epsilon plus the choice's, it is a recorded release, its metrics are its own model's, the report
+    shows it, and a re-run skips it."""
+    from privret.pipeline import run as pipeline
+    from privret.privacy import budget
+    from privret.report.collect import collect
+    from privret.train.settings import SelectionSettings
+
+    cfg = tiny_config.model_copy(update={"epsilons": [4.0], "direct_dp": DirectDPGrid(),
+                                         "private_selection": SelectionSettings(epsilon=0.5, weights=[0.5, 1])})
+    run_dir = tmp_path / "run"
+    rows = pipeline.run_pipeline(cfg, run_dir)
+    by_stage = {r["stage"]: r for r in rows}
+    selected = by_stage["eps-4-selected"]
+    assert selected["row"] == "DP synthetic, retriever chosen with DP (epsilon=4 + 0.5)"
+    assert selected["epsilon"] == pytest.approx(by_stage["eps-4"]["epsilon"] + 0.5)
+    assert selected["delta"] == pytest.approx(by_stage["eps-4"]["delta"])
+    record = json.loads((run_dir / "eps-4-selected" / "retriever" / "private_selection.json").read_text())
+    assert record["candidates"] == ["base", f"{run_dir}/eps-4/retriever@0.5", f"{run_dir}/eps-4/retriever",
+                                    f"{run_dir}/eps-4-filtered/retriever@0.5", f"{run_dir}/eps-4-filtered/retriever"]
+    assert selected["per_query"] == pytest.approx(_toy_ndcg_by_hand(run_dir / "eps-4-selected" / "retriever"),
+                                                  abs=1e-5)
+    dataset = json.loads((run_dir / "eps-4" / "retriever" / "privacy_ledger.json").read_text())["dataset_id"]
+    assert sorted(r.mechanism for r in budget.releases(dataset)) == ["dp-sgd", "exponential-mechanism"]
+    report = {r.key: r for r in collect(run_dir).rows}
+    assert report["eps-4-selected"].method == "dp-synthetic-selected"
+    assert report["eps-4-selected"].epsilon == pytest.approx(selected["epsilon"])
+    monkeypatch.setattr(pipeline, "select_retriever", lambda *a, **k: pytest.fail("finished choice ran again"))
+    again = pipeline.run_pipeline(cfg, run_dir)
+    assert [r["ndcg@10"] for r in again] == [r["ndcg@10"] for r in rows]

@@ -18,7 +18,8 @@ from privret.models.device_spec import DeviceSpec
 from privret.privacy.budget import DEFAULT_CAP, BudgetPolicy, Cap
 from privret.retrieval.index import SearchIndex
 from privret.synth.settings import DocumentChoice, GenerateConfig, RoundTripFilterConfig
-from privret.train.settings import METHODS, DPRetrieverConfig, GeneratorTrainConfig, RetrieverTrainConfig
+from privret.train.settings import (METHODS, DPRetrieverConfig, GeneratorTrainConfig, RetrieverTrainConfig,
+                                    SelectionSettings)
 
 
 class GeneratorStage(GeneratorTrainConfig):
@@ -137,6 +138,10 @@ class PipelineConfig(BaseModel):
     synthetic_filter: RoundTripFilterConfig | None = Field(
         None, description="also train on the round-trip-filtered synthetic set (extra rows eps-<e>-filtered)")
     public_rows: PublicRows = Field(PublicRows(), description="rows without private data (epsilon = 0)")
+    private_selection: SelectionSettings | None = Field(
+        None, description="also choose, with DP on the private log, among the public encoder, each DP synthetic row's "
+                          "retrievers and their interpolations (extra rows eps-<e>-selected; their ledgers add "
+                          "this epsilon)")
     budget: BudgetSettings = BudgetSettings()
     search: SearchIndex = Field(SearchIndex(), description="the FAISS index every evaluation searches: exact "
                                                             "(default), hnsw or ivf (privret.retrieval.index)")

@@ -14,6 +14,7 @@ EMBEDDING_CACHE = Path("cache") / "embeddings"  # public encoders only
 ZERO_SHOT, ORIGINAL, DOCUMENTS = "zero_shot", "original", "documents"  # rows (and the documents stage)
 DP_ROW_PREFIX = "eps-"  # eps-<e>: a DP synthetic row
 FILTERED_SUFFIX = "-filtered"  # eps-<e>-filtered: its round-trip-filtered copy
+SELECTED_SUFFIX = "-selected"  # eps-<e>-selected: the DP choice among the public encoder and its retrievers
 DIRECT_ROW_PREFIX = "direct-"  # direct-<method>-eps-<e>: a directly trained DP retriever
 PUBLIC_PROMPTED, PUBLIC_PAIRS = "public-prompted", "public-pairs"  # rows without private data
 PUBLIC_ROWS = {PUBLIC_PROMPTED: "no private data (prompted)", PUBLIC_PAIRS: "no private data (public pairs)"}

@@ -56,8 +56,10 @@ from privret.synth.filter import filter_round_trip
 from privret.synth.generate import generate_synthetic
 from privret.train.dp_retriever import train_dp_retriever
 from privret.train.generator import train_generator
+from privret.train.private_selection import select_retriever
 from privret.train.public import train_public_generator, write_prompted_generator
 from privret.train.retriever import non_private_ledger, train_retriever
+from privret.train.settings import PrivateSelectionConfig
 
 console = Console(stderr=True)
 
@@ -249,7 +251,29 @@ def _synthetic_row(run: Run, row: SyntheticRow, make_generator, documents: list,
     if row.filtered is not None:
         console.rule(f"DP synthetic queries, round-trip filtered, epsilon = {format_epsilon(row.epsilon)}")
         rows.append(_filtered_row(run, row.filtered, row.synthetic, privacy))
+    if row.selected is not None:
+        console.rule(f"DP choice of the retriever on the private log, epsilon = {format_epsilon(row.epsilon)} + "
+                     f"{format_epsilon(run.cfg.private_selection.epsilon)}")
+        rows.append(_selected_row(run, row.selected))
     return rows
+
+
+def _selected_row(run: Run, row: TrainedRow) -> dict:
+    """The DP choice among the public encoder, the candidates (the stages ``row`` is made from) and their
+    interpolations, unless done; its ledger composes the candidates' with the choice's epsilon."""
+    stage = row.retriever
+    if not stage.done.exists():
+        started = time.time()
+        cfg = PrivateSelectionConfig(**run.cfg.private_selection.model_dump(), base=run.cfg.retriever.model,
+                                     candidates=[str(s.output) for s in stage.after], unit=run.cfg.unit)
+        select_retriever(run.pairs, stage.output, cfg, data_hash=run.data_hash, dataset_id=run.charged_to,
+                         budget=run.budget)  # atomic: a crash leaves no directory, and a re-run chooses anew
+        write_record(stage)
+        _add_timing(row.directory, {"selection_seconds": round(time.time() - started, 1)})
+        release_memory()
+    ledger = PrivacyLedger.load(stage.output)
+    return run.evaluate(row.metrics, str(stage.output), {"row": row.label, "epsilon": ledger.epsilon,
+                                                         "delta": ledger.delta})
 
 
 def _filtered_row(run: Run, row: FilteredRow, synthetic: Stage, privacy: dict) -> dict:

@@ -34,14 +34,15 @@ from privret.errors import InputError
 from privret.io import file_sha256, write_json_atomic
 from privret.models.generator import GENERATOR_FILE
 from privret.run_layout import (DIRECT_ROW_PREFIX, DOCUMENTS, DP_ROW_PREFIX, FILTERED_SUFFIX, GENERATOR, METRICS_FILE,
-                                     ORIGINAL, PUBLIC_PAIRS, PUBLIC_PROMPTED, PUBLIC_ROWS, RETRIEVER, SYNTHETIC,
-                                     ZERO_SHOT)
+                                     ORIGINAL, PUBLIC_PAIRS, PUBLIC_PROMPTED, PUBLIC_ROWS, RETRIEVER, SELECTED_SUFFIX,
+                                     SYNTHETIC, ZERO_SHOT)
 from privret.privacy.commitment import commit
 from privret.privacy.ledger import format_epsilon
 from privret.synth.documents import SELECTED_IDS_FILE
 from privret.train.dp_retriever import MECHANISM_FILE, resume_settings
 from privret.train.settings import DPRetrieverConfig
 from privret.train.dp_run import STAGE_FILE
+from privret.train.private_selection import SELECTION_FILE
 from privret.train.public import examples_hash
 
 STAGE_FORMAT = 1
@@ -101,6 +102,7 @@ class SyntheticRow(TrainedRow):
     synthetic: Stage | None = None
     epsilon: float | None = None  # the generator's target; None for a public row
     filtered: FilteredRow | None = None
+    selected: TrainedRow | None = None  # the DP choice among the public encoder and this row's retrievers
 
 
 def _normal(obj):
@@ -207,6 +209,13 @@ def _synthetic_row(plan: StagePlan, row: str, generator: Stage, cfg: PipelineCon
         trained = plan.trained_row(name, f"DP synthetic, round-trip filtered (epsilon={format_epsilon(epsilon)})",
                                    retriever, metrics, after=(filtered,))
         result.filtered = FilteredRow(trained.label, trained.retriever, trained.metrics, synthetic=filtered)
+    if epsilon is not None and cfg.private_selection is not None:
+        candidates = (result.retriever,) + ((result.filtered.retriever,) if result.filtered else ())
+        result.selected = plan.trained_row(
+            f"{row}{SELECTED_SUFFIX}", f"DP synthetic, retriever chosen with DP (epsilon={format_epsilon(epsilon)}"
+                                        f" + {format_epsilon(cfg.private_selection.epsilon)})",
+            {"private_selection": cfg.private_selection.model_dump(mode="json"), "model": cfg.retriever.model,
+             **data}, metrics, after=candidates, done=SELECTION_FILE)
     return result
 
 

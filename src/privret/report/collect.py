@@ -28,10 +28,12 @@ from pathlib import Path
 from privret.errors import InputError
 from privret.evaluate.statistics import PER_QUERY_FILE, Versus, versus_zero_shot
 from privret.run_layout import (CONFIG_FILE, DIRECT_ROW_PREFIX, DP_ROW_PREFIX, FILTERED_SUFFIX, GENERATOR, METRICS_FILE,
-                                     ORIGINAL, RETRIEVER, SUMMARY_FILE, SYNTHETIC, TIMING_FILE, ZERO_SHOT)
+                                     ORIGINAL, RETRIEVER, SELECTED_SUFFIX, SUMMARY_FILE, SYNTHETIC, TIMING_FILE,
+                                     ZERO_SHOT)
 from privret.privacy.ledger import LEDGER_FILE, format_epsilon
 
-_EPS_DIR = re.compile(rf"^{re.escape(DP_ROW_PREFIX)}(?P<eps>inf|[0-9.eE+-]+?)(?P<filtered>{re.escape(FILTERED_SUFFIX)})?$")
+_EPS_DIR = re.compile(rf"^{re.escape(DP_ROW_PREFIX)}(?P<eps>inf|[0-9.eE+-]+?)"
+                      rf"(?P<suffix>{re.escape(FILTERED_SUFFIX)}|{re.escape(SELECTED_SUFFIX)})?$")
 _DIRECT_DIR = re.compile(rf"^{re.escape(DIRECT_ROW_PREFIX)}(?P<method>.+)-eps-(?P<eps>inf|[0-9.eE+-]+)$")
 
 
@@ -113,6 +115,8 @@ def method_label(method: str) -> str:
         return "DP synthetic queries"
     if method == "dp-synthetic-filtered":
         return "DP synthetic queries, round-trip filtered"
+    if method == "dp-synthetic-selected":
+        return "DP synthetic queries, retriever chosen with DP on the private log"
     if method.startswith("direct-"):
         return f"direct DP ({method.removeprefix('direct-')})"
     return method
@@ -147,7 +151,7 @@ def collect(run_dir: str | Path, *, show_private_queries: bool = False, examples
         if m := _EPS_DIR.match(child.name):
             ledger, source = _ledger(child / GENERATOR, child / SYNTHETIC, child / RETRIEVER)
             eps = ledger["epsilon"] if ledger else parse_eps(m["eps"])
-            method = "dp-synthetic-filtered" if m["filtered"] else "dp-synthetic"
+            method = f"dp-synthetic{m['suffix'] or ''}"
             stages.append(Row(child.name, f"{method_label(method)} (ε={format_epsilon(parse_eps(m['eps']))})",
                               method, eps, _metrics(child / METRICS_FILE), ledger, source, _timing(child)))
         elif m := _DIRECT_DIR.match(child.name):

@@ -141,19 +141,15 @@ class DPRetrieverConfig(BaseModel):
         return self.max_batch_units or self.batch_size + math.ceil(4 * math.sqrt(self.batch_size))
 
 
-class PrivateSelectionConfig(BaseModel):
-    """Configuration of :func:`privret.train.private_selection.select_retriever`: a DP choice among ``base``,
-    each of ``candidates``, and their interpolations with ``base`` at ``weights``, by NDCG@10 on the
-    private log (see :mod:`privret.privacy.private_selection` for the guarantee)."""
+class SelectionSettings(BaseModel):
+    """How a DP choice among retrievers is made (:mod:`privret.privacy.private_selection`): its epsilon, the
+    interpolation weights of each fine-tuned candidate with the base, and the token limit when scoring."""
 
     model_config = ConfigDict(extra="forbid")
 
     epsilon: float = Field(1.0, gt=0, allow_inf_nan=False, description="epsilon of the choice (pure DP, delta 0)")
-    base: str = Field(DEFAULT_ENCODER, description="the public model the candidates were fine-tuned from")
-    candidates: list[str] = Field(default_factory=list, description="fine-tuned retrievers (directories)")
     weights: list[float] = Field(default_factory=lambda: [0.5, 1.0],
                                  description="interpolation weights alpha in (0, 1] of each candidate with base")
-    unit: PrivacyUnit = PrivacyUnit.query
     max_seq_length: int = Field(256, gt=0, description="token limit of queries and documents when scoring")
 
     @field_validator("weights")
@@ -162,3 +158,13 @@ class PrivateSelectionConfig(BaseModel):
         if not weights or any(not 0 < w <= 1 for w in weights):
             raise ValueError("give one or more weights in (0, 1] (the base model itself is always a candidate)")
         return sorted(set(weights))
+
+
+class PrivateSelectionConfig(SelectionSettings):
+    """Configuration of :func:`privret.train.private_selection.select_retriever`: a DP choice among ``base``,
+    each of ``candidates``, and their interpolations with ``base`` at ``weights``, by NDCG@10 on the
+    private log (see :mod:`privret.privacy.private_selection` for the guarantee)."""
+
+    base: str = Field(DEFAULT_ENCODER, description="the public model the candidates were fine-tuned from")
+    candidates: list[str] = Field(default_factory=list, description="fine-tuned retrievers (directories)")
+    unit: PrivacyUnit = PrivacyUnit.query
