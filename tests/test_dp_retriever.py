@@ -138,11 +138,14 @@ def test_released_gradient_equals_brute_force(method, tiny, pool, tiny_bert_dir)
         assert torch.allclose(g, r, atol=1e-6, rtol=1e-4)
 
 
-@pytest.mark.parametrize("spec", ["all", "top:1", "lora"])
-def test_public_negatives_book_keeping_equals_brute_force_for_every_trainable(spec, pool, tiny_bert_dir):
+@pytest.mark.parametrize("spec, physical_batch", [("all", None), ("top:1", None), ("lora", None), ("bias", None),
+                                                  ("all", 2), ("bias", 3)])
+def test_public_negatives_book_keeping_equals_brute_force_for_every_trainable(spec, physical_batch, pool,
+                                                                               tiny_bert_dir):
     """The clipped sum by book-keeping (no second backward) against materialised per-unit gradients, for
-    every ``--trainable`` choice, with a clip norm between the smallest and largest unit norm (so factors
-    differ and some are 1); leaving out any single unit's factor must fail the comparison."""
+    every ``--trainable`` choice, whole or ``physical_batch`` units per pass, with a clip norm between the
+    smallest and largest unit norm (so factors differ and some are 1); leaving out any single unit's factor
+    must fail the comparison."""
     from privret.models.encoder import load_encoder
 
     model = load_encoder(str(tiny_bert_dir), max_seq_length=32).eval()
@@ -159,7 +162,7 @@ def test_public_negatives_book_keeping_equals_brute_force_for_every_trainable(sp
     per_unit = [_grads(losses[batch.unit_of_row == k].sum(), params, retain=True) for k in range(batch.n_units)]
     norms = torch.stack([_norm(g) for g in per_unit])
     clip = float((norms.min() * norms.max()).sqrt())
-    cfg = _cfg("public-negatives", tiny_bert_dir, clip_norm=clip, trainable=spec)
+    cfg = _cfg("public-negatives", tiny_bert_dir, clip_norm=clip, trainable=spec, physical_batch=physical_batch)
     got, stats = clipped_sum("public-negatives", model, params, batch, cfg)
     assert 0 < stats["clipped"] < 1
     # the method inflates norms by NORM_MARGIN before clipping; with cancelling unit gradients that 1e-5
@@ -176,6 +179,19 @@ def test_public_negatives_book_keeping_equals_brute_force_for_every_trainable(sp
     for k in range(batch.n_units):
         if factors[k] < 1:  # that unit's factor dropped: a different (wrong) sum
             assert not close(got, combine(factors[:k] + [1.0] + factors[k + 1:]))
+
+
+def test_bias_trains_exactly_the_biases_and_layer_norms(tiny_bert_dir):
+    """BitFit: every bias and LayerNorm parameter of the embeddings and layers, no weight matrix, no pooler."""
+    from privret.models.encoder import load_encoder
+
+    model = load_encoder(str(tiny_bert_dir), max_seq_length=32)
+    names = set(make_trainable(model, "bias"))
+    expected = {n for n, p in model.named_parameters() if "pooler" not in n and
+                (n.endswith(".bias") or "LayerNorm" in n)}
+    assert names == expected and any("LayerNorm.weight" in n for n in names)
+    assert all(p.requires_grad == (n in names) for n, p in model.named_parameters())
+    assert sum(model.get_parameter(n).numel() for n in names) < 0.05 * sum(p.numel() for p in model.parameters())
 
 
 # -- (b) noise scale ----------------------------------------------------------------------------------------------

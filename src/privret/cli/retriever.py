@@ -53,7 +53,9 @@ def retriever_train(
     unit: Annotated[str, typer.Option(help=f"--dp: {UNIT_HELP}")] = "query",
     clip_norm: Annotated[float, typer.Option(help="--dp: clipping norm (C per unit/batch, B per pair)")] = 1.0,
     max_batch_units: Annotated[Optional[int], typer.Option(help="--dp: cap K on units per step")] = None,
-    trainable: Annotated[str, typer.Option(help="--dp: all, layers, top:K or lora")] = "all",
+    trainable: Annotated[str, typer.Option(help="--dp: all, layers, top:K, lora or bias (BitFit)")] = "all",
+    physical_batch: Annotated[Optional[int], typer.Option(
+        help="--dp public-negatives: units per forward pass (memory only; default: the whole batch)")] = None,
     lora_rank: Annotated[int, typer.Option(help="--dp: LoRA rank")] = 8,
     public_negatives: Annotated[int, typer.Option(
         help="--dp public-negatives: negatives per step, drawn from --data's corpus")] = 32,
@@ -93,7 +95,8 @@ def retriever_train(
                               clip_norm=clip_norm, batch_size=batch_size, max_batch_units=max_batch_units,
                               epochs=epochs, learning_rate=learning_rate, temperature=temperature,
                               spreadout_weight=spreadout_weight, trainable=trainable, lora_rank=lora_rank,
-                              public_negatives=public_negatives, accountant=accountant, seed=seed,
+                              public_negatives=public_negatives, physical_batch=physical_batch,
+                              accountant=accountant, seed=seed,
                               checkpoint_every=checkpoint_every, secure_rng=secure_rng, **lengths)
         # --data's corpus plus any documents inline in --pairs: train_dp_retriever leaves the inline ones out
         ledger = train_dp_retriever(training, out_dir, dp_cfg, data_hash=data_hash,

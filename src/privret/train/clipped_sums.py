@@ -135,12 +135,36 @@ def _logit_dp(model, params, batch, cfg):
 
 
 def _public_negatives(model, params, batch, cfg):
+    """Per-unit clipped sum; the loss decomposes per unit, so the units are processed ``cfg.physical_batch``
+    at a time (memory only: the sum is the same, up to float rounding)."""
     with torch.no_grad():
         e_n = _encode(model, [d.full_text for d in batch.negatives], cfg.max_doc_tokens)
+    mask = false_negative_mask(batch)
+    total, losses, clipped = [torch.zeros_like(p, dtype=torch.float32) for p in params], [], 0
+    step = cfg.physical_batch or batch.n_units
+    for lo in range(0, batch.n_units, step):
+        rows = ((batch.unit_of_row >= lo) & (batch.unit_of_row < lo + step)).nonzero().flatten().tolist()
+        part = _unit_slice(batch, rows, lo, min(step, batch.n_units - lo))
+        out, part_losses, part_clipped = _public_negatives_part(model, params, part, e_n, mask[rows], cfg)
+        total = [t + o for t, o in zip(total, out)]
+        losses.append(part_losses)
+        clipped += part_clipped
+    return total, {"loss": torch.cat(losses).mean().item(), "clipped": clipped / batch.n_units}
+
+
+def _unit_slice(batch: StepBatch, rows: list[int], first_unit: int, n_units: int) -> StepBatch:
+    """The rows ``rows`` of ``batch`` (units ``first_unit`` .. ``first_unit + n_units - 1``, renumbered from 0)."""
+    return StepBatch(queries=[batch.queries[r] for r in rows], docs=[batch.docs[r] for r in rows],
+                     unit_of_row=batch.unit_of_row[rows] - first_unit, doc_ids=[batch.doc_ids[r] for r in rows],
+                     n_units=n_units, negatives=batch.negatives)
+
+
+def _public_negatives_part(model, params, batch, e_n, mask, cfg):
+    """sum_u clip_C(grad_u) over the units of ``batch`` against the step's public negatives ``e_n``."""
     tracker = GhostNorms(model)
     try:
         e_q, e_d = _encode_tracked(tracker, model, batch, cfg)
-        losses = public_negative_losses(e_q, e_d, e_n, cfg.tau, mask=false_negative_mask(batch))
+        losses = public_negative_losses(e_q, e_d, e_n, cfg.tau, mask=mask)
         cot = torch.autograd.grad(losses.sum(), [e_q, e_d], retain_graph=True)
         u = batch.unit_of_row
         sq = tracker.group_sq_norms([e_q, e_d], list(cot), {"q": u, "d": u}, batch.n_units, keep_deltas=True)
@@ -152,7 +176,7 @@ def _public_negatives(model, params, batch, cfg):
         out = tracker.weighted_grads(params, {"q": row_factor, "d": row_factor})
     finally:
         tracker.remove()
-    return out, {"loss": losses.mean().item(), "clipped": (norms > cfg.clip_norm).float().mean().item()}
+    return out, losses.detach(), int((norms > cfg.clip_norm).sum().item())
 
 
 def false_negative_mask(batch: StepBatch) -> torch.Tensor:

@@ -84,7 +84,7 @@ from privret.models.trainable import make_trainable, merge_adapters
 MECHANISM_FILE = "dp_mechanism.json"  # only a finished output holds it (with the model and ledger)
 # config fields that do not change what is trained: free to differ on resume, and left out of pipeline
 # fingerprints (secure_rng only when off: see privret.pipeline.stages.direct_dp_fingerprint)
-RESUME_FREE = ("checkpoint_every", "secure_rng")
+RESUME_FREE = ("checkpoint_every", "secure_rng", "physical_batch")  # change nothing trained (beyond float rounding)
 # the methods whose clipped sum is a sum of per-unit terms, so it can be split across processes (torchrun)
 PARALLEL_METHODS = ("public-negatives",)
 

@@ -114,9 +114,11 @@ class DPRetrieverConfig(BaseModel):
     temperature: float | None = Field(None, gt=0, allow_inf_nan=False,
                                       description="default 0.05, logit-dp 0.5")
     spreadout_weight: float = Field(0.0, ge=0, allow_inf_nan=False, description="logit-dp only")
-    trainable: str = Field("all", pattern=r"^(all|layers|lora|top:[1-9][0-9]*)$")
+    trainable: str = Field("all", pattern=r"^(all|layers|lora|bias|top:[1-9][0-9]*)$")
     lora_rank: int = Field(8, gt=0)
     public_negatives: int = Field(32, gt=0, description="negatives per step (public-negatives)")
+    physical_batch: int | None = Field(None, gt=0, description="public-negatives: units per forward pass (memory, "
+                                                               "not privacy; None: the whole batch at once)")
     max_query_tokens: int = Field(64, gt=0)
     max_doc_tokens: int = Field(256, gt=0)
     accountant: str = "prv"
