@@ -381,9 +381,11 @@ def test_cli_dp_flag_draws_negatives_from_data_never_from_inline_pairs(tmp_path,
     runner = CliRunner()
     res = runner.invoke(app, ["retriever", "train", "--pairs", str(pairs_file), "--data", str(toy_beir),
                               "--out", str(tmp_path / "o"), "--model", str(tiny_bert_dir), "--dp", "public-negatives",
-                              "--epsilon", "8", "--batch-size", "3", "--trainable", "top:1"])
+                              "--epsilon", "8", "--batch-size", "3", "--trainable", "bias", "--physical-batch", "2"])
     assert res.exit_code == 0, res.output
     assert PrivacyLedger.load(tmp_path / "o").mechanism == "direct-public-negatives"
+    settings = json.loads((tmp_path / "o" / "train_config.json").read_text())
+    assert (settings["trainable"], settings["physical_batch"]) == ("bias", 2)
     public = {d.full_text for d in load_corpus(toy_beir / "corpus.jsonl").values()}
     assert len(sampled) >= 3 * 32 and {n.full_text for n in sampled} <= public
     assert not {n.full_text for n in sampled} & {r["doc"] for r in INLINE_ROWS}
