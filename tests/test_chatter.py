@@ -9,7 +9,7 @@ import warnings
 import pytest
 from rich.console import Console
 
-from privret.chatter import LIBRARY_LOGGERS, also_log_to, route_library_output
+from privret.chatter import LIBRARY_LOGGERS, also_log_to, library_stderr, route_library_output
 from privret.progress import Progress
 
 
@@ -79,6 +79,27 @@ def test_verbose_leaves_library_output_where_it_was(restore_logging, tmp_path):
     assert before == {n: (list(logging.getLogger(n).handlers), logging.getLogger(n).propagate)
                       for n in LIBRARY_LOGGERS}
     assert not (tmp_path / "x.log").exists()
+
+
+@pytest.mark.parametrize("verbose", [False, True])
+def test_a_librarys_own_tqdm_bar_goes_to_the_log_unless_verbose(verbose, restore_logging, tmp_path, capfd):
+    """transformers' GGUF conversion draws a plain tqdm bar on stderr (no logging switch reaches it)."""
+    import sys
+
+    from tqdm.auto import tqdm
+
+    log = tmp_path / "chatter.log"
+    route_library_output(verbose=verbose, log_file=log)
+    with library_stderr():
+        for _ in tqdm(range(3), desc="Converting and de-quantizing", file=None, mininterval=0):
+            pass
+        print("a library's own line", file=sys.stderr)
+    err = capfd.readouterr().err
+    if verbose:
+        assert "Converting and de-quantizing" in err and "a library's own line" in err
+    else:
+        assert "Converting" not in err and "own line" not in err
+        assert "Converting and de-quantizing" in log.read_text() and "a library's own line" in log.read_text()
 
 
 def test_a_bar_written_to_a_file_appears_once_as_plain_lines():

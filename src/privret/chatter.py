@@ -13,6 +13,7 @@ chatter to ``RUN_DIR/privret.log`` (:func:`also_log_to`).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import warnings
@@ -22,6 +23,7 @@ LIBRARY_LOGGERS = ("py.warnings", "transformers", "sentence_transformers", "opac
                    "accelerate", "peft")
 LOG_FORMAT = "%(asctime)s %(name)s %(levelname)s: %(message)s"
 RUN_LOG = "privret.log"  # a pipeline run's own log, in its run directory
+_routed_to: Path | None = None  # where route_library_output sends the chatter (None: nowhere, stderr)
 
 
 def default_log_file() -> Path:
@@ -42,9 +44,11 @@ def route_library_output(*, verbose: bool, log_file: Path | None = None) -> Path
     """Send the libraries' warnings and log lines to ``log_file`` (returned), or leave them on stderr.
 
     Idempotent per process: a second call replaces the handlers of the first."""
+    global _routed_to
     if verbose:
+        _routed_to = None
         return None
-    path = log_file or default_log_file()
+    path = _routed_to = log_file or default_log_file()
     handler = _file_handler(path)
     handler._privret = True
     for name in LIBRARY_LOGGERS:
@@ -104,3 +108,15 @@ def also_log_to(path: Path) -> None:
     handler._privret_run_log = True
     for name in LIBRARY_LOGGERS:
         logging.getLogger(name).addHandler(handler)
+
+
+@contextlib.contextmanager
+def library_stderr():
+    """Around a library call that writes to stderr itself (transformers' GGUF conversion draws a plain tqdm
+    bar that no logging switch reaches): what it writes goes to the log file when the chatter is routed
+    there (:func:`route_library_output`), and to stderr as before otherwise."""
+    if _routed_to is None:
+        yield
+        return
+    with open(_routed_to, "a", encoding="utf-8") as log, contextlib.redirect_stderr(log):
+        yield

@@ -18,6 +18,7 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
+from privret.chatter import library_stderr
 from privret.errors import ModelUnavailableError
 from privret.io import atomic_path
 
@@ -62,8 +63,9 @@ def smollm2_checkpoint() -> Path:
             return target
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(str(source), gguf_file=_SMOLLM2_GGUF)
-        quantised = AutoModelForCausalLM.from_pretrained(str(source), gguf_file=_SMOLLM2_GGUF)
+        with library_stderr():  # its tqdm bars go to the log file, not the terminal
+            tokenizer = AutoTokenizer.from_pretrained(str(source), gguf_file=_SMOLLM2_GGUF)
+            quantised = AutoModelForCausalLM.from_pretrained(str(source), gguf_file=_SMOLLM2_GGUF)
         config = quantised.config
         if hasattr(config, "quantization_config"):
             del config.quantization_config
