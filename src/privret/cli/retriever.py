@@ -124,7 +124,8 @@ def retriever_train(
 def retriever_select(
     out_dir: Annotated[Path, typer.Option("--out", help="output directory: the chosen retriever")],
     candidate: Annotated[list[Path], typer.Option(
-        "--candidate", help="a fine-tuned retriever to choose from (repeat the flag for several)")],
+        "--candidate", help="a fine-tuned retriever to choose from (repeat the flag for several); its privret "
+                            "ledger is composed into the output's, and a directory without one counts as public")],
     data: DataOpt = None, split: SplitOpt = "train", pairs: PairsOpt = None,
     epsilon: Annotated[float, typer.Option(help="epsilon of the choice (pure DP, delta 0), added to the "
                                                 "candidates' own")] = 1.0,
