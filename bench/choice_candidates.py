@@ -38,6 +38,8 @@ def main() -> None:
     parser.add_argument("--data", type=Path, required=True)
     parser.add_argument("--split", default="test")
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--base-eval", type=Path, default=None,
+                        help="an evaluation directory of the base model on the same split (reused for it)")
     args = parser.parse_args()
     record = json.loads((args.selection / SELECTION_FILE).read_text())
     dataset = load_beir(args.data, splits=[args.split])
@@ -45,6 +47,9 @@ def main() -> None:
     for k, name in enumerate(record["candidates"]):
         label = re.sub(r"[^A-Za-z0-9.@-]+", "_", name)[-60:]
         out = args.out / f"{k}-{label}"
+        if name == "base" and args.base_eval is not None and not (out / "metrics.json").is_file():
+            for file in ("per_query.json", "metrics.json"):
+                write_json_atomic(out / file, json.loads((args.base_eval / file).read_text()))
         if not (out / "metrics.json").is_file():
             model = materialise(candidate_of(name), cfg)
             per_query = evaluate_per_query(model, dataset.corpus, dataset.queries, dataset.split(args.split))

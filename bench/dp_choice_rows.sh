@@ -14,7 +14,8 @@ ev() { [ -f "$2/per_query.json" ] || { mkdir -p "$2"; $P evaluate --model "$1" -
 choose() {  # $1 candidate, $2 output, $3 weights: the DP choice, then every candidate on test (reporting only)
   [ -d "$2" ] || $P retriever select --data $D --split train --candidate "$1" --weights "$3" --epsilon 1 \
                    --out "$2" --allow-over-budget
-  .venv/bin/python bench/choice_candidates.py "$2" --data $D --out "$2-candidates"
+  ev minilm-l6 "$work/zero-shot"
+  .venv/bin/python bench/choice_candidates.py "$2" --data $D --out "$2-candidates" --base-eval "$work/zero-shot"
 }
 for step in "$@"; do
   case $step in
