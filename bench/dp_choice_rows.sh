@@ -3,7 +3,8 @@
 # all), and direct DP in a regime fixed a priori for a log of ~10^3 units, each followed by the same DP choice;
 # every model evaluated on test with per-query figures (for bench/seed_rows.py). Each step is skipped when its
 # output exists, so re-running resumes. One thread per job (2-core machine).
-#   usage: bench/dp_choice_rows.sh WORK_DIR STEP...     STEP: synthetic:<generator seed>, direct, references
+#   usage: bench/dp_choice_rows.sh WORK_DIR STEP...
+#   STEP: references, synthetic:<generator seed>, retrain:<generator seed>:<retriever seed>, direct
 set -euo pipefail
 work=$1; shift
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} PRIVRET_BUDGET_DIR=${PRIVRET_BUDGET_DIR:-$work/budget}
@@ -35,6 +36,14 @@ for step in "$@"; do
       [ -d "$work/ret-eps7-s$s" ] || $P retriever train --data "$work/syn-eps7-s$s" --out "$work/ret-eps7-s$s" \
           --select default
       choose "$work/ret-eps7-s$s" "$work/sel-eps7-s$s" 0.5,1 ;;
+    retrain:*)  # synthetic:<g> again with retriever seed <r> (the recipe its seed-0 selection chose), then the choice
+      g=${step#retrain:}; r=${g#*:}; g=${g%%:*}
+      out=$work/ret-eps7-s$g-r$r
+      read -r epochs tokens < <(python3 -c "import json,sys; c=json.load(open(sys.argv[1]))['chosen']; \
+print(c['epochs'], c['max_doc_tokens'])" "$work/ret-eps7-s$g/recipe_selection.json")
+      [ -d "$out" ] || $P retriever train --data "$work/syn-eps7-s$g" --out "$out" --epochs "$epochs" \
+          --max-doc-tokens "$tokens" --seed "$r"
+      choose "$out" "$work/sel-eps7-s$g-r$r" 0.5,1 ;;
     direct)  # whole log per step (q = 1), 5 steps, BitFit, lr 2e-3, public negatives; fixed before any run
       [ -f "$work/direct-bitfit-eps7/privacy_ledger.json" ] || $P retriever train --dp public-negatives --data $D \
           --out "$work/direct-bitfit-eps7" --epsilon 7 --batch-size 807 --epochs 5 --trainable bias --lr 2e-3 \
