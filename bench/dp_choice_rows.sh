@@ -28,12 +28,12 @@ for step in "$@"; do
         ev "$work/original-s$s" "$work/original-s$s-eval"
       done ;;
     synthetic:*)  # the shipped generator settings at epsilon 7, one query for each of 565 public documents (the
-      # CLI's defaults; configs/scifact.yaml writes two); the retriever's recipe chosen on its validation split
+      # CLI default; configs/scifact.yaml writes two); the retriever's recipe chosen on its validation split
       s=${step#synthetic:}
       [ -f "$work/gen-eps7-s$s/privacy_ledger.json" ] || $P generator train --data $D --split train --epsilon 7 \
           --seed "$s" --out "$work/gen-eps7-s$s" --allow-over-budget --resume
       [ -f "$work/syn-eps7-s$s/manifest.json" ] || $P generate --generator "$work/gen-eps7-s$s" --data $D \
-          --documents corpus --sample 565 --num-queries 1 --max-new-tokens 48 --seed "$s" --out "$work/syn-eps7-s$s"
+          --documents corpus --sample 565 --num-queries 1 --seed "$s" --out "$work/syn-eps7-s$s"
       [ -d "$work/ret-eps7-s$s" ] || $P retriever train --data "$work/syn-eps7-s$s" --out "$work/ret-eps7-s$s" \
           --select default
       choose "$work/ret-eps7-s$s" "$work/sel-eps7-s$s" 0.5,1 ;;
