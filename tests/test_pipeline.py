@@ -581,6 +581,10 @@ def test_selected_row_composes_one_generator_ledger_with_the_choice(tiny_config,
                                                   abs=1e-5)
     dataset = json.loads((run_dir / "eps-4" / "retriever" / "privacy_ledger.json").read_text())["dataset_id"]
     assert sorted(r.mechanism for r in budget.releases(dataset)) == ["dp-sgd", "exponential-mechanism"]
+    joint = json.loads((run_dir / "budget.json").read_text())  # releasing every row together: both releases
+    assert joint["releases"] == ["eps-4", "eps-4-selected"]
+    assert joint["composition"]["query"]["epsilon"] == pytest.approx(selected["epsilon"], rel=1e-3)
+    assert "Releasing all 2 DP models of this run together" in (run_dir / "summary.md").read_text()
     report = {r.key: r for r in collect(run_dir).rows}
     assert report["eps-4-selected"].method == "dp-synthetic-selected"
     assert report["eps-4-selected"].epsilon == pytest.approx(selected["epsilon"])

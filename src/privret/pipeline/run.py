@@ -43,13 +43,14 @@ from privret.io import file_sha256, write_json_atomic
 from privret.models.device import use_device
 from privret.models.encoder import load_encoder
 from privret.models.model_card import record_evaluation
-from privret.run_layout import CONFIG_FILE, EMBEDDING_CACHE, PUBLIC_PAIRS, PUBLIC_PROMPTED, TIMING_FILE
+from privret.run_layout import CHOICE, CONFIG_FILE, EMBEDDING_CACHE, PUBLIC_PAIRS, PUBLIC_PROMPTED, TIMING_FILE
 from privret.pipeline.stages import (DirectRow, FilteredRow, Stage, SyntheticRow, TrainedRow, check_stages,
                                      plan_stages, write_record)
 from privret.pipeline.summary import write_summary
 from privret.privacy.budget import BudgetPolicy, dataset_id
-from privret.privacy.ledger import PrivacyLedger, format_epsilon, has_ledger
+from privret.privacy.ledger import LEDGER_FILE, PrivacyLedger, format_epsilon, has_ledger
 from privret.privacy.partition_selection import selection_threshold
+from privret.privacy.private_selection import MECHANISM as CHOICE_MECHANISM
 from privret.runlock import RunLock, recover_tree
 from privret.synth.documents import public_documents, read_document_ids, recorded_dp_selection, sampled, write_selection
 from privret.synth.filter import filter_round_trip
@@ -272,6 +273,9 @@ def _selected_row(run: Run, row: TrainedRow) -> dict:
         _add_timing(row.directory, {"selection_seconds": round(time.time() - started, 1)})
         release_memory()
     ledger = PrivacyLedger.load(stage.output)
+    (choice,) = [part for part in ledger.parts if part.mechanism == CHOICE_MECHANISM]
+    if not (row.directory / CHOICE / LEDGER_FILE).is_file():  # the choice's own release, for budget.json
+        choice.save(row.directory / CHOICE)
     return run.evaluate(row.metrics, str(stage.output), {"row": row.label, "epsilon": ledger.epsilon,
                                                          "delta": ledger.delta})
 

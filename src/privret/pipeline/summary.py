@@ -10,8 +10,8 @@ from rich.table import Table
 from privret.config import PipelineConfig
 from privret.evaluate.statistics import EXPLANATION, versus_zero_shot
 from privret.io import write_json_atomic, write_text_atomic
-from privret.run_layout import (BUDGET_FILE, DIRECT_ROW_PREFIX, DOCUMENTS, DP_ROW_PREFIX, GENERATOR, RETRIEVER,
-                                     SUMMARY_FILE, SUMMARY_MARKDOWN)
+from privret.run_layout import (BUDGET_FILE, CHOICE, DIRECT_ROW_PREFIX, DOCUMENTS, DP_ROW_PREFIX, GENERATOR,
+                                     RETRIEVER, SELECTED_SUFFIX, SUMMARY_FILE, SUMMARY_MARKDOWN)
 from privret.privacy.budget import run_composition, run_composition_sentence
 from privret.privacy.ledger import LEDGER_FILE, format_epsilon
 
@@ -56,11 +56,13 @@ def run_releases(run_dir: Path) -> list[tuple[str, Path]]:
     They are the DP document selection (``documents``, if any), the generators (``eps-*/generator``;
     the synthetic sets and retrievers derived from one carry its ledger, composed with the
     selection's, and are post-processing of them, so they are not counted again) and the direct DP
-    retrievers (``direct-*/retriever``). Every row in the directory counts, also one that the current
-    config no longer has: it was made, and may have been released.
+    retrievers (``direct-*/retriever``) and the DP choices of retriever (``eps-*-selected/choice``: the choice
+    alone; the chosen retriever's own ledger composes it with the generator's). Every row in the directory
+    counts, also one that the current config no longer has: it was made, and may have been released.
     """
     ledgers = (sorted(run_dir.glob(f"{DOCUMENTS}/{LEDGER_FILE}"))
                + sorted(run_dir.glob(f"{DP_ROW_PREFIX}*/{GENERATOR}/{LEDGER_FILE}"))
+               + sorted(run_dir.glob(f"{DP_ROW_PREFIX}*{SELECTED_SUFFIX}/{CHOICE}/{LEDGER_FILE}"))
                + sorted(run_dir.glob(f"{DIRECT_ROW_PREFIX}*/{RETRIEVER}/{LEDGER_FILE}")))
     return [(path.relative_to(run_dir).parts[0], path.parent) for path in ledgers]
 
