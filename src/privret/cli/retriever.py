@@ -95,25 +95,21 @@ def retriever_train(
                               clip_norm=clip_norm, batch_size=batch_size, max_batch_units=max_batch_units,
                               epochs=epochs, learning_rate=learning_rate, temperature=temperature,
                               spreadout_weight=spreadout_weight, trainable=trainable, lora_rank=lora_rank,
-                              public_negatives=public_negatives, physical_batch=physical_batch,
-                              accountant=accountant, seed=seed,
-                              checkpoint_every=checkpoint_every, secure_rng=secure_rng, **lengths)
+                              public_negatives=public_negatives, physical_batch=physical_batch, accountant=accountant,
+                              seed=seed, checkpoint_every=checkpoint_every, secure_rng=secure_rng, **lengths)
         # --data's corpus plus any documents inline in --pairs: train_dp_retriever leaves the inline ones out
         ledger = train_dp_retriever(training, out_dir, dp_cfg, data_hash=data_hash,
                                     dataset_id=dataset_id(training, dataset_name), public_corpus=training.corpus,
                                     budget=policy, resume=resume)
         out.print(f"retriever written to {out_dir} ({ledger.summary()}, {dp})")
         return
-    if resume:
-        raise InputError("applies to DP training (--dp) only; non-private training is not checkpointed",
-                         field="--resume")
-    if secure_rng:
-        raise InputError("applies to DP training (--dp) only; non-private training draws no noise",
-                         field="--secure-rng")
+    for flag_name, given, why in (("--resume", resume, "is not checkpointed"),
+                                  ("--secure-rng", secure_rng, "draws no noise")):
+        if given:
+            raise InputError(f"applies to DP training (--dp) only; non-private training {why}", field=flag_name)
     cfg = build_config(RetrieverTrainConfig, model=model, epochs=epochs, batch_size=batch_size,
                        learning_rate=learning_rate, temperature=0.05 if temperature is None else temperature, seed=seed,
-                       **lengths,
-                       selection=None if select is None else {
+                       **lengths, selection=None if select is None else {
                            **({} if select == "default" else {"grid": parse_grid(select)}),
                            "max_epochs": select_max_epochs, "validation_pool": validation_pool})
     _train_non_private(training, data_hash, out_dir, cfg, model=model, synthetic_set=data if pairs is None else None)
