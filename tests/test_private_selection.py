@@ -226,3 +226,31 @@ def test_cli_select_refuses_bad_weights_naming_the_flag(toy_beir, tmp_path):
                      "--weights", "0.5,2", "--out", str(tmp_path / "o"))
     assert result.returncode == 2 and "--weights" in result.stderr and len(result.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "o").exists()
+
+
+def test_cli_interpolate_writes_the_weighted_model_with_the_models_ledger(tiny_bert_dir, tmp_path):
+    """Post-processing with a fixed weight: the output's ledger is the tuned model's, unchanged (no new
+    release), and its weights are (1 - w) base + w tuned."""
+    tuned = _candidate(tiny_bert_dir, tmp_path / "tuned", noise=0.5)
+    result = run_cli("retriever", "interpolate", "--model", str(tuned), "--weight", "0.25", "--base",
+                     str(tiny_bert_dir), "--out", str(tmp_path / "mixed"))
+    assert result.returncode == 0, result.stderr
+    out = tmp_path / "mixed"
+    assert PrivacyLedger.load(out) == PrivacyLedger.load(tuned)
+    assert json.loads((out / "interpolation.json").read_text())["weight"] == 0.25
+    assert "WiSE-FT" in (out / "README.md").read_text()
+    base, t = (load_encoder(str(p), max_seq_length=32).state_dict() for p in (tiny_bert_dir, tuned))
+    for key, value in load_encoder(str(out), max_seq_length=32).state_dict().items():
+        expected = 0.75 * base[key] + 0.25 * t[key] if value.is_floating_point() else base[key]
+        torch.testing.assert_close(value, expected)
+
+
+@pytest.mark.parametrize("weight, flag", [("0", "--weight"), ("1.5", "--weight"), ("0.5", "--model")])
+def test_cli_interpolate_refuses_a_bad_weight_or_a_model_without_ledger(tiny_bert_dir, tmp_path, weight, flag):
+    tuned = _candidate(tiny_bert_dir, tmp_path / "tuned")
+    model = tiny_bert_dir if flag == "--model" else tuned  # the tiny base has no privret ledger
+    result = run_cli("retriever", "interpolate", "--model", str(model), "--weight", weight, "--base",
+                     str(tiny_bert_dir), "--out", str(tmp_path / "mixed"))
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
+    assert (flag in result.stderr) if flag == "--weight" else ("privacy_ledger.json" in result.stderr)
+    assert not (tmp_path / "mixed").exists()

@@ -116,7 +116,10 @@ def data_squad_beir(
     squad: SquadOpt,
     out_dir: Annotated[Path, typer.Option("--out", help="BEIR directory to write (must not exist)")],
     test_articles: Annotated[int, typer.Option(help="articles whose questions form the test split")] = 8,
-    seed: Annotated[int, typer.Option(help="seed of the article order (sha256(seed:title))")] = 0,
+    seed: Annotated[int, typer.Option(help="seed of the article order (sha256(seed:title)) and of "
+                                           "--train-queries' sample")] = 0,
+    train_queries: Annotated[Optional[int], typer.Option(
+        help="keep only this many training questions (a seeded sample: a log of another dataset's size)")] = None,
 ) -> None:
     """SQuAD as a BEIR dataset: a larger private query log, split by article.
 
@@ -124,10 +127,12 @@ def data_squad_beir(
     file); a question's one relevant document is its own paragraph. Articles
     are ordered by sha256(seed:title), whatever the file's order: the first
     --test-articles give the test queries, the questions of all the others
-    are the train qrels (the private log). No article is in both splits."""
+    are the train qrels (the private log). No article is in both splits.
+    --train-queries N keeps a seeded sample of N of them."""
     from privret.data.squad_beir import build_squad_beir
 
-    manifest = build_squad_beir(squad, out_dir, test_articles=test_articles, seed=seed)
+    manifest = build_squad_beir(squad, out_dir, test_articles=test_articles, seed=seed,
+                                train_queries=train_queries)
     splits = ", ".join(f"{name}: {len(s['articles'])} articles, {s['queries']} queries"
                        for name, s in manifest["splits"].items())
     out.print(f"{manifest['documents']} documents; {splits}; written to {out_dir}")

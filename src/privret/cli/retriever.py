@@ -155,6 +155,23 @@ def retriever_select(
               f"written to {out_dir}")
 
 
+@app.command("interpolate")
+@device_option
+def retriever_interpolate(
+    model: Annotated[Path, typer.Option(help="a retriever privret trained (it has a privacy_ledger.json)")],
+    weight: Annotated[float, typer.Option(help="alpha in (0, 1]: the output is (1 - alpha) base + alpha model; fix "
+                                               "it without the private log (a priori or on a public proxy)")],
+    out_dir: Annotated[Path, typer.Option("--out", help="output directory: the interpolated retriever")],
+    base: Annotated[str, typer.Option(help=f"the public encoder the model was fine-tuned from; {ENCODER_HELP}")]
+        = "minilm-l6",
+) -> None:
+    """Interpolate a retriever with its public base (WiSE-FT); post-processing: the ledger is the model's."""
+    from privret.train.interpolated import save_interpolated
+
+    ledger = save_interpolated(model, out_dir, base=base, weight=weight)
+    out.print(f"retriever written to {out_dir} ({ledger.summary()}, weight {weight:g} on {model})")
+
+
 def _check_method(dp: str, data: Path | None) -> None:
     """Refuse an unknown --dp method, and public-negatives without a public corpus (--data)."""
     from privret.train.settings import METHODS

@@ -14,6 +14,10 @@ Rules (deterministic; the file is read and validated by :func:`privret.data.fed_
   questions of training articles form the ``train`` qrels (the private log), those of test
   articles the ``test`` qrels: no article has questions in both. Each question has one judgement,
   its own paragraph, score 1.
+* **A smaller log** (``train_queries``, optional): only the first ``train_queries`` training questions
+  in ``sha256(seed:question id)`` order stay in ``train``; the others are left out of both splits
+  (counted in the manifest). A log the size of another dataset's, e.g. a public proxy for SciFact's
+  807 training queries, keeps the same sample rate and noise-to-signal ratio in DP training.
 
 The output directory is written atomically, with a ``manifest.json`` (source hash, parameters,
 the articles of each split, counts). Privacy assumption: the paragraphs are public documents; the
@@ -22,6 +26,7 @@ questions of the training articles stand for a private query log.
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 from privret.data.beir import BeirDataset, Document, Qrels, write_beir
@@ -41,8 +46,17 @@ def split_articles(articles: list[dict], test_articles: int, seed: int) -> dict[
     return {art["title"]: "test" if rank < test_articles else "train" for rank, art in enumerate(order)}
 
 
+def sample_questions(question_ids: list[str], n: int, seed: int) -> set[str]:
+    """The first ``n`` of ``question_ids`` in ``sha256(seed:id)`` order (independent of the given order)."""
+    if not 1 <= n <= len(question_ids):
+        raise InputError(f"must be between 1 and {len(question_ids)} (the training articles' questions)",
+                         field="train_queries")
+    order = sorted(question_ids, key=lambda q: hashlib.sha256(f"{seed}:{q}".encode()).hexdigest())
+    return set(order[:n])
+
+
 def build_squad_beir(squad_json: str | Path, out_dir: str | Path, *, test_articles: int = 8,
-                     seed: int = 0) -> dict:
+                     seed: int = 0, train_queries: int | None = None) -> dict:
     """Convert a SQuAD-format file into a BEIR directory ``out_dir`` (atomic); returns the manifest."""
     squad_json, out_dir = Path(squad_json), Path(out_dir)
     if out_dir.exists():
@@ -66,13 +80,22 @@ def build_squad_beir(squad_json: str | Path, out_dir: str | Path, *, test_articl
                                      field=f"data[{a_i}].paragraphs[{p_i}].qas[{q_i}].id")
                 queries[qa["id"]] = qa["question"]
                 qrels[split_of[art["title"]]][qa["id"]] = {doc_id: 1}
+    left_out = 0
+    if train_queries is not None:
+        kept = sample_questions(list(qrels["train"]), train_queries, seed)
+        left_out = len(qrels["train"]) - len(kept)
+        qrels["train"] = {q: rel for q, rel in qrels["train"].items() if q in kept}
+        queries = {q: text for q, text in queries.items() if q in kept or q in qrels["test"]}
     manifest = {
         "format_version": FORMAT_VERSION, "source": str(squad_json), "source_sha256": file_sha256(squad_json),
-        "seed": seed, "test_articles": test_articles,
+        "seed": seed, "test_articles": test_articles, "train_queries": train_queries,
         "rules": {"corpus": "every paragraph; id <article index>-<paragraph index> in file order",
                   "split": "articles in sha256(seed:title) order; the first test_articles are test",
-                  "qrels": "question -> its own paragraph, score 1; is_impossible questions left out"},
+                  "qrels": "question -> its own paragraph, score 1; is_impossible questions left out",
+                  "train_queries": "when set, the first train_queries training questions in sha256(seed:id) "
+                                   "order; the others left out"},
         "documents": len(corpus), "impossible_questions_left_out": impossible,
+        "training_questions_left_out": left_out,
         "splits": {name: {"articles": sorted(t for t, s in split_of.items() if s == name),
                           "queries": len(qrels[name])} for name in ("train", "test")},
     }

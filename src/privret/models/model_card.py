@@ -27,7 +27,8 @@ from privret.privacy.ledger import PrivacyLedger, format_epsilon, has_ledger
 CARD_FILE = "README.md"
 EVALUATIONS_FILE = "evaluations.json"
 SETTINGS_FILES = {"train_config.json": "Training settings", "dp_mechanism.json": "DP mechanism",
-                  "private_selection.json": "DP choice among candidate models"}
+                  "private_selection.json": "DP choice among candidate models",
+                  "interpolation.json": "Interpolation with the base model (WiSE-FT, post-processing)"}
 
 
 def guarantee_text(ledger: PrivacyLedger) -> str:
