@@ -16,9 +16,9 @@ from privret.progress import Progress
 @pytest.fixture()
 def restore_logging():
     saved = {n: (list(logging.getLogger(n).handlers), logging.getLogger(n).propagate) for n in LIBRARY_LOGGERS}
-    filters, shown = warnings.filters[:], warnings.showwarning
+    filters, shown, formatted = warnings.filters[:], warnings.showwarning, warnings.formatwarning
     yield
-    warnings.filters[:], warnings.showwarning = filters, shown
+    warnings.filters[:], warnings.showwarning, warnings.formatwarning = filters, shown, formatted
     for name, (handlers, propagate) in saved.items():
         logger = logging.getLogger(name)
         for h in logger.handlers:
@@ -61,13 +61,20 @@ def test_library_warnings_and_logs_go_to_the_log_file_not_stderr(restore_logging
     assert "optimal order" not in (tmp_path / "earlier-run" / "privret.log").read_text()
 
 
-def test_privrets_own_warnings_still_reach_the_user(restore_logging, tmp_path):
+def test_privrets_own_warnings_are_one_line_naming_flags(restore_logging, tmp_path):
+    """Formatted as the CLI shows them: ``warning: <text>``, config fields as flags, no file name or source
+    line; the libraries' warnings keep Python's form (in the log); privret's are still recorded where
+    warnings are recorded (pytest records every warning of a test, so the terminal is checked by hand)."""
+    from privret.cli.common import flags_in
     from privret.privacy.budget import BudgetWarning
 
     log = tmp_path / "chatter.log"
+    route_library_output(verbose=False, log_file=log, rewrite=flags_in)
+    route_library_output(verbose=False, log_file=log, rewrite=flags_in)  # twice, as in-process CLI calls do
+    shown = warnings.formatwarning("past the cap (`cap` changes it)", BudgetWarning, "budget.py", 1)
+    assert shown == "warning: past the cap (--budget-cap changes it)\n"
+    assert "deprecated.py:3: FutureWarning: old" in warnings.formatwarning("old", FutureWarning, "deprecated.py", 3)
     with pytest.warns(BudgetWarning, match="over the cap"):
-        route_library_output(verbose=False, log_file=log)
-        route_library_output(verbose=False, log_file=log)  # twice, as in-process CLI calls do
         warnings.warn("over the cap", BudgetWarning)
     assert "over the cap" not in log.read_text()
 

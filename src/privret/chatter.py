@@ -6,7 +6,7 @@ loading, converting (GGUF) or saving weights. None of it is privret's output. Th
 :func:`route_library_output` once: the libraries' Python warnings and loggers then go to a log file
 (``--log-file``, default :func:`default_log_file`) instead of the terminal, the libraries' tqdm bars
 are switched off, and privret's own output (rich tables, progress bars, errors, and its own
-warnings such as the budget registry's) is all that is left.
+warnings such as the budget registry's, one line each: ``warning: <message>``) is all that is left.
 ``--verbose`` keeps the old behaviour: everything on stderr. A pipeline run also appends the
 chatter to ``RUN_DIR/privret.log`` (:func:`also_log_to`).
 """
@@ -17,6 +17,7 @@ import contextlib
 import logging
 import os
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 LIBRARY_LOGGERS = ("py.warnings", "transformers", "sentence_transformers", "opacus", "huggingface_hub", "torch",
@@ -40,8 +41,11 @@ def _file_handler(path: Path) -> logging.Handler:
     return handler
 
 
-def route_library_output(*, verbose: bool, log_file: Path | None = None) -> Path | None:
-    """Send the libraries' warnings and log lines to ``log_file`` (returned), or leave them on stderr.
+def route_library_output(*, verbose: bool, log_file: Path | None = None,
+                         rewrite: Callable[[str], str] = str) -> Path | None:
+    """Send the libraries' warnings and log lines to ``log_file`` (returned), or leave them on stderr;
+    privret's own warnings become one line on stderr, their text passed through ``rewrite`` (the CLI
+    names config fields as its flags).
 
     Idempotent per process: a second call replaces the handlers of the first."""
     global _routed_to
@@ -49,6 +53,7 @@ def route_library_output(*, verbose: bool, log_file: Path | None = None) -> Path
         _routed_to = None
         return None
     path = _routed_to = log_file or default_log_file()
+    _route_warnings(rewrite)
     handler = _file_handler(path)
     handler._privret = True
     for name in LIBRARY_LOGGERS:
@@ -58,7 +63,6 @@ def route_library_output(*, verbose: bool, log_file: Path | None = None) -> Path
             old.close()
         logger.addHandler(handler)
         logger.propagate = False
-    _route_warnings()
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     try:
@@ -71,22 +75,34 @@ def route_library_output(*, verbose: bool, log_file: Path | None = None) -> Path
     return path
 
 
-def _route_warnings() -> None:
-    """Show privret's own warnings (their category is defined in privret) as Python does; log the others.
+def _route_warnings(rewrite: Callable[[str], str]) -> None:
+    """Show privret's own warnings (their category is defined in privret) as one line, ``warning: <text>``;
+    log the others.
 
-    Installed as ``warnings.showwarning``, over whatever was there (kept for privret's warnings)."""
-    shown = warnings.showwarning
-    original = getattr(shown, "_privret_original", shown)
+    Installed as ``warnings.showwarning`` and ``warnings.formatwarning`` over whatever was there (kept, for
+    privret's warnings, so that ``warnings.catch_warnings(record=True)`` still records them)."""
+    shown, formatted = warnings.showwarning, warnings.formatwarning
+    show_original = getattr(shown, "_privret_original", shown)
+    format_original = getattr(formatted, "_privret_original", formatted)
 
     def show(message, category, filename, lineno, file=None, line=None):
-        if category.__module__.split(".")[0] == "privret":
-            original(message, category, filename, lineno, file, line)
+        if _is_privret(category):
+            show_original(message, category, filename, lineno, file, line)
         else:
             logging.getLogger("py.warnings").warning(
-                warnings.formatwarning(message, category, filename, lineno, line).rstrip())
+                format_original(message, category, filename, lineno, line).rstrip())
 
-    show._privret_original = original
-    warnings.showwarning = show
+    def format_one_line(message, category, filename, lineno, line=None):
+        if _is_privret(category):
+            return f"warning: {rewrite(str(message))}\n"
+        return format_original(message, category, filename, lineno, line)
+
+    show._privret_original, format_one_line._privret_original = show_original, format_original
+    warnings.showwarning, warnings.formatwarning = show, format_one_line
+
+
+def _is_privret(category: type) -> bool:
+    return category.__module__.split(".")[0] == "privret"
 
 
 def also_log_to(path: Path) -> None:

@@ -19,7 +19,7 @@ from rich.console import Console
 
 from privret.chatter import route_library_output
 from privret.cli import audit, data, evaluate, federated, filtering, generate, generator, pipeline, report, retriever
-from privret.cli.common import as_flags
+from privret.cli.common import as_flags, flags_in
 from privret.distributed import launched
 from privret.errors import EXIT_BAD_INPUT, InputError
 from privret.runtime import keep_freed_memory
@@ -53,7 +53,7 @@ def _global_options(
                                       "(pickles can run code; use only for sources you trust)")] = False,
 ) -> None:
     """Dense retrieval on private query logs with differential privacy."""
-    route_library_output(verbose=verbose, log_file=log_file)
+    route_library_output(verbose=verbose, log_file=log_file, rewrite=flags_in)
     if trust_remote_pickle:
         from privret.models.safety import set_trust_pickle
 

@@ -32,12 +32,17 @@ def _has_flag(field: str | None) -> bool:
     return field in FLAG_OF_FIELD or field in OPTION_FIELDS
 
 
+def flags_in(text: str) -> str:
+    """``text`` with the fields it names in backquotes (```allow_over```) shown as flags, when they are ones
+    the command line sets by a flag (library errors and warnings name config fields)."""
+    return re.sub(r"`([a-z_]+)`", lambda m: flag(m[1]) if _has_flag(m[1]) else m[0], text)
+
+
 def as_flags(err: InputError) -> InputError:
-    """``err`` with its field, and the fields its message names in backquotes (```allow_over```), shown as
-    flags, when they are ones the command line sets by a flag."""
+    """``err`` with its field, and the fields its message names (:func:`flags_in`), shown as flags."""
     if _has_flag(err.field):
         err.field = flag(err.field)
-    err.message = re.sub(r"`([a-z_]+)`", lambda m: flag(m[1]) if _has_flag(m[1]) else m[0], err.message)
+    err.message = flags_in(err.message)
     return err
 
 
