@@ -62,14 +62,12 @@ def main() -> None:
     gold = local.gold_indices(client, questions)
     negatives = local.epoch_negatives(None, client, questions, gold, "bm25", cfg, random.Random(0), {})
     plain, cached = new_encoder(cfg), new_encoder(cfg)
-    real = fp.frozen_prefix
+    fp.disable_frozen_prefix(plain)
     rows = {"plain": {"epoch_s": [], "encode_s": []}, "cached": {"epoch_s": [], "encode_s": []}}
     for _ in range(args.epochs):  # in turns, so that machine noise hits both paths alike
         for name, model in (("plain", plain), ("cached", cached)):
-            local.frozen_prefix = real if name == "cached" else (lambda m: None)
             rows[name]["epoch_s"].append(round(_epoch(cfg, model, client, questions, negatives), 2))
             rows[name]["encode_s"].append(round(_encode(cfg, model, client), 2))
-    local.frozen_prefix = real
     ratio_epoch = min(rows["plain"]["epoch_s"]) / min(rows["cached"]["epoch_s"][1:] or rows["cached"]["epoch_s"])
     ratio_encode = min(rows["plain"]["encode_s"]) / min(rows["cached"]["encode_s"])
     result = {"client": args.client, "trainable": args.trainable, "questions": len(questions),

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from privret.models.encoder import embed, load_encoder
-from privret.models.frozen_prefix import frozen_prefix
+from privret.models.frozen_prefix import disable_frozen_prefix, frozen_prefix
 from privret.models.trainable import make_trainable
 
 TEXTS = ["what does aspirin do for the heart", "sleep", "vitamin levels in children and adults",
@@ -26,6 +26,13 @@ def test_nothing_to_skip_when_every_layer_trains(tiny_bert_dir):
         model = load_encoder(str(tiny_bert_dir), max_seq_length=32)
         make_trainable(model, spec)
         assert frozen_prefix(model) is None
+
+
+def test_the_cache_can_be_switched_off_for_one_model(top1, tiny_bert_dir):
+    other = load_encoder(str(tiny_bert_dir), max_seq_length=32)
+    make_trainable(other, "top:1")
+    disable_frozen_prefix(top1)
+    assert frozen_prefix(top1) is None and frozen_prefix(other) is not None
 
 
 def test_embeddings_and_gradients_equal_the_full_forward(top1):

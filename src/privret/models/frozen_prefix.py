@@ -129,9 +129,17 @@ class FrozenPrefix:
 
 def frozen_prefix(model) -> FrozenPrefix | None:
     """The :class:`FrozenPrefix` kept on ``model`` (made on first use), or None when nothing below the
-    trainable layers is frozen (``all``, ``layers``, ``lora``: no layer to skip)."""
+    trainable layers is frozen (``all``, ``layers``, ``lora``: no layer to skip) or the cache was switched
+    off for this model (:func:`disable_frozen_prefix`)."""
     prefix = getattr(model, "_privret_frozen_prefix", None)
+    if prefix is False:
+        return None
     if prefix is None:
         prefix = FrozenPrefix(model)
         model._privret_frozen_prefix = prefix
     return prefix if prefix.useful else None
+
+
+def disable_frozen_prefix(model) -> None:
+    """Run ``model``'s frozen layers on every call, as if there were no cache (to measure what it saves)."""
+    model._privret_frozen_prefix = False
