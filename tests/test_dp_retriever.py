@@ -350,6 +350,33 @@ def test_training_loop_divides_the_clipped_sum_by_the_expected_batch(tmp_path, t
         assert max(g.abs().max().item() for g in grads) > 0
 
 
+def test_sgd_applies_the_learning_rate_times_the_mean_gradient(tmp_path, tiny_bert_dir, monkeypatch):
+    """optimizer="sgd": each step moves every trainable parameter by exactly -lr * (the gradient the DP step set),
+    where Adam would move each coordinate by about lr (noise zero, batch fixed: exact)."""
+    record_updates(monkeypatch, [1, 3, 5, 7, 8])
+    seen = []
+    sgd_step = torch.optim.SGD.step
+
+    def step(self, *args, **kwargs):
+        params = [p for group in self.param_groups for p in group["params"]]
+        before = [(p.detach().clone(), p.grad.detach().clone()) for p in params]
+        result = sgd_step(self, *args, **kwargs)
+        seen.append([(b, g, p.detach().clone()) for (b, g), p in zip(before, params, strict=True)])
+        return result
+
+    monkeypatch.setattr(torch.optim.SGD, "step", step)
+    cfg = _cfg("batch-clip", tiny_bert_dir, epochs=1.0, batch_size=4, trainable="top:1", optimizer="sgd",
+               learning_rate=0.5)
+    train_dp_retriever(_pairs(), tmp_path / "r", cfg, data_hash="h")
+    assert len(seen) == 3
+    for params in seen:
+        assert max(g.abs().max().item() for _, g, _ in params) > 0
+        for before, grad, after in params:
+            torch.testing.assert_close(after, before - 0.5 * grad)
+    with pytest.raises(ValueError, match="optimizer"):
+        _cfg("batch-clip", tiny_bert_dir, optimizer="rmsprop")
+
+
 def _pairs_file(tmp_path, rows: list[dict]):
     path = tmp_path / "pairs.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -728,3 +755,13 @@ def test_cli_checkpoint_every(tmp_path, tiny_bert_dir, monkeypatch):
     assert state["step"] == 4
     res = CliRunner().invoke(app, args[:-1] + ["0"])
     assert res.exit_code == 2 and "--checkpoint-every" in res.output
+
+
+@pytest.mark.parametrize("flag", [["--optimizer", "sgd"], ["--resume"], ["--secure-rng"]])
+def test_cli_dp_only_flags_are_refused_without_dp(flag, tmp_path, toy_beir, tiny_bert_dir):
+    from helpers import run_cli
+
+    result = run_cli("retriever", "train", "--data", str(toy_beir), "--model", str(tiny_bert_dir), "--out",
+                     str(tmp_path / "r"), *flag)
+    assert result.returncode == 2 and flag[0] in result.stderr and "--dp" in result.stderr
+    assert not (tmp_path / "r").exists()

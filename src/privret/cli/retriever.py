@@ -57,6 +57,7 @@ def retriever_train(
     physical_batch: Annotated[Optional[int], typer.Option(
         help="--dp public-negatives: units per forward pass (memory only; default: the whole batch)")] = None,
     lora_rank: Annotated[int, typer.Option(help="--dp: LoRA rank")] = 8,
+    optimizer: Annotated[str, typer.Option(help="--dp: adam or sgd (plain SGD on the noisy mean gradient)")] = "adam",
     public_negatives: Annotated[int, typer.Option(
         help="--dp public-negatives: negatives per step, drawn from --data's corpus")] = 32,
     spreadout_weight: Annotated[float, typer.Option(help="--dp logit-dp: spreadout regulariser weight")] = 0.0,
@@ -96,15 +97,15 @@ def retriever_train(
                               epochs=epochs, learning_rate=learning_rate, temperature=temperature,
                               spreadout_weight=spreadout_weight, trainable=trainable, lora_rank=lora_rank,
                               public_negatives=public_negatives, physical_batch=physical_batch, accountant=accountant,
-                              seed=seed, checkpoint_every=checkpoint_every, secure_rng=secure_rng, **lengths)
+                              optimizer=optimizer, seed=seed, checkpoint_every=checkpoint_every, secure_rng=secure_rng, **lengths)
         # --data's corpus plus any documents inline in --pairs: train_dp_retriever leaves the inline ones out
         ledger = train_dp_retriever(training, out_dir, dp_cfg, data_hash=data_hash,
                                     dataset_id=dataset_id(training, dataset_name), public_corpus=training.corpus,
                                     budget=policy, resume=resume)
         out.print(f"retriever written to {out_dir} ({ledger.summary()}, {dp})")
         return
-    for flag_name, given, why in (("--resume", resume, "is not checkpointed"),
-                                  ("--secure-rng", secure_rng, "draws no noise")):
+    for flag_name, given, why in (("--resume", resume, "is not checkpointed"), ("--secure-rng", secure_rng,
+                                  "draws no noise"), ("--optimizer", optimizer != "adam", "uses AdamW")):
         if given:
             raise InputError(f"applies to DP training (--dp) only; non-private training {why}", field=flag_name)
     cfg = build_config(RetrieverTrainConfig, model=model, epochs=epochs, batch_size=batch_size,

@@ -5,7 +5,8 @@ independently with probability q = batch_size / N, as the accountant assumes); a
 ``s(batch) + N(0, (sigma * Delta)^2 I)`` where ``s`` is the method's clipped gradient sum, ``Delta``
 its L2 sensitivity to adding or removing one unit (stated below, proven in
 ``tests/test_dp_retriever.py``) and sigma is calibrated by the accountant for T = ceil(epochs / q)
-steps. The noisy sum, divided by the expected batch q N, goes to Adam. Logits are
+steps. The noisy sum, divided by the expected batch q N, goes to Adam (or plain SGD, ``optimizer``:
+post-processing either way). Logits are
 ``cos(q_i, d_j) / temperature``.
 
 * ``naive`` (seed ``dp-synthetic-queries-retrieval.txt`` 3.3.2, 5.3.2): unit u's gradient is the
@@ -84,6 +85,7 @@ from privret.models.trainable import make_trainable, merge_adapters
 MECHANISM_FILE = "dp_mechanism.json"  # only a finished output holds it (with the model and ledger)
 # config fields that do not change what is trained: free to differ on resume, and left out of pipeline
 # fingerprints (secure_rng only when off: see privret.pipeline.stages.direct_dp_fingerprint)
+OPTIMIZERS = {"adam": torch.optim.Adam, "sgd": torch.optim.SGD}  # DPRetrieverConfig.optimizer
 RESUME_FREE = ("checkpoint_every", "secure_rng", "physical_batch")  # change nothing trained (beyond float rounding)
 # the methods whose clipped sum is a sum of per-unit terms, so it can be split across processes (torchrun)
 PARALLEL_METHODS = ("public-negatives",)
@@ -251,8 +253,8 @@ def _train_dp_retriever(pairs: TrainingPairs, out_dir: Path, cfg: DPRetrieverCon
         public = negative_pool(pairs, public_corpus) if cfg.method == "public-negatives" else None
         model = load_encoder(cfg.model, max_seq_length=cfg.max_doc_tokens)
         named = make_trainable(model, cfg.trainable, lora_rank=cfg.lora_rank)
-        return _RetrieverTrainer(model=model, params=named, optimizer=torch.optim.Adam(named.values(),
-                                                                                      lr=cfg.learning_rate),
+        optimizer = OPTIMIZERS[cfg.optimizer](named.values(), lr=cfg.learning_rate)
+        return _RetrieverTrainer(model=model, params=named, optimizer=optimizer,
                                  pairs=pairs, units=units, cfg=cfg, mech=mech, public=public,
                                  expected_batch=run_plan.expected_batch, group=distributed.current())
 

@@ -111,6 +111,9 @@ class DPRetrieverConfig(BaseModel):
     max_batch_units: int | None = Field(None, gt=1, description="cap K on units per step (naive; logit-dp)")
     epochs: float = Field(1.0, gt=0, allow_inf_nan=False)
     learning_rate: float = Field(2e-5, gt=0, allow_inf_nan=False)
+    optimizer: Literal["adam", "sgd"] = Field(
+        "adam", description="what the noisy mean gradient drives: Adam, or plain SGD (the step is lr times it, so "
+                            "noise in a coordinate moves it only as much as the signal does)")
     temperature: float | None = Field(None, gt=0, allow_inf_nan=False,
                                       description="default 0.05, logit-dp 0.5")
     spreadout_weight: float = Field(0.0, ge=0, allow_inf_nan=False, description="logit-dp only")
