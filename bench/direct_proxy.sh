@@ -17,6 +17,7 @@
 #   scifact:<v>:<s>  variant v on SciFact's log with seed s (it may train beside the proxy steps), evaluated on
 #                SciFact test at w = 1 and, when v is the chosen variant, at the chosen w, with per-query figures
 #                (for bench/seed_rows.py)
+#   scifact-curve:<v>:<s>  every w of W on SciFact test, after scifact:<v>:<s> (reporting only, never a choice)
 # Each step skips what exists, so re-running resumes. One thread per job (2-core machine). PB: units per
 # forward pass (memory only: at 64 a run peaks at about 14 GB, so two side by side need a smaller one).
 #   usage: bench/direct_proxy.sh WORK_DIR STEP...
@@ -77,6 +78,12 @@ for step in "$@"; do
       read -r cv w < "$work/proxy/choice.txt"
       if [ "$cv" = "$v" ] && [ "$w" != 0 ]; then
         ev "$(at "$work/scifact/$v-s$s" "$w" "$work/scifact/$v-s$s@$w")" $S "$work/scifact/eval-$v-s$s@$w"; fi ;;
+    scifact-curve:*)  # every w on SciFact test: reporting only (how well the proxy's curve predicts SciFact's)
+      v=${step#scifact-curve:}; s=${v#*:}; v=${v%%:*}
+      for w in $W; do
+        ev "$(at "$work/scifact/$v-s$s" "$w" "$work/scifact/$v-s$s@$w")" $S "$work/scifact/eval-$v-s$s@$w"
+        echo "SciFact $v seed $s w=$w: $(ndcg "$work/scifact/eval-$v-s$s@$w")"
+      done ;;
     *) echo "unknown step $step" >&2; exit 2 ;;
   esac
 done
