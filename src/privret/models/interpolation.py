@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 
 from privret.errors import InputError
+from privret.models.encoder import load_encoder
 
 
 def interpolate(base, tuned, alpha: float, *, name: str = "tuned"):
@@ -35,3 +36,13 @@ def interpolate(base, tuned, alpha: float, *, name: str = "tuned"):
     model = copy.deepcopy(base)
     model.load_state_dict(mixed)
     return model
+
+
+def load_interpolated(source: str | None, weight: float, *, base: str, max_seq_length: int, base_model=None):
+    """``source`` (a saved encoder) interpolated with ``base`` at ``weight``; ``source`` None is the base itself,
+    weight 1 the source itself. ``base_model``: ``base`` already loaded, to skip loading it again."""
+    base_model = base_model if base_model is not None else load_encoder(base, max_seq_length=max_seq_length)
+    if source is None:
+        return base_model
+    tuned = load_encoder(str(source), max_seq_length=max_seq_length)
+    return tuned if weight == 1.0 else interpolate(base_model, tuned, weight, name=str(source))

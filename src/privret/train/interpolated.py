@@ -17,8 +17,7 @@ from pathlib import Path
 
 from privret.errors import InputError
 from privret.io import atomic_path, write_json_atomic
-from privret.models.encoder import load_encoder
-from privret.models.interpolation import interpolate
+from privret.models.interpolation import load_interpolated
 from privret.models.model_card import SETTINGS_FILES, write_model_card
 from privret.privacy.ledger import PrivacyLedger, has_ledger
 from privret.runlock import RunLock
@@ -37,9 +36,7 @@ def save_interpolated(source: str | Path, out_dir: str | Path, *, base: str, wei
     if not 0.0 < weight <= 1.0:
         raise InputError(f"{weight:g} is not in (0, 1] (0 is the base model itself)", field="weight")
     ledger = PrivacyLedger.load(source)
-    base_model = load_encoder(base, max_seq_length=max_seq_length)
-    tuned = load_encoder(str(source), max_seq_length=max_seq_length)
-    mixed = interpolate(base_model, tuned, weight, name=str(source))
+    mixed = load_interpolated(str(source), weight, base=base, max_seq_length=max_seq_length)
     with RunLock(out_dir, what="retriever directory"), atomic_path(out_dir) as staged:
         mixed.save(str(staged), safe_serialization=True)
         ledger.save(staged)

@@ -28,7 +28,7 @@ from privret.data.pairs import TrainingPairs
 from privret.errors import InputError
 from privret.io import atomic_path, write_json_atomic
 from privret.models.encoder import load_encoder
-from privret.models.interpolation import interpolate
+from privret.models.interpolation import load_interpolated
 from privret.models.model_card import write_model_card
 from privret.privacy import budget as budget_registry
 from privret.privacy import private_selection as mechanism
@@ -62,11 +62,8 @@ def build_candidates(cfg: PrivateSelectionConfig) -> list[Candidate]:
 
 def materialise(candidate: Candidate, cfg: PrivateSelectionConfig, *, base=None):
     """The candidate as a SentenceTransformer (``base``: the loaded base model, to skip loading it again)."""
-    base = base if base is not None else load_encoder(cfg.base, max_seq_length=cfg.max_seq_length)
-    if candidate.source is None:
-        return base
-    tuned = load_encoder(candidate.source, max_seq_length=cfg.max_seq_length)
-    return tuned if candidate.weight == 1.0 else interpolate(base, tuned, candidate.weight, name=candidate.source)
+    return load_interpolated(candidate.source, candidate.weight, base=cfg.base, max_seq_length=cfg.max_seq_length,
+                             base_model=base)
 
 
 def unit_queries(pairs: TrainingPairs, unit) -> tuple[dict[str, str], dict[str, dict[str, int]], list[list[str]]]:
