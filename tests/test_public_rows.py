@@ -14,7 +14,7 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from helpers import TOY_DOCS
+from helpers import TOY_DOCS, run_cli
 from privret.config import PipelineConfig
 from privret.errors import InputError
 from privret.models.generator import INSTRUCTION, load_generator, load_trained_generator
@@ -81,6 +81,22 @@ def test_public_ledgers_say_epsilon_0_their_mechanism_and_public_data(tiny_llama
     assert not list((tmp_path / "budget").glob("*.jsonl"))  # nothing recorded in the budget registry
     with pytest.raises(InputError, match="epsilon must be inf"):
         train_public_generator(public_pairs, tmp_path / "dp", _fast(tiny_llama_dir).model_copy(update={"epsilon": 4.0}))
+
+
+def test_prompt_command_saves_the_first_k_public_pairs_as_an_epsilon_0_generator(tiny_llama_dir, public_pairs,
+                                                                                  tmp_path):
+    done = run_cli("generator", "prompt", "--out", str(tmp_path / "p"), "--public-pairs", str(public_pairs),
+                   "--examples", "2", "--model", str(tiny_llama_dir))
+    assert done.returncode == 0, done.stderr
+    ledger = PrivacyLedger.load(tmp_path / "p")
+    assert (ledger.mechanism, ledger.epsilon, ledger.delta, ledger.data_hash) == ("public-prompted", 0.0, 0.0, "")
+    assert ledger.provenance["public_data_hash"] == examples_hash(EXAMPLES)  # exactly the first 2 pairs, shown
+    assert load_trained_generator(tmp_path / "p").examples == EXAMPLES
+    for bad, says in ((["--examples", "0"], "--examples"), (["--public-pairs", str(tmp_path / "none.jsonl")], "none.jsonl")):
+        args = {"--out": str(tmp_path / "q"), "--public-pairs": str(public_pairs), "--model": str(tiny_llama_dir)}
+        args.update(dict(zip(bad[::2], bad[1::2])))
+        refused = run_cli("generator", "prompt", *[x for kv in args.items() for x in kv])
+        assert refused.returncode == 2 and says in refused.stderr and not (tmp_path / "q").exists()
 
 
 def test_few_shot_prompt_shows_the_examples_and_the_zero_shot_prompt_is_unchanged(tiny_llama_dir, tmp_path):

@@ -1,4 +1,5 @@
-"""``privret generator train``: DP fine-tuning of the query generator."""
+"""``privret generator train`` (DP fine-tuning of the query generator) and ``privret generator prompt`` (the
+untrained generator with public few-shot examples: the epsilon = 0 row every DP generator must beat)."""
 
 from __future__ import annotations
 
@@ -28,7 +29,8 @@ from privret.cli.options import (
     generator_training_options,
 )
 
-app = typer.Typer(help="DP fine-tuning of the query generator.", no_args_is_help=True)
+app = typer.Typer(help="DP fine-tuning of the query generator, and the generators made without private data.",
+                  no_args_is_help=True)
 
 
 @app.command("train")
@@ -86,3 +88,30 @@ def generator_train(
                                  dataset_id=dataset_id(training, dataset_name), resume=resume, budget=policy,
                                  warm_start=warm_start)
     out.print(f"generator written to {out_dir}: {ledger.summary()}")
+
+
+@app.command("prompt")
+@device_option
+def generator_prompt(
+    out_dir: Annotated[Path, typer.Option("--out", help="output directory (generator + epsilon 0 ledger)")],
+    public_pairs: Annotated[Path, typer.Option(
+        "--public-pairs", help="PUBLIC pairs ({query, doc} JSONL); the first --examples of them go in the prompt")],
+    examples: Annotated[int, typer.Option(help="how many public pairs the prompt shows", min=1, max=32)] = 3,
+    model: Annotated[str, typer.Option(help=MODEL_HELP)] = "smollm2-135m",
+    unit: Annotated[str, typer.Option(help=UNIT_HELP)] = "query",
+    max_doc_tokens: Annotated[int, typer.Option(help="document tokens shown per example and per prompt", min=1)] = 128,
+    max_query_tokens: Annotated[int, typer.Option(min=1)] = 48,
+) -> None:
+    """Save the public generator, untrained, prompted with public examples: a generator with no private data.
+
+    Its queries are the epsilon = 0 "prompted" row (docs/privacy.md, "Rows without private data"): it reads
+    only the public model and the public pairs, so its ledger says epsilon 0 and records the examples' hash.
+    Sample from it with `privret generate`, as from a trained generator.
+    """
+    from privret.data.pairs import examples_from_pairs
+    from privret.train.public import write_prompted_generator
+
+    few_shot = examples_from_pairs(public_pairs, examples)
+    ledger = write_prompted_generator(model, few_shot, out_dir, unit=unit, max_doc_tokens=max_doc_tokens,
+                                      max_query_tokens=max_query_tokens)
+    out.print(f"prompted generator ({len(few_shot)} public examples) written to {out_dir}: {ledger.summary()}")
