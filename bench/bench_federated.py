@@ -18,6 +18,9 @@ an interrupted run continues where it stopped:
     OMP_NUM_THREADS=2 .venv/bin/python bench/bench_federated.py --threads 2 --seeds 0 1 2 \\
         --rounds 10 --remine-every 3 --eval-every 2 --out bench/results/federated
     .venv/bin/python bench/bench_federated.py --inversion   # also the embedding inversion check
+
+``--table-only`` runs nothing and writes the table and the plot from what is done (seeds without a finished
+federated run, and missing rows, are left out), so a partial run can be reported while it goes on.
 """
 
 from __future__ import annotations
@@ -53,10 +56,16 @@ SEEDLESS = ("bm25", "zero-shot")
 LABEL = dict((key, label) for label, key in ROWS)
 
 
-def _step(path: Path, fn) -> dict:
+RUN_MISSING = True  # False with --table-only: a step whose file is missing is left out, never run
+
+
+def _step(path: Path, fn) -> dict | None:
     if path.is_file():
         print(f"[skip] {path} (done)", flush=True)
         return json.loads(path.read_text())
+    if not RUN_MISSING:
+        print(f"[missing] {path} (left out of the table)", flush=True)
+        return None
     print(f"[run] {path}", flush=True)
     t0, c0 = time.time(), time.process_time()
     result = fn()
@@ -72,6 +81,8 @@ def _local_only(cfg: FedConfig, clients, out: Path) -> dict:
     per_client, curves = {}, {}
     for c in clients:
         res = _step(part / f"{c.name}.json", lambda c=c: train_local_only(cfg, [c]))
+        if res is None:
+            return None
         per_client[c.name] = res["per_client"][c.name]
         curves[c.name] = res.get("curve", {})
     result = {"per_client": per_client, "pooled": local.pooled(per_client)}
@@ -81,10 +92,13 @@ def _local_only(cfg: FedConfig, clients, out: Path) -> dict:
     return result
 
 
-def run_seed(cfg: FedConfig, clients, args, out: Path) -> dict[str, dict]:
+def run_seed(cfg: FedConfig, clients, args, out: Path) -> dict[str, dict] | None:
+    """The seed's rows (None with --table-only when its federated run is not done)."""
     out.mkdir(parents=True, exist_ok=True)
     results = {"local-only": _local_only(cfg, clients, out)}
     fed = _step(out / "federated.json", lambda: run_federated_local(cfg, args.data, args.work / out.name))
+    if fed is None:
+        return None
     results.update(fed["evaluations"])
     results["federated"] = fed
     results["central"] = _step(out / "central.json", lambda: train_central(cfg, clients))
@@ -94,9 +108,11 @@ def run_seed(cfg: FedConfig, clients, args, out: Path) -> dict[str, dict]:
         name = f"dp-eps{epsilon:g}"
         run = _step(out / f"{name}.json",
                     lambda c=private, n=name: run_federated_local(c, args.data, args.work / f"{out.name}-{n}"))
+        if run is None:
+            continue
         results[name] = {**run["evaluations"]["pdd-as2"], "ledger": run["ledger"]}
         LABEL.setdefault(name, f"PDD-AS2, DP-FedAvg ε = {epsilon:g} (ledger ε {run['ledger']['epsilon']:.2f})")
-    return results
+    return {key: value for key, value in results.items() if value is not None}
 
 
 def _per_question(result: dict, level: str = "sentence") -> dict[str, float]:
@@ -222,7 +238,12 @@ def main() -> None:
                     help="also DP-FedAvg rows (server-side clipping) at these client-level epsilons over the rounds")
     ap.add_argument("--dp-clip-norm", type=float, default=1e-3, help="C of the DP-FedAvg rows (chosen a priori)")
     ap.add_argument("--inversion", action="store_true", help="also run the (tiny) embedding inversion check")
+    ap.add_argument("--table-only", action="store_true",
+                    help="run nothing: write table.md and curve.png from the steps already done (a seed whose "
+                         "federated run is missing is left out, and so is any missing row)")
     args = ap.parse_args()
+    global RUN_MISSING
+    RUN_MISSING = not args.table_only
     torch.set_num_threads(args.threads)
     if not args.data.is_dir():
         build_fed_squad(args.squad, args.data)
@@ -236,11 +257,14 @@ def main() -> None:
                          wire_dtype=args.wire_dtype, personal_epochs=args.personal_epochs, seed=seed,
                          per_query_metrics=True)
 
-    (args.out / "config.json").write_text(json.dumps(config(args.seeds[0]).model_dump(mode="json"), indent=2) + "\n")
+    if not args.table_only:
+        (args.out / "config.json").write_text(json.dumps(config(args.seeds[0]).model_dump(mode="json"), indent=2)
+                                              + "\n")
     seedless = {"bm25": _step(args.out / "bm25.json", lambda: evaluate_bm25_all(clients, per_query=True)),
                 "zero-shot": _step(args.out / "zero-shot.json",
                                    lambda: evaluate_zero_shot(config(args.seeds[0]), clients))}
     seeds = {s: run_seed(config(s), clients, args, args.out / f"seed-{s}") for s in args.seeds}
+    seeds = {s: rows for s, rows in seeds.items() if rows is not None}
     if args.inversion:
         from privret.audit.inversion import InversionConfig, inversion_check
 
