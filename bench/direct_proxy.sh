@@ -18,6 +18,8 @@
 #                SciFact test at w = 1 and, when v is the chosen variant, at the chosen w, with per-query figures
 #                (for bench/seed_rows.py)
 #   scifact-curve:<v>:<s>  every w of W on SciFact test, after scifact:<v>:<s> (reporting only, never a choice)
+#   proxy-eps50:<v>  the same regime on the proxy at epsilon 50 (sigma 0.30, a quarter of the noise; the most the
+#                accountant calibrates): does the step gain when there is almost no noise? (a diagnosis, w 0.25 and 1)
 # Each step skips what exists, so re-running resumes. One thread per job (2-core machine). PB: units per
 # forward pass (memory only: at 64 a run peaks at about 14 GB, so two side by side need a smaller one).
 #   usage: bench/direct_proxy.sh WORK_DIR STEP...
@@ -30,10 +32,10 @@ S=../shared/data/scifact
 Q=$work/squad-807
 ev() { [ -f "$3/per_query.json" ] || { mkdir -p "$3"; $P evaluate --model "$1" --data "$2" --split test \
          --per-query "$3/per_query.json" --json "$3/metrics.json"; }; }
-direct() {  # $1 data, $2 out, $3 variant, $4 seed
+direct() {  # $1 data, $2 out, $3 variant, $4 seed, $5 epsilon (default 7)
   local opt=(--optimizer adam --lr 2e-3)
   [ "$3" = sgd ] && opt=(--optimizer sgd --lr 1.3)
-  [ -f "$2/privacy_ledger.json" ] || $P retriever train --dp public-negatives --data "$1" --out "$2" --epsilon 7 \
+  [ -f "$2/privacy_ledger.json" ] || $P retriever train --dp public-negatives --data "$1" --out "$2" --epsilon "${5:-7}" \
       --batch-size 807 --epochs 5 --trainable bias "${opt[@]}" --physical-batch "${PB:-64}" --seed "$4" \
       --allow-over-budget --resume
 }
@@ -54,6 +56,13 @@ for step in "$@"; do
       for w in $W; do
         ev "$(at "$work/proxy/$v" "$w" "$work/proxy/$v@$w")" "$Q" "$work/proxy/eval-$v@$w"
         echo "$v w=$w: $(ndcg "$work/proxy/eval-$v@$w")"
+      done ;;
+    proxy-eps50:*)
+      v=${step#proxy-eps50:}
+      direct "$Q" "$work/proxy/eps50-$v" "$v" 0 50
+      for w in 0.25 1; do
+        ev "$(at "$work/proxy/eps50-$v" "$w" "$work/proxy/eps50-$v@$w")" "$Q" "$work/proxy/eval-eps50-$v@$w"
+        echo "epsilon 50, $v w=$w: $(ndcg "$work/proxy/eval-eps50-$v@$w")"
       done ;;
     proxy-original)  # the non-private fine-tune on the proxy's log (reporting only: how much room the proxy has)
       [ -d "$work/proxy/original" ] || $P retriever train --data "$Q" --out "$work/proxy/original" --epochs 3 \

@@ -4,7 +4,8 @@
 # every model evaluated on test with per-query figures (for bench/seed_rows.py). Each step is skipped when its
 # output exists, so re-running resumes. One thread per job (2-core machine).
 #   usage: bench/dp_choice_rows.sh WORK_DIR STEP...
-#   STEP: references, synthetic:<generator seed>, retrain:<generator seed>:<retriever seed>, direct
+#   STEP: references, synthetic:<generator seed>, retrain:<generator seed>:<retriever seed>, direct,
+#         ceiling:<generator seed>, prompted:<sample seed>
 set -euo pipefail
 work=$1; shift
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} PRIVRET_BUDGET_DIR=${PRIVRET_BUDGET_DIR:-$work/budget}
@@ -50,6 +51,33 @@ print(c['epochs'], c['max_doc_tokens'])" "$work/ret-eps7-s$g/recipe_selection.js
           --out "$work/direct-bitfit-eps7" --epsilon 7 --batch-size 807 --epochs 5 --trainable bias --lr 2e-3 \
           --physical-batch 64 --allow-over-budget --resume
       choose "$work/direct-bitfit-eps7" "$work/sel-direct-bitfit-eps7" 0.25,0.5,1 ;;
+    ceiling:*)  # synthetic:<s> with the generator fine-tuned WITHOUT DP (epsilon inf): the most this route can
+      # give at these settings (565 documents, one query each, the same recipe rule); no privacy claim
+      s=${step#ceiling:}
+      [ -f "$work/gen-inf-s$s/privacy_ledger.json" ] || $P generator train --data $D --split train --epsilon inf \
+          --seed "$s" --out "$work/gen-inf-s$s"
+      [ -f "$work/syn-inf-s$s/manifest.json" ] || $P generate --generator "$work/gen-inf-s$s" --data $D \
+          --documents corpus --sample 565 --num-queries 1 --seed "$s" --out "$work/syn-inf-s$s"
+      [ -d "$work/ret-inf-s$s" ] || $P retriever train --data "$work/syn-inf-s$s" --out "$work/ret-inf-s$s" \
+          --select default
+      ev "$work/ret-inf-s$s" "$work/ret-inf-s$s-eval" ;;
+    prompted:*)  # epsilon 0: the untrained generator shown three claims we wrote for public SciFact documents
+      # (bench/scifact_public_claims.tsv; the documents' text is read from the corpus here, never stored), then
+      # as synthetic:<s>
+      s=${step#prompted:}
+      [ -f "$work/public-claims.jsonl" ] || python3 -c "import json,sys
+docs = {d['_id']: d for d in map(json.loads, open(sys.argv[1]))}
+for line in open(sys.argv[2]):
+    i, claim = line.rstrip('\\n').split('\\t')
+    print(json.dumps({'query': claim, 'doc': docs[i]['title'] + '. ' + docs[i]['text']}))" \
+          $D/corpus.jsonl bench/scifact_public_claims.tsv > "$work/public-claims.jsonl"
+      [ -d "$work/gen-prompted" ] || $P generator prompt --public-pairs "$work/public-claims.jsonl" --examples 3 \
+          --out "$work/gen-prompted"
+      [ -f "$work/syn-prompted-s$s/manifest.json" ] || $P generate --generator "$work/gen-prompted" --data $D \
+          --documents corpus --sample 565 --num-queries 1 --seed "$s" --out "$work/syn-prompted-s$s"
+      [ -d "$work/ret-prompted-s$s" ] || $P retriever train --data "$work/syn-prompted-s$s" \
+          --out "$work/ret-prompted-s$s" --select default
+      ev "$work/ret-prompted-s$s" "$work/ret-prompted-s$s-eval" ;;
     *) echo "unknown step $step" >&2; exit 2 ;;
   esac
 done
