@@ -142,7 +142,9 @@ def table(seedless: dict[str, dict], seeds: dict[int, dict[str, dict]], clients)
         cells = [_fmt([r["pooled"][lv][m] for r in results])
                  for lv, m in (("sentence", "mrr@10"), ("sentence", "recall@1"), ("sentence", "recall@20"),
                                ("passage", "mrr@10"), ("passage", "recall@1"))]
-        lines.append(f"| {LABEL[key]} | " + " | ".join(cells) + " |")
+        fewer = "" if key in seedless or len(results) == n_seeds else \
+            f" (seed {', '.join(str(s) for s in seeds if key in seeds[s])} only)"
+        lines.append(f"| {LABEL[key]}{fewer} | " + " | ".join(cells) + " |")
     lines += ["", "Each step of the ordering: difference in sentence MRR@10 (seed means), with the paired 95% "
               "bootstrap CI over the test questions of the seed-averaged per-question reciprocal ranks:", "",
               "| step | Δ S MRR@10 | 95% CI |", "|---|---:|---|"]
