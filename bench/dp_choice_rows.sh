@@ -5,7 +5,8 @@
 # output exists, so re-running resumes. One thread per job (2-core machine).
 #   usage: bench/dp_choice_rows.sh WORK_DIR STEP...
 #   STEP: references, synthetic:<generator seed>, retrain:<generator seed>:<retriever seed>, direct,
-#         ceiling:<generator seed>, prompted:<sample seed>
+#         ceiling:<generator seed>, prompted:<sample seed>, reseed:<row>:<retriever seed> (row: inf-s<g> or
+#         prompted-s<s>: its retriever again with another seed, the recipe its selection chose)
 set -euo pipefail
 work=$1; shift
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} PRIVRET_BUDGET_DIR=${PRIVRET_BUDGET_DIR:-$work/budget}
@@ -78,6 +79,13 @@ for line in open(sys.argv[2]):
       [ -d "$work/ret-prompted-s$s" ] || $P retriever train --data "$work/syn-prompted-s$s" \
           --out "$work/ret-prompted-s$s" --select default
       ev "$work/ret-prompted-s$s" "$work/ret-prompted-s$s-eval" ;;
+    reseed:*)
+      row=${step#reseed:}; r=${row##*:}; row=${row%:*}
+      read -r epochs tokens < <(python3 -c "import json,sys; c=json.load(open(sys.argv[1]))['chosen']; \
+print(c['epochs'], c['max_doc_tokens'])" "$work/ret-$row/recipe_selection.json")
+      [ -d "$work/ret-$row-r$r" ] || $P retriever train --data "$work/syn-$row" --out "$work/ret-$row-r$r" \
+          --epochs "$epochs" --max-doc-tokens "$tokens" --seed "$r"
+      ev "$work/ret-$row-r$r" "$work/ret-$row-r$r-eval" ;;
     *) echo "unknown step $step" >&2; exit 2 ;;
   esac
 done
