@@ -116,8 +116,8 @@ def main() -> None:
     kept = [e for e in old if (e["data"], e["trainable"], e["epsilon"], e["steps"]) != key]
     write_json_atomic(args.json, kept + [entry])
     for r in rows:
-        print(f"C={r['clip_norm']:g}: signal {r['signal']:.4f}, noise {r['noise']:.4f}, ratio {r['signal_to_noise']:.2f}, "
-              f"cos {r['cos_to_unclipped']:.3f}, clipped {r['units_clipped']:.0%}")
+        print(f"C={r['clip_norm']:g}: signal {r['signal']:.4f}, noise {r['noise']:.4f}, "
+              f"ratio {r['signal_to_noise']:.2f}, cos {r['cos_to_unclipped']:.3f}, clipped {r['units_clipped']:.0%}")
 
 
 if __name__ == "__main__":

@@ -92,7 +92,8 @@ def test_prompt_command_saves_the_first_k_public_pairs_as_an_epsilon_0_generator
     assert (ledger.mechanism, ledger.epsilon, ledger.delta, ledger.data_hash) == ("public-prompted", 0.0, 0.0, "")
     assert ledger.provenance["public_data_hash"] == examples_hash(EXAMPLES)  # exactly the first 2 pairs, shown
     assert load_trained_generator(tmp_path / "p").examples == EXAMPLES
-    for bad, says in ((["--examples", "0"], "--examples"), (["--public-pairs", str(tmp_path / "none.jsonl")], "none.jsonl")):
+    missing = str(tmp_path / "none.jsonl")
+    for bad, says in ((["--examples", "0"], "--examples"), (["--public-pairs", missing], "none.jsonl")):
         args = {"--out": str(tmp_path / "q"), "--public-pairs": str(public_pairs), "--model": str(tiny_llama_dir)}
         args.update(dict(zip(bad[::2], bad[1::2])))
         refused = run_cli("generator", "prompt", *[x for kv in args.items() for x in kv])
