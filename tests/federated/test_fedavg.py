@@ -59,6 +59,9 @@ def test_dp_wrapper_uses_uniform_weights_and_records_epsilon():
     ledger = dp_ledger(FedConfig(dp="server", dp_noise_multiplier=1.0, rounds=4), releases=4, n_clients=10,
                        n_questions=100, data_hash="x")
     assert ledger.unit == "client" and ledger.steps == 4 and 0 < ledger.epsilon < float("inf")
+    assert ledger.trainable == "layers"  # what is trained and clipped (the default), not "full"
+    assert dp_ledger(FedConfig(dp="server", trainable="top:2"), releases=1, n_clients=10, n_questions=100,
+                     data_hash="x").trainable == "top:2"
     more = dp_ledger(FedConfig(dp="server", dp_noise_multiplier=1.0, rounds=8), releases=8, n_clients=10,
                      n_questions=100, data_hash="x")
     assert more.epsilon > ledger.epsilon

@@ -81,7 +81,7 @@ def dp_ledger(cfg: FedConfig, *, releases: int, n_clients: int, n_questions: int
         epsilon=epsilon, delta=cfg.dp_delta if private else 0.0,
         noise_multiplier=cfg.dp_noise_multiplier if private else 0.0, sample_rate=1.0, steps=releases,
         planned_steps=cfg.rounds, accountant="rdp" if private else "none", unit="client", n_units=n_clients,
-        n_pairs=n_questions, clip_norm=cfg.dp_clip_norm if private else 0.0, model=cfg.model, trainable="full",
+        n_pairs=n_questions, clip_norm=cfg.dp_clip_norm if private else 0.0, model=cfg.model, trainable=cfg.trainable,
         data_hash=data_hash)
 
 
