@@ -28,19 +28,15 @@ import torch.nn.functional as F
 from privret.data.beir import load_beir
 from privret.data.pairs import PrivacyUnit, group_units, pairs_from_beir
 from privret.io import write_json_atomic
-from privret.models.encoder import features, load_encoder
+from privret.models.encoder import load_encoder
 from privret.models.trainable import make_trainable
 from privret.privacy.ghost_norms import GhostNorms
-from privret.train.clipped_sums import false_negative_mask, public_negative_losses
+from privret.train.clipped_sums import _encode, _encode_tracked, false_negative_mask, public_negative_losses
 from privret.train.dp_retriever import build_batch, draw_negatives, negative_pool
 from privret.train.dp_run import plan_run
 from privret.train.settings import DPRetrieverConfig
 
 CLIP_NORMS = (1.0, 0.3, 0.1, 0.03, 0.01)
-
-
-def _embed(model, texts: list[str], max_length: int) -> torch.Tensor:
-    return F.normalize(model(features(model, texts, max_length=max_length))["sentence_embedding"].float(), dim=-1)
 
 
 def clipped_means(model, params, pairs, units, chosen, negatives, cfg, *, chunk: int = 16):
@@ -50,14 +46,10 @@ def clipped_means(model, params, pairs, units, chosen, negatives, cfg, *, chunk:
     for lo in range(0, len(chosen), chunk):
         batch = build_batch(pairs, units, chosen[lo:lo + chunk], cfg, None, negatives, None)
         with torch.no_grad():
-            e_n = _embed(model, [d.full_text for d in negatives], cfg.max_doc_tokens)
+            e_n = _encode(model, [d.full_text for d in negatives], cfg.max_doc_tokens)
         tracker = GhostNorms(model)
         try:
-            tracker.slot = "q"
-            e_q = _embed(model, batch.queries, cfg.max_query_tokens)
-            tracker.slot = "d"
-            e_d = _embed(model, batch.docs, cfg.max_doc_tokens)
-            tracker.slot = None
+            e_q, e_d = _encode_tracked(tracker, model, batch, cfg)
             losses = public_negative_losses(e_q, e_d, e_n, cfg.tau, mask=false_negative_mask(batch))
             cot = torch.autograd.grad(losses.sum(), [e_q, e_d], retain_graph=True)
             u = batch.unit_of_row

@@ -40,9 +40,11 @@ def interpolate(base, tuned, alpha: float, *, name: str = "tuned"):
 
 def load_interpolated(source: str | None, weight: float, *, base: str, max_seq_length: int, base_model=None):
     """``source`` (a saved encoder) interpolated with ``base`` at ``weight``; ``source`` None is the base itself,
-    weight 1 the source itself. ``base_model``: ``base`` already loaded, to skip loading it again."""
+    weight 1 the source itself (the base is then not loaded). ``base_model``: ``base`` already loaded."""
+    if source is not None and weight == 1.0:
+        return load_encoder(str(source), max_seq_length=max_seq_length)
     base_model = base_model if base_model is not None else load_encoder(base, max_seq_length=max_seq_length)
     if source is None:
         return base_model
     tuned = load_encoder(str(source), max_seq_length=max_seq_length)
-    return tuned if weight == 1.0 else interpolate(base_model, tuned, weight, name=str(source))
+    return interpolate(base_model, tuned, weight, name=str(source))
