@@ -60,6 +60,11 @@ def retriever_train(
     optimizer: Annotated[str, typer.Option(help="--dp: adam or sgd (plain SGD on the noisy mean gradient)")] = "adam",
     public_negatives: Annotated[int, typer.Option(
         help="--dp public-negatives: negatives per step, drawn from --data's corpus")] = 32,
+    hard_negatives: Annotated[int, typer.Option(
+        help="--dp public-negatives: hard negatives per row, drawn from the top --hard-negative-depth documents "
+             "of --data's corpus that the initial encoder ranks for its query (with gradient; Delta = C still)")] = 0,
+    hard_negative_depth: Annotated[int, typer.Option(help="--dp public-negatives: candidates per row for "
+                                                          "--hard-negatives")] = 30,
     spreadout_weight: Annotated[float, typer.Option(help="--dp logit-dp: spreadout regulariser weight")] = 0.0,
     accountant: Annotated[str, typer.Option(help=f"--dp: {ACCOUNTANT_HELP}")] = "prv",
     resume: ResumeOpt = False,
@@ -96,7 +101,8 @@ def retriever_train(
                               clip_norm=clip_norm, batch_size=batch_size, max_batch_units=max_batch_units,
                               epochs=epochs, learning_rate=learning_rate, temperature=temperature,
                               spreadout_weight=spreadout_weight, trainable=trainable, lora_rank=lora_rank,
-                              public_negatives=public_negatives, physical_batch=physical_batch, accountant=accountant,
+                              public_negatives=public_negatives, hard_negatives=hard_negatives,
+                              hard_negative_depth=hard_negative_depth, physical_batch=physical_batch, accountant=accountant,
                               optimizer=optimizer, seed=seed, checkpoint_every=checkpoint_every, secure_rng=secure_rng, **lengths)
         # --data's corpus plus any documents inline in --pairs: train_dp_retriever leaves the inline ones out
         ledger = train_dp_retriever(training, out_dir, dp_cfg, data_hash=data_hash,
@@ -105,7 +111,8 @@ def retriever_train(
         out.print(f"retriever written to {out_dir} ({ledger.summary()}, {dp})")
         return
     for flag_name, given, why in (("--resume", resume, "is not checkpointed"), ("--secure-rng", secure_rng,
-                                  "draws no noise"), ("--optimizer", optimizer != "adam", "uses AdamW")):
+                                  "draws no noise"), ("--optimizer", optimizer != "adam", "uses AdamW"),
+                                  ("--hard-negatives", hard_negatives > 0, "uses in-batch negatives")):
         if given:
             raise InputError(f"applies to DP training (--dp) only; non-private training {why}", field=flag_name)
     cfg = build_config(RetrieverTrainConfig, model=model, epochs=epochs, batch_size=batch_size,

@@ -26,7 +26,9 @@ NORM_MARGIN = 1e-5
 @dataclass
 class StepBatch:
     """Rows of the sampled units: texts, the unit (0..m-1) and document id of each row; for
-    public-negatives the step's sample of public negatives."""
+    public-negatives the step's sample of public negatives and, with ``hard_negatives`` K > 0, each row's K
+    hard negatives (texts, :mod:`privret.train.hard_negatives`) and which of them are real (False: a row with
+    no candidate, masked out of its softmax)."""
 
     queries: list[str]
     docs: list[str]
@@ -34,6 +36,8 @@ class StepBatch:
     doc_ids: list[str]
     n_units: int
     negatives: list[Document] | None = None
+    hard: list[list[str]] | None = None
+    hard_valid: torch.Tensor | None = None
 
 
 def _encode(model, texts: list[str], max_length: int) -> torch.Tensor:
@@ -156,24 +160,43 @@ def _unit_slice(batch: StepBatch, rows: list[int], first_unit: int, n_units: int
     """The rows ``rows`` of ``batch`` (units ``first_unit`` .. ``first_unit + n_units - 1``, renumbered from 0)."""
     return StepBatch(queries=[batch.queries[r] for r in rows], docs=[batch.docs[r] for r in rows],
                      unit_of_row=batch.unit_of_row[rows] - first_unit, doc_ids=[batch.doc_ids[r] for r in rows],
-                     n_units=n_units, negatives=batch.negatives)
+                     n_units=n_units, negatives=batch.negatives,
+                     hard=None if batch.hard is None else [batch.hard[r] for r in rows],
+                     hard_valid=None if batch.hard_valid is None else batch.hard_valid[rows])
+
+
+def _encode_hard(tracker: GhostNorms, model, batch: StepBatch, cfg: DPRetrieverConfig) -> torch.Tensor | None:
+    """The rows' hard negatives embedded with gradient, ``[rows, K, dim]``, recorded under slot "n"."""
+    if batch.hard is None:
+        return None
+    tracker.slot = "n"
+    flat = _encode(model, [t for texts in batch.hard for t in texts], cfg.max_doc_tokens)
+    tracker.slot = None
+    return flat.view(len(batch.hard), -1, flat.shape[-1])
 
 
 def _public_negatives_part(model, params, batch, e_n, mask, cfg):
-    """sum_u clip_C(grad_u) over the units of ``batch`` against the step's public negatives ``e_n``."""
+    """sum_u clip_C(grad_u) over the units of ``batch`` against the step's public negatives ``e_n`` (and each
+    row's own hard negatives: rows of slot "n" that belong to the row's unit)."""
     tracker = GhostNorms(model)
     try:
         e_q, e_d = _encode_tracked(tracker, model, batch, cfg)
-        losses = public_negative_losses(e_q, e_d, e_n, cfg.tau, mask=mask)
-        cot = torch.autograd.grad(losses.sum(), [e_q, e_d], retain_graph=True)
+        e_h = _encode_hard(tracker, model, batch, cfg)
+        hard_mask = None if e_h is None else ~batch.hard_valid
+        losses = public_negative_losses(e_q, e_d, e_n, cfg.tau, mask=mask, hard=e_h, hard_mask=hard_mask)
         u = batch.unit_of_row
-        sq = tracker.group_sq_norms([e_q, e_d], list(cot), {"q": u, "d": u}, batch.n_units, keep_deltas=True)
+        outputs, groups = [e_q, e_d], {"q": u, "d": u}
+        if e_h is not None:
+            outputs.append(e_h)
+            groups["n"] = u.repeat_interleave(e_h.shape[1])
+        cot = torch.autograd.grad(losses.sum(), outputs, retain_graph=True)
+        sq = tracker.group_sq_norms(outputs, list(cot), groups, batch.n_units, keep_deltas=True)
         norms = sq.clamp_min(0).sqrt() * (1 + NORM_MARGIN)
         factors = (cfg.clip_norm / norms.clamp_min(1e-12)).clamp(max=1.0)
         # book-keeping: sum_u factor_u grad_u from the output gradients already computed for the norms
         # (row b's gradient belongs to unit u[b] only), no second backward pass
-        row_factor = factors[u.to(factors.device)].detach()
-        out = tracker.weighted_grads(params, {"q": row_factor, "d": row_factor})
+        weights = {slot: factors[g.to(factors.device)].detach() for slot, g in groups.items()}
+        out = tracker.weighted_grads(params, weights)
     finally:
         tracker.remove()
     return out, losses.detach(), int((norms > cfg.clip_norm).sum().item())
@@ -196,11 +219,18 @@ def false_negative_mask(batch: StepBatch) -> torch.Tensor:
 
 
 def public_negative_losses(e_q: torch.Tensor, e_d: torch.Tensor, e_n: torch.Tensor, temperature: float, *,
-                           mask: torch.Tensor) -> torch.Tensor:
-    """Row i: l_i = -log( e^{s_i} / (e^{s_i} + sum_{j: not mask_ij} e^{s_ij}) ), s_i = cos(q_i, d_i) / t,
-    s_ij = cos(q_i, n_j) / t: the positive against the public negatives n_1..n_M (constants: no gradient)
-    that ``mask`` (:func:`false_negative_mask`) does not exclude for row i."""
+                           mask: torch.Tensor, hard: torch.Tensor | None = None,
+                           hard_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Row i: l_i = -log( e^{s_i} / (e^{s_i} + sum_{j: not mask_ij} e^{s_ij} + sum_{k: not hard_mask_ik}
+    e^{h_ik}) ), s_i = cos(q_i, d_i) / t, s_ij = cos(q_i, n_j) / t: the positive against the step's public
+    negatives n_1..n_M (constants: no gradient) that ``mask`` (:func:`false_negative_mask`) does not exclude
+    for row i, and h_ik = cos(q_i, hard_ik) / t against row i's own hard negatives ``hard[i]`` (``[rows, K,
+    dim]``, with gradient), if given."""
     pos = (e_q * e_d).sum(dim=1, keepdim=True)
     neg = (e_q @ e_n.detach().T).masked_fill(mask.to(e_q.device), float("-inf"))
-    logits = torch.cat([pos, neg], dim=1) / temperature
+    parts = [pos, neg]
+    if hard is not None:
+        own = torch.einsum("bd,bkd->bk", e_q, hard)
+        parts.append(own if hard_mask is None else own.masked_fill(hard_mask.to(e_q.device), float("-inf")))
+    logits = torch.cat(parts, dim=1) / temperature
     return F.cross_entropy(logits, torch.zeros(len(e_q), dtype=torch.long, device=e_q.device), reduction="none")

@@ -36,6 +36,11 @@ post-processing either way). Logits are
   Cost: one backward pass to the layer outputs (per-unit ghost norms), then the clipped sum by
   book-keeping (one weighted contraction per layer from the same output gradients,
   :meth:`GhostNorms.weighted_grads`; no second backward), plus a no-grad forward of the negatives.
+  With ``hard_negatives`` K > 0 each row also meets K *hard* public negatives of its own, with gradient:
+  drawn from the top ``hard_negative_depth`` documents of the pool that the initial (public) encoder ranks
+  for the row's query, its unit's positives left out (:mod:`privret.train.hard_negatives`). They are a
+  function of the unit's own pairs and public data, and their gradient is part of the unit's clipped term,
+  so **Delta = C** still; cost: K more document forward/backward passes per row.
 
 Trainable parameters (``trainable``: ``all``, ``top:K`` or ``lora``): :mod:`privret.models.trainable`. The clipped
 sums themselves: :mod:`privret.train.clipped_sums`.
@@ -79,6 +84,7 @@ from privret.progress import Progress
 from privret.train.clipped_sums import StepBatch, clipped_sum
 from privret.train.dp_parallel import set_noisy_mean
 from privret.train.dp_run import DPRun, plan_run, run_training
+from privret.train.hard_negatives import mine_candidates
 from privret.train.settings import DPRetrieverConfig
 from privret.models.trainable import make_trainable, merge_adapters
 
@@ -143,9 +149,11 @@ def draw_negatives(public: list[Document], cfg: DPRetrieverConfig, rng: torch.Ge
 
 def build_batch(pairs: TrainingPairs, units: list[list[int]], chosen: list[int], cfg: DPRetrieverConfig,
                 rng: torch.Generator | SecureRandom | None, negatives: list[Document] | None,
-                cap: int | None) -> StepBatch:
+                cap: int | None, *, hard: tuple[list[Document], list[list[int]]] | None = None) -> StepBatch:
     """Rows of the chosen units: truncated to ``cap`` units (uniformly), one random row each for logit-dp;
-    ``negatives``: the step's public negatives (public-negatives, :func:`draw_negatives`), else None."""
+    ``negatives``: the step's public negatives (public-negatives, :func:`draw_negatives`), else None;
+    ``hard``: (the public pool, each row's candidate positions in it, :func:`~privret.train.hard_negatives.
+    mine_candidates`), from which every row draws ``cfg.hard_negatives`` uniformly with replacement."""
     if cap is not None and len(chosen) > cap:
         keep = _permutation(len(chosen), rng)[:cap].sort().values.tolist()
         chosen = [chosen[k] for k in keep]
@@ -157,10 +165,29 @@ def build_batch(pairs: TrainingPairs, units: list[list[int]], chosen: list[int],
         rows += unit_rows
         owner += [k] * len(unit_rows)
     chosen_pairs = [pairs.pairs[r] for r in rows]
-    return StepBatch(queries=[p.query for p in chosen_pairs],
-                     docs=[pairs.corpus[p.doc_id].full_text for p in chosen_pairs],
-                     unit_of_row=torch.tensor(owner, dtype=torch.long), doc_ids=[p.doc_id for p in chosen_pairs],
-                     n_units=len(chosen), negatives=negatives)
+    batch = StepBatch(queries=[p.query for p in chosen_pairs],
+                      docs=[pairs.corpus[p.doc_id].full_text for p in chosen_pairs],
+                      unit_of_row=torch.tensor(owner, dtype=torch.long), doc_ids=[p.doc_id for p in chosen_pairs],
+                      n_units=len(chosen), negatives=negatives)
+    if hard is not None and cfg.hard_negatives:
+        batch.hard, batch.hard_valid = _draw_hard(hard, rows, cfg.hard_negatives, rng)
+    return batch
+
+
+def _draw_hard(hard: tuple[list[Document], list[list[int]]], rows: list[int], k: int,
+               rng: torch.Generator | SecureRandom) -> tuple[list[list[str]], torch.Tensor]:
+    """Each row's ``k`` hard negatives (texts), drawn uniformly with replacement from its candidates, and
+    which are real: a row without candidates gets ``k`` placeholders marked False (masked out of its loss)."""
+    pool, candidates = hard
+    texts, valid = [], []
+    for r in rows:
+        cands = candidates[r]
+        if cands:
+            texts.append([pool[cands[i]].full_text for i in _randint(len(cands), k, rng).tolist()])
+        else:
+            texts.append([pool[0].full_text] * k)
+        valid.append([bool(cands)] * k)
+    return texts, torch.tensor(valid, dtype=torch.bool)
 
 
 def _permutation(n: int, rng: torch.Generator | SecureRandom) -> torch.Tensor:
@@ -252,10 +279,13 @@ def _train_dp_retriever(pairs: TrainingPairs, out_dir: Path, cfg: DPRetrieverCon
     def load() -> _RetrieverTrainer:
         public = negative_pool(pairs, public_corpus) if cfg.method == "public-negatives" else None
         model = load_encoder(cfg.model, max_seq_length=cfg.max_doc_tokens)
+        hard = None
+        if cfg.hard_negatives:  # ranked by the initial (public) encoder, before any update
+            hard = (public, mine_candidates(model, pairs, units, public, cfg.hard_negative_depth))
         named = make_trainable(model, cfg.trainable, lora_rank=cfg.lora_rank)
         optimizer = OPTIMIZERS[cfg.optimizer](named.values(), lr=cfg.learning_rate)
         return _RetrieverTrainer(model=model, params=named, optimizer=optimizer,
-                                 pairs=pairs, units=units, cfg=cfg, mech=mech, public=public,
+                                 pairs=pairs, units=units, cfg=cfg, mech=mech, public=public, hard=hard,
                                  expected_batch=run_plan.expected_batch, group=distributed.current())
 
     run = DPRun(out_dir=out_dir, plan=run_plan, describe=describe, what="retriever", finished_marker=MECHANISM_FILE,
@@ -279,6 +309,7 @@ class _RetrieverTrainer:
     cfg: DPRetrieverConfig
     mech: Mechanism
     public: list[Document] | None
+    hard: tuple[list[Document], list[list[int]]] | None
     expected_batch: float
     group: distributed.Group = distributed.SINGLE
     started: float = 0.0
@@ -291,7 +322,7 @@ class _RetrieverTrainer:
         negatives = (self.group.from_main(lambda: draw_negatives(self.public, self.cfg, rng))
                      if self.cfg.method == "public-negatives" else None)
         batch = build_batch(self.pairs, self.units, self.group.shard(chosen), self.cfg, rng, negatives,
-                            self.mech.cap)
+                            self.mech.cap, hard=self.hard)
         return dp_step(self.model, list(self.params.values()), batch, self.cfg, self.mech, self.expected_batch,
                        rng, self.group)["loss"]
 

@@ -120,6 +120,10 @@ class DPRetrieverConfig(BaseModel):
     trainable: str = Field("all", pattern=r"^(all|layers|lora|bias|top:[1-9][0-9]*)$")
     lora_rank: int = Field(8, gt=0)
     public_negatives: int = Field(32, gt=0, description="negatives per step (public-negatives)")
+    hard_negatives: int = Field(0, ge=0, description="public-negatives: per row, K of the top hard_negative_depth "
+                                                     "public documents the initial encoder ranks for its query, with "
+                                                     "gradient (privret.train.hard_negatives); 0: none")
+    hard_negative_depth: int = Field(30, gt=0, description="public-negatives: candidates per row for hard_negatives")
     physical_batch: int | None = Field(None, gt=0, description="public-negatives: units per forward pass (memory, "
                                                                "not privacy; None: the whole batch at once)")
     max_query_tokens: int = Field(64, gt=0)
@@ -133,6 +137,8 @@ class DPRetrieverConfig(BaseModel):
     def _method_options(self):
         if self.spreadout_weight and self.method != "logit-dp":
             raise ValueError("spreadout_weight applies to logit-dp only")
+        if self.hard_negatives and self.method != "public-negatives":
+            raise ValueError("hard_negatives applies to public-negatives only")
         return self
 
     @property

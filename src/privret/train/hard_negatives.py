@@ -1,0 +1,45 @@
+"""Hard public negatives of one privacy unit (``public-negatives`` with ``hard_negatives`` K > 0).
+
+Before the first step, the *initial* encoder (the public model training starts from) ranks the public pool
+(:func:`privret.train.dp_retriever.negative_pool`) for every training row's query; a row's candidates are the
+top ``depth`` documents, every positive document of the row's unit left out (same id or identical text). At each
+step a sampled row gets K of its candidates, drawn uniformly with replacement, as extra negatives *with*
+gradient (:func:`privret.train.clipped_sums.public_negative_losses`).
+
+Privacy: a row's candidates are a function of its own unit's pairs (its query; the positives left out), the
+public pool and the public initial encoder, nothing else; the draw uses randomness independent of the data. The
+hard negatives' gradient flows through the encoder only in the unit's own rows, so it is part of the unit's
+clipped term and the loss still decomposes per unit: Delta = C, as without them. The candidates are computed in
+memory on every (re)start from the same public model, never written to disk (they are derived from private
+queries).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from privret.data.beir import Document
+from privret.data.pairs import TrainingPairs
+from privret.retrieval.embedding import encode
+
+
+def mine_candidates(model, pairs: TrainingPairs, units: list[list[int]], pool: list[Document], depth: int,
+                    ) -> list[list[int]]:
+    """For every row of ``pairs``: positions in ``pool`` of the ``depth`` pool documents ``model`` ranks
+    highest for the row's query, its unit's positive documents (ids and texts) left out, best first."""
+    unit_of_row = {r: u for u, rows in enumerate(units) for r in rows}
+    gold_ids = [{pairs.pairs[r].doc_id for r in rows} for rows in units]
+    gold_texts = [{pairs.corpus[i].full_text for i in ids if i in pairs.corpus} for ids in gold_ids]
+    was_training = model.training
+    model.eval()
+    docs = torch.from_numpy(encode(model, [d.full_text for d in pool], bf16=False))
+    queries = torch.from_numpy(encode(model, [p.query for p in pairs.pairs], bf16=False))
+    model.train(was_training)
+    most_gold = max(len(g) for g in gold_ids)
+    top = (queries @ docs.T).topk(min(len(pool), depth + most_gold), dim=1).indices.tolist()
+    out = []
+    for r, ranked in enumerate(top):
+        u = unit_of_row[r]
+        kept = [j for j in ranked if pool[j].id not in gold_ids[u] and pool[j].full_text not in gold_texts[u]]
+        out.append(kept[:depth])
+    return out

@@ -1,0 +1,180 @@
+"""public-negatives with per-row hard public negatives: mining, drawing, the clipped sum against brute force,
+the sensitivity, and the end-to-end run."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from helpers import WORDS
+from privret.data.beir import Document
+from privret.data.pairs import QueryDocPair, TrainingPairs
+from privret.models.trainable import make_trainable
+from privret.privacy.ledger import PrivacyLedger
+from privret.train.clipped_sums import (NORM_MARGIN, StepBatch, _encode, _grads, _norm, clipped_sum,
+                                        false_negative_mask, public_negative_losses)
+from privret.train.dp_retriever import build_batch, negative_pool, sensitivity, train_dp_retriever
+from privret.train.hard_negatives import mine_candidates
+from privret.train.settings import DPRetrieverConfig
+
+torch.set_num_threads(1)
+K = 2
+
+
+def _cfg(tiny_bert_dir, **kw):
+    base = dict(method="public-negatives", model=str(tiny_bert_dir), clip_norm=0.02, batch_size=4,
+                max_query_tokens=32, max_doc_tokens=32, temperature=0.5, hard_negatives=K)
+    base.update(kw)
+    return DPRetrieverConfig(**base)
+
+
+@pytest.fixture(scope="module")
+def model_params(tiny_bert_dir):
+    from privret.models.encoder import load_encoder
+
+    model = load_encoder(str(tiny_bert_dir), max_seq_length=32).eval()
+    return model, list(make_trainable(model, "all").values())
+
+
+def _batch(units: list[int]) -> StepBatch:
+    """Rows of ``units`` (unit 3 has two rows), 3 shared public negatives, K hard negatives per row that
+    depend on the row's unit only; unit 5's row has no candidate (masked placeholders)."""
+    gen = torch.Generator().manual_seed(0)
+    text = lambda k: " ".join(WORDS[int(i)] for i in torch.randint(len(WORDS), (k,), generator=gen))  # noqa: E731
+    rows = {}
+    for u in range(8):
+        q = text(3 + u % 3)
+        rows[u] = [(q, text(5 + u % 4), f"d{u}")] + ([(q, text(6), "d3b")] if u == 3 else [])
+    shared = [Document(f"n{k}", "", text(6)) for k in range(3)]
+    hard_texts = {u: [text(4 + k) for k in range(K)] for u in range(8)}
+    chosen = [(k, r) for k, u in enumerate(units) for r in rows[u]]
+    return StepBatch(queries=[r[0] for _, r in chosen], docs=[r[1] for _, r in chosen],
+                     unit_of_row=torch.tensor([k for k, _ in chosen]), doc_ids=[r[2] for _, r in chosen],
+                     n_units=len(units), negatives=shared,
+                     hard=[hard_texts[units[k]] for k, _ in chosen],
+                     hard_valid=torch.tensor([[units[k] != 5] * K for k, _ in chosen]))
+
+
+def _per_unit_grads(model, params, batch, *, detach_hard: bool = False):
+    e_q, e_d = _encode(model, batch.queries, 32), _encode(model, batch.docs, 32)
+    with torch.no_grad():
+        e_n = _encode(model, [n.full_text for n in batch.negatives], 32)
+    e_h = _encode(model, [t for ts in batch.hard for t in ts], 32).view(len(batch.hard), K, -1)
+    losses = public_negative_losses(e_q, e_d, e_n, 0.5, mask=false_negative_mask(batch),
+                                    hard=e_h.detach() if detach_hard else e_h, hard_mask=~batch.hard_valid)
+    return [_grads(losses[batch.unit_of_row == k].sum(), params, retain=True) for k in range(batch.n_units)]
+
+
+@pytest.mark.parametrize("physical_batch", [None, 2])
+def test_clipped_sum_with_hard_negatives_equals_brute_force(physical_batch, model_params, tiny_bert_dir):
+    """The ghost-norm clipped sum with each row's hard negatives (slot "n", with gradient) equals the sum of
+    materialised per-unit gradients, each clipped to C; dropping the hard negatives' gradient (what a tracker
+    that missed slot "n" would compute) gives a different sum."""
+    model, params = model_params
+    batch = _batch([0, 3, 5, 6, 7])
+    per_unit = _per_unit_grads(model, params, batch)
+    norms = torch.stack([_norm(g) for g in per_unit])
+    clip = float((norms.min() * norms.max()).sqrt())
+    cfg = _cfg(tiny_bert_dir, clip_norm=clip, physical_batch=physical_batch)
+    got, stats = clipped_sum("public-negatives", model, params, batch, cfg)
+    assert 0 < stats["clipped"] < 1
+    factors = (clip / (norms * (1 + NORM_MARGIN))).clamp(max=1.0).tolist()
+
+    def combine(grads):
+        return [sum(f * g[i] for f, g in zip(factors, grads)) for i in range(len(params))]
+
+    def close(a, b):
+        return all(torch.allclose(x, y, atol=1e-6, rtol=1e-4) for x, y in zip(a, b))
+
+    assert close(got, combine(per_unit))
+    assert not close(got, combine(_per_unit_grads(model, params, batch, detach_hard=True)))
+
+
+def test_masked_hard_placeholders_change_nothing(model_params, tiny_bert_dir):
+    """A row without candidates (all its hard negatives masked) has the loss it has without hard negatives."""
+    model, _ = model_params
+    batch = _batch([5])
+    e_q, e_d = _encode(model, batch.queries, 32), _encode(model, batch.docs, 32)
+    e_n = _encode(model, [n.full_text for n in batch.negatives], 32)
+    e_h = _encode(model, [t for ts in batch.hard for t in ts], 32).view(1, K, -1)
+    mask = false_negative_mask(batch)
+    with_hard = public_negative_losses(e_q, e_d, e_n, 0.5, mask=mask, hard=e_h, hard_mask=~batch.hard_valid)
+    assert torch.allclose(with_hard, public_negative_losses(e_q, e_d, e_n, 0.5, mask=mask))
+
+
+def test_adding_a_unit_with_hard_negatives_changes_the_sum_by_at_most_c(model_params, tiny_bert_dir):
+    model, params = model_params
+    cfg = _cfg(tiny_bert_dir)
+    assert sensitivity(cfg) == (cfg.clip_norm, None)
+    worst = 0.0
+    for base, extra in (([0, 3], 6), ([5], 7), ([0, 6, 7], 3)):
+        a, _ = clipped_sum("public-negatives", model, params, _batch(base + [extra]), cfg)
+        b, _ = clipped_sum("public-negatives", model, params, _batch(base), cfg)
+        worst = max(worst, _norm([x - y for x, y in zip(a, b)]).item())
+    assert 0.5 * cfg.clip_norm < worst <= cfg.clip_norm * (1 + 1e-4)
+
+
+def _pairs(queries: dict[str, str] | None = None) -> TrainingPairs:
+    corpus = {f"d{i}": Document(f"d{i}", "", f"document about {w}") for i, w in enumerate(WORDS[:12])}
+    corpus["copy"] = Document("copy", "", "document about " + WORDS[1])  # the same text as d1
+    queries = queries or {}
+    rows = [QueryDocPair(query=queries.get(f"q{i}", f"what {w}"), doc_id=f"d{i}", query_id=f"q{i}")
+            for i, w in enumerate(WORDS[:6])]
+    rows.append(QueryDocPair(query="what " + WORDS[3], doc_id="d9", query_id="q3"))  # unit q3 has two rows
+    return TrainingPairs(pairs=rows, corpus=corpus)
+
+
+def test_mined_candidates_leave_out_the_units_positives_and_depend_on_the_unit_only(model_params):
+    model, _ = model_params
+    pairs = _pairs()
+    units = pairs.units("query")
+    pool = negative_pool(pairs, pairs.corpus)
+    cands = mine_candidates(model, pairs, units, pool, depth=5)
+    assert len(cands) == len(pairs.pairs) and all(len(c) == 5 for c in cands)
+    for u, rows in enumerate(units):
+        gold = {pairs.pairs[r].doc_id for r in rows}
+        texts = {pairs.corpus[g].full_text for g in gold}
+        for r in rows:
+            assert not {pool[j].id for j in cands[r]} & gold
+            assert not {pool[j].full_text for j in cands[r]} & texts
+    row_d1 = next(r for r, p in enumerate(pairs.pairs) if p.doc_id == "d1")
+    assert "copy" not in {pool[j].id for j in mine_candidates(model, pairs, units, pool, depth=12)[row_d1]}
+    # another unit's query changes: this row's candidates do not
+    other = mine_candidates(model, _pairs({"q4": "completely different words here"}), units, pool, depth=5)
+    assert all(other[r] == cands[r] for r, p in enumerate(pairs.pairs) if p.query_id != "q4")
+    assert other[[p.query_id for p in pairs.pairs].index("q4")] != cands[[p.query_id for p in pairs.pairs].index("q4")]
+
+
+def test_build_batch_draws_each_rows_hard_negatives_from_its_own_candidates(tiny_bert_dir):
+    pairs = _pairs()
+    units = pairs.units("query")
+    pool = negative_pool(pairs, pairs.corpus)
+    candidates = [[r % len(pool), (r + 1) % len(pool)] for r in range(len(pairs.pairs))]
+    candidates[0] = []
+    cfg = _cfg(tiny_bert_dir, hard_negatives=3)
+    batch = build_batch(pairs, units, list(range(len(units))), cfg, torch.Generator().manual_seed(0), [], None,
+                        hard=(pool, candidates))
+    assert len(batch.hard) == len(batch.queries) and all(len(h) == 3 for h in batch.hard)
+    row_of = {(p.query, p.doc_id): r for r, p in enumerate(pairs.pairs)}
+    for q, d, texts, valid in zip(batch.queries, batch.doc_ids, batch.hard, batch.hard_valid.tolist()):
+        r = row_of[(q, d)]
+        assert valid == [bool(candidates[r])] * 3
+        if candidates[r]:
+            assert set(texts) <= {pool[j].full_text for j in candidates[r]}
+
+
+def test_hard_negatives_are_refused_for_other_methods():
+    with pytest.raises(ValueError, match="public-negatives only"):
+        DPRetrieverConfig(method="logit-dp", hard_negatives=2)
+    with pytest.raises(ValueError):
+        DPRetrieverConfig(method="public-negatives", hard_negatives=-1)
+
+
+def test_train_with_hard_negatives_end_to_end(tmp_path, tiny_bert_dir):
+    pairs = _pairs()
+    cfg = _cfg(tiny_bert_dir, epsilon=8.0, batch_size=3, learning_rate=1e-3, trainable="top:1", hard_negative_depth=4)
+    ledger = train_dp_retriever(pairs, tmp_path / "r", cfg, data_hash="h", public_corpus=pairs.corpus)
+    assert ledger.mechanism == "direct-public-negatives" and ledger.epsilon <= 8.0 + 0.05
+    assert ledger.steps == math.ceil(1 / (3 / 6)) and PrivacyLedger.load(tmp_path / "r").n_units == 6
