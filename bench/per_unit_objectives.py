@@ -129,11 +129,13 @@ def main() -> None:
     ap.add_argument("--validation-articles", type=int, default=4)
     ap.add_argument("--train-queries", type=int, default=807)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--also-test", action="store_true",
+                    help="also score the test split (reporting only: nothing may be chosen from it)")
     a = ap.parse_args()
     torch.manual_seed(a.seed)
     rng = random.Random(a.seed)
     t0 = time.time()
-    ds = load_beir(a.data, ["train"])
+    ds = load_beir(a.data, ["train", "test"] if a.also_test else ["train"])
     doc_ids = list(ds.corpus)
     units, validation = carve(ds, a.validation_articles, a.train_queries, a.seed)
     print(f"{len(units)} training units, {len(validation)} validation questions", flush=True)
@@ -168,6 +170,10 @@ def main() -> None:
               "seconds": round(time.time() - t0)}
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
+    if a.also_test:
+        test = evaluate(model, ds, doc_ids, ds.split("test"))
+        result["test_ndcg10"] = mean_metrics(test)["ndcg@10"]
+        (out / "per_query_test.json").write_text(json.dumps(test))
     (out / "per_query.json").write_text(json.dumps(per_query))
     (out / "result.json").write_text(json.dumps(result, indent=1))
     print(json.dumps({k: v for k, v in result.items() if k != "args"}), flush=True)

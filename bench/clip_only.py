@@ -1,0 +1,38 @@
+"""Diagnosis, NOT a DP release: run ``privret retriever train --dp ...`` with the noise switched off.
+
+Everything a DP run does (Poisson sampling, per-unit clipping, the division by the expected batch, the optimizer)
+happens, but the Gaussian noise has standard deviation 0, so the output shows what clipping and the step schedule
+alone do to the objective; the difference to the DP run is what the noise costs. The output directory still gets
+the DP run's ledger (the accountant's figures for the noise that was *not* added): it is marked by a file
+``NOT_DP.txt`` and must never be released or compared as a DP row.
+
+    OMP_NUM_THREADS=1 .venv/bin/python bench/clip_only.py retriever train --dp public-negatives ... --out DIR
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import privret.train.dp_retriever as dp_retriever
+
+
+def main() -> None:
+    noisy = dp_retriever.set_noisy_mean
+
+    def noiseless(params, summed, *, std, **kw):
+        return noisy(params, summed, std=0.0, **kw)
+
+    dp_retriever.set_noisy_mean = noiseless
+    from privret.cli import app
+
+    out = Path(sys.argv[sys.argv.index("--out") + 1])
+    try:
+        app(sys.argv[1:], standalone_mode=False)
+    finally:
+        if out.is_dir():
+            (out / "NOT_DP.txt").write_text("trained with the DP noise switched off (bench/clip_only.py): not DP\n")
+
+
+if __name__ == "__main__":
+    main()
