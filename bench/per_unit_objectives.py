@@ -37,11 +37,13 @@ import torch
 import torch.nn.functional as F
 
 from privret.data.beir import load_beir
+from privret.data.pairs import QueryDocPair, TrainingPairs
 from privret.evaluate.statistics import paired_bootstrap_ci
 from privret.models.encoder import embed, load_encoder
 from privret.models.trainable import make_trainable
 from privret.retrieval.embedding import corpus_embeddings, encode
 from privret.retrieval.metrics import mean_metrics, per_query_metrics
+from privret.train.hard_negatives import mine_candidates
 
 OBJECTIVES = ("in-batch", "shared", "shared-grad", "own", "own-hard")
 
@@ -70,11 +72,16 @@ def evaluate(model, ds, doc_ids, qrels) -> dict:
 
 
 def hard_candidates(model, ds, doc_ids, units, depth: int) -> list[list[int]]:
-    """For each unit, the corpus positions of the public encoder's top ``depth`` documents, gold left out."""
-    D = torch.from_numpy(corpus_embeddings(model, ds.corpus, bf16=False))
-    Q = torch.from_numpy(encode(model, [ds.queries[q] for q, _ in units], bf16=False))
-    top = (Q @ D.T).topk(depth + 8, dim=1).indices.tolist()
-    return [[j for j in row if doc_ids[j] not in set(gold)][:depth] for row, (_, gold) in zip(top, units)]
+    """For each unit, the corpus positions of the public encoder's top ``depth`` documents, gold left out: the
+    trainer's own mining (:func:`privret.train.hard_negatives.mine_candidates`), one row per gold document."""
+    rows = [QueryDocPair(query=ds.queries[q], doc_id=g, query_id=q) for q, gold in units for g in gold]
+    groups, first = [], []
+    for q, gold in units:
+        first.append(sum(len(g) for g in groups))
+        groups.append(list(range(first[-1], first[-1] + len(gold))))
+    pairs = TrainingPairs(pairs=rows, corpus=ds.corpus)
+    cands = mine_candidates(model, pairs, groups, [ds.corpus[d] for d in doc_ids], depth)
+    return [cands[r] for r in first]
 
 
 def batch_loss(model, ds, doc_ids, units, rows, a, rng, hard) -> torch.Tensor:
