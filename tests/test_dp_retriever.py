@@ -139,7 +139,7 @@ def test_released_gradient_equals_brute_force(method, tiny, pool, tiny_bert_dir)
 
 
 @pytest.mark.parametrize("spec, physical_batch", [("all", None), ("top:1", None), ("lora", None), ("bias", None),
-                                                  ("all", 2), ("bias", 3)])
+                                                  ("bias-top:1", None), ("all", 2), ("bias", 3)])
 def test_public_negatives_book_keeping_equals_brute_force_for_every_trainable(spec, physical_batch, pool,
                                                                                tiny_bert_dir):
     """The clipped sum by book-keeping (no second backward) against materialised per-unit gradients, for
@@ -192,6 +192,9 @@ def test_bias_trains_exactly_the_biases_and_layer_norms(tiny_bert_dir):
     assert names == expected and any("LayerNorm.weight" in n for n in names)
     assert all(p.requires_grad == (n in names) for n, p in model.named_parameters())
     assert sum(model.get_parameter(n).numel() for n in names) < 0.05 * sum(p.numel() for p in model.parameters())
+    top = set(make_trainable(model, "bias-top:1"))  # BitFit of the top layer alone
+    assert top == {n for n in expected if ".layer.1." in n} and top
+    assert all(p.requires_grad == (n in top) for n, p in model.named_parameters())
 
 
 # -- (b) noise scale ----------------------------------------------------------------------------------------------
@@ -289,8 +292,10 @@ def test_build_batch_caps_units_and_takes_one_row_per_unit_for_logit_dp(tiny_ber
 def test_config_rejects_bad_options(tiny_bert_dir):
     with pytest.raises(ValueError):
         DPRetrieverConfig(method="naive", spreadout_weight=0.1)
-    with pytest.raises(ValueError):
-        DPRetrieverConfig(trainable="top:0")
+    for spec in ("top:0", "bias-top:0", "bias-top", "top-bias:1"):
+        with pytest.raises(ValueError):
+            DPRetrieverConfig(trainable=spec)
+    assert DPRetrieverConfig(trainable="bias-top:2").trainable == "bias-top:2"
     with pytest.raises(ValueError):
         DPRetrieverConfig(method="bogus")
     with pytest.raises(ValueError):

@@ -178,3 +178,40 @@ def test_train_with_hard_negatives_end_to_end(tmp_path, tiny_bert_dir):
     ledger = train_dp_retriever(pairs, tmp_path / "r", cfg, data_hash="h", public_corpus=pairs.corpus)
     assert ledger.mechanism == "direct-public-negatives" and ledger.epsilon <= 8.0 + 0.05
     assert ledger.steps == math.ceil(1 / (3 / 6)) and PrivacyLedger.load(tmp_path / "r").n_units == 6
+
+
+def test_clipped_sum_on_the_top_layers_biases_uses_the_frozen_prefix_and_equals_brute_force(tiny_bert_dir):
+    """``bias-top:1`` trains only the top layer's biases and LayerNorms, so the DP step runs that layer alone on
+    the kept output of the frozen prefix; its clipped sum still equals the materialised per-unit gradients of
+    the *full* forward pass, each clipped to C."""
+    import torch.nn.functional as F
+
+    from privret.models.encoder import features, load_encoder
+    from privret.models.frozen_prefix import frozen_prefix
+
+    model = load_encoder(str(tiny_bert_dir), max_seq_length=32).eval()
+    named = make_trainable(model, "bias-top:1")
+    assert named and all(".bias" in n or "LayerNorm" in n for n in named)
+    assert all(".layer.1." in n for n in named)  # the tiny model has two layers: only the top one trains
+    params = list(named.values())
+
+    def full(texts):  # the whole model, no cache
+        return F.normalize(model(features(model, texts, max_length=32))["sentence_embedding"].float(), dim=-1)
+
+    batch = _batch([0, 3, 6, 7])
+    e_q, e_d = full(batch.queries), full(batch.docs)
+    with torch.no_grad():
+        e_n = full([n.full_text for n in batch.negatives])
+    e_h = full([t for ts in batch.hard for t in ts]).view(len(batch.hard), K, -1)
+    losses = public_negative_losses(e_q, e_d, e_n, 0.5, mask=false_negative_mask(batch), hard=e_h,
+                                    hard_mask=~batch.hard_valid)
+    per_unit = [_grads(losses[batch.unit_of_row == k].sum(), params, retain=True) for k in range(batch.n_units)]
+    norms = torch.stack([_norm(g) for g in per_unit])
+    clip = float((norms.min() * norms.max()).sqrt())
+    got, stats = clipped_sum("public-negatives", model, params, batch, _cfg(tiny_bert_dir, clip_norm=clip))
+    prefix = frozen_prefix(model)
+    assert prefix is not None and prefix.n_frozen == 1 and prefix._states  # the cache was used
+    assert 0 < stats["clipped"] < 1
+    factors = (clip / (norms * (1 + NORM_MARGIN))).clamp(max=1.0).tolist()
+    want = [sum(f * g[i] for f, g in zip(factors, per_unit)) for i in range(len(params))]
+    assert all(torch.allclose(x, y, atol=1e-6, rtol=1e-4) for x, y in zip(got, want))

@@ -176,3 +176,32 @@ def test_real_squad_file(tmp_path):
     assert [len(manifest["splits"][s]["articles"]) for s in ("train", "test")] == [32, 8]
     articles = {name: {_article_of(d) for docs in ds.qrels[name].values() for d in docs} for name in ds.qrels}
     assert not articles["train"] & articles["test"]
+
+
+def test_a_validation_split_takes_whole_training_articles_in_hashed_order(tmp_path):
+    """--validation-articles K: the questions of K training articles (the first in sha256("validation:<index>")
+    order) leave the log for a ``validation`` split; test is untouched; no article is in two splits."""
+    import hashlib
+
+    squad = _squad(8)
+    build_squad_beir(_write(tmp_path, squad), tmp_path / "plain", test_articles=2, seed=1)
+    build_squad_beir(_write(tmp_path, squad), tmp_path / "val", test_articles=2, seed=1, validation_articles=2)
+    plain, val = load_beir(tmp_path / "plain"), load_beir(tmp_path / "val")
+    assert set(val.qrels) == {"train", "validation", "test"} and val.qrels["test"] == plain.qrels["test"]
+    train_articles = sorted({_article_of(d) for docs in plain.qrels["train"].values() for d in docs})
+    want = sorted(train_articles, key=lambda a: hashlib.sha256(f"validation:{a}".encode()).hexdigest())[:2]
+    got = {_article_of(d) for docs in val.qrels["validation"].values() for d in docs}
+    assert got == set(want)
+    assert set(val.qrels["train"]) | set(val.qrels["validation"]) == set(plain.qrels["train"])
+    assert not set(val.qrels["train"]) & set(val.qrels["validation"])
+    with pytest.raises(InputError) as err:
+        build_squad_beir(_write(tmp_path, squad), tmp_path / "bad", test_articles=2, validation_articles=6)
+    assert err.value.field == "validation_articles" and not (tmp_path / "bad").exists()
+
+
+@pytest.mark.skipif(not REAL_SQUAD.is_file(), reason="needs ../shared/data/squad")
+def test_the_real_validation_split_is_the_one_the_benchmarks_used(tmp_path):
+    """On the shared 40 articles: 4 validation articles hold 1,095 questions (docs/benchmarks.md)."""
+    manifest = build_squad_beir(REAL_SQUAD, tmp_path / "beir", validation_articles=4)
+    assert {s: v["queries"] for s, v in manifest["splits"].items()} == {"train": 5767, "validation": 1095,
+                                                                         "test": 1535}

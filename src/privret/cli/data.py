@@ -120,6 +120,8 @@ def data_squad_beir(
                                            "--train-queries' sample")] = 0,
     train_queries: Annotated[Optional[int], typer.Option(
         help="keep only this many training questions (a seeded sample: a log of another dataset's size)")] = None,
+    validation_articles: Annotated[int, typer.Option(
+        help="training articles whose questions form a validation split (to choose settings on; not in the log)")] = 0,
 ) -> None:
     """SQuAD as a BEIR dataset: a larger private query log, split by article.
 
@@ -128,11 +130,13 @@ def data_squad_beir(
     are ordered by sha256(seed:title), whatever the file's order: the first
     --test-articles give the test queries, the questions of all the others
     are the train qrels (the private log). No article is in both splits.
-    --train-queries N keeps a seeded sample of N of them."""
+    --validation-articles K moves the questions of K training articles
+    (in sha256("validation:INDEX") order) to a validation split.
+    --train-queries N keeps a seeded sample of N of the rest."""
     from privret.data.squad_beir import build_squad_beir
 
     manifest = build_squad_beir(squad, out_dir, test_articles=test_articles, seed=seed,
-                                train_queries=train_queries)
+                                train_queries=train_queries, validation_articles=validation_articles)
     splits = ", ".join(f"{name}: {len(s['articles'])} articles, {s['queries']} queries"
                        for name, s in manifest["splits"].items())
     out.print(f"{manifest['documents']} documents; {splits}; written to {out_dir}")

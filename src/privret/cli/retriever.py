@@ -53,7 +53,7 @@ def retriever_train(
     unit: Annotated[str, typer.Option(help=f"--dp: {UNIT_HELP}")] = "query",
     clip_norm: Annotated[float, typer.Option(help="--dp: clipping norm (C per unit/batch, B per pair)")] = 1.0,
     max_batch_units: Annotated[Optional[int], typer.Option(help="--dp: cap K on units per step")] = None,
-    trainable: Annotated[str, typer.Option(help="--dp: all, layers, top:K, lora or bias (BitFit)")] = "all",
+    trainable: Annotated[str, typer.Option(help="--dp: all, layers, top:K, lora, bias (BitFit) or bias-top:K (BitFit on the top K layers)")] = "all",
     physical_batch: Annotated[Optional[int], typer.Option(
         help="--dp public-negatives: units per forward pass (memory only; default: the whole batch)")] = None,
     lora_rank: Annotated[int, typer.Option(help="--dp: LoRA rank")] = 8,

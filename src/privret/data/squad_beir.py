@@ -14,6 +14,10 @@ Rules (deterministic; the file is read and validated by :func:`privret.data.fed_
   questions of training articles form the ``train`` qrels (the private log), those of test
   articles the ``test`` qrels: no article has questions in both. Each question has one judgement,
   its own paragraph, score 1.
+* **A validation split** (``validation_articles`` K, optional, default 0): the training articles ordered by
+  ``sha256("validation:<article index>")`` (the article's position in the file, as in its document ids); the
+  first K are validation articles, whose questions form the ``validation`` qrels (searched over the whole corpus,
+  like test). They leave the private log: settings are chosen on them, never on test.
 * **A smaller log** (``train_queries``, optional): only the first ``train_queries`` training questions
   in ``sha256(seed:question id)`` order stay in ``train``; the others are left out of both splits
   (counted in the manifest). A log the size of another dataset's, e.g. a public proxy for SciFact's
@@ -46,6 +50,18 @@ def split_articles(articles: list[dict], test_articles: int, seed: int) -> dict[
     return {art["title"]: "test" if rank < test_articles else "train" for rank, art in enumerate(order)}
 
 
+def carve_validation(split_of: dict[str, str], articles: list[dict], validation_articles: int) -> None:
+    """Mark the first ``validation_articles`` training articles in ``sha256("validation:<index>")`` order
+    ``"validation"`` in ``split_of`` (in place; ``<index>`` is the article's position in ``articles``)."""
+    training = [str(i) for i, art in enumerate(articles) if split_of[art["title"]] == "train"]
+    if not 0 <= validation_articles < len(training):
+        raise InputError(f"must be between 0 and {len(training) - 1} (the file has {len(training)} training "
+                         f"articles)", field="validation_articles")
+    order = sorted(training, key=lambda i: hashlib.sha256(f"validation:{i}".encode()).hexdigest())
+    for i in order[:validation_articles]:
+        split_of[articles[int(i)]["title"]] = "validation"
+
+
 def sample_questions(question_ids: list[str], n: int, seed: int) -> set[str]:
     """The first ``n`` of ``question_ids`` in ``sha256(seed:id)`` order (independent of the given order)."""
     if not 1 <= n <= len(question_ids):
@@ -56,16 +72,18 @@ def sample_questions(question_ids: list[str], n: int, seed: int) -> set[str]:
 
 
 def build_squad_beir(squad_json: str | Path, out_dir: str | Path, *, test_articles: int = 8,
-                     seed: int = 0, train_queries: int | None = None) -> dict:
+                     seed: int = 0, train_queries: int | None = None, validation_articles: int = 0) -> dict:
     """Convert a SQuAD-format file into a BEIR directory ``out_dir`` (atomic); returns the manifest."""
     squad_json, out_dir = Path(squad_json), Path(out_dir)
     if out_dir.exists():
         raise InputError("already exists (remove it or choose another output)", path=out_dir)
     articles = load_squad(squad_json)
     split_of = split_articles(articles, test_articles, seed)
+    carve_validation(split_of, articles, validation_articles)
+    names = ("train", "validation", "test") if validation_articles else ("train", "test")
     corpus: dict[str, Document] = {}
     queries: dict[str, str] = {}
-    qrels: dict[str, Qrels] = {"train": {}, "test": {}}
+    qrels: dict[str, Qrels] = {name: {} for name in names}
     impossible = 0
     for a_i, art in enumerate(articles):
         for p_i, par in enumerate(art["paragraphs"]):
@@ -85,19 +103,23 @@ def build_squad_beir(squad_json: str | Path, out_dir: str | Path, *, test_articl
         kept = sample_questions(list(qrels["train"]), train_queries, seed)
         left_out = len(qrels["train"]) - len(kept)
         qrels["train"] = {q: rel for q, rel in qrels["train"].items() if q in kept}
-        queries = {q: text for q, text in queries.items() if q in kept or q in qrels["test"]}
+        queries = {q: text for q, text in queries.items()
+                   if q in kept or any(q in qrels[name] for name in names if name != "train")}
     manifest = {
         "format_version": FORMAT_VERSION, "source": str(squad_json), "source_sha256": file_sha256(squad_json),
-        "seed": seed, "test_articles": test_articles, "train_queries": train_queries,
+        "seed": seed, "test_articles": test_articles, "validation_articles": validation_articles,
+        "train_queries": train_queries,
         "rules": {"corpus": "every paragraph; id <article index>-<paragraph index> in file order",
                   "split": "articles in sha256(seed:title) order; the first test_articles are test",
+                  "validation": "training articles in sha256('validation:<article index>') order; the first "
+                                "validation_articles are validation",
                   "qrels": "question -> its own paragraph, score 1; is_impossible questions left out",
                   "train_queries": "when set, the first train_queries training questions in sha256(seed:id) "
                                    "order; the others left out"},
         "documents": len(corpus), "impossible_questions_left_out": impossible,
         "training_questions_left_out": left_out,
         "splits": {name: {"articles": sorted(t for t, s in split_of.items() if s == name),
-                          "queries": len(qrels[name])} for name in ("train", "test")},
+                          "queries": len(qrels[name])} for name in names},
     }
     write_beir(out_dir, BeirDataset(corpus=corpus, queries=queries, qrels=qrels), manifest)
     return manifest

@@ -8,7 +8,9 @@ skipped), ``lora`` (LoRA
 adapters of rank ``lora_rank`` on the attention query/key/value projections, merged before saving),
 ``bias`` (BitFit, Ben Zaken, Goldberg and Ravfogel 2022: every bias and LayerNorm parameter of the
 embeddings and layers, about 0.1% of MiniLM-L6's weights; the fewer the parameters, the smaller the
-DP noise's norm at a given noise multiplier).
+DP noise's norm at a given noise multiplier), ``bias-top:K`` (BitFit on the top K layers only: the
+embeddings and lower layers frozen, so their output can be kept per text,
+:mod:`privret.models.frozen_prefix`, and the noise's norm shrinks with the square root of the count).
 """
 
 from __future__ import annotations
@@ -36,19 +38,24 @@ def make_trainable(model, spec: str, *, lora_rank: int = 8) -> dict[str, torch.n
     if spec == "all":
         chosen = [p for n, p in auto.named_parameters() if "pooler" not in n and "position_embeddings" not in n]
     elif spec == "bias":
-        norms = {id(p) for m in auto.modules() if isinstance(m, torch.nn.LayerNorm) for p in m.parameters()}
-        chosen = [p for n, p in auto.named_parameters()
-                  if "pooler" not in n and (n.endswith(".bias") or id(p) in norms)]
+        chosen = _biases(auto)
     elif spec == "layers":
         chosen = list(layers.parameters())
     else:
         k = int(spec.split(":")[1])
         if k > len(layers):
             raise InputError(f"the encoder has {len(layers)} layers, cannot train the top {k}", field="trainable")
-        chosen = [p for layer in layers[-k:] for p in layer.parameters()]
+        top = [layer for layer in layers[-k:]]
+        chosen = [p for layer in top for p in (_biases(layer) if spec.startswith("bias-") else layer.parameters())]
     for p in chosen:
         p.requires_grad_(True)
     return {n: p for n, p in model.named_parameters() if p.requires_grad}
+
+
+def _biases(module: torch.nn.Module) -> list[torch.nn.Parameter]:
+    """Every bias and LayerNorm parameter of ``module`` (BitFit), the pooler's left out."""
+    norms = {id(p) for m in module.modules() if isinstance(m, torch.nn.LayerNorm) for p in m.parameters()}
+    return [p for n, p in module.named_parameters() if "pooler" not in n and (n.endswith(".bias") or id(p) in norms)]
 
 
 def _layer_list(auto) -> torch.nn.ModuleList:

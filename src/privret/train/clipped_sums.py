@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from privret.data.beir import Document
 from privret.errors import InputError
 from privret.models.encoder import features
+from privret.models.frozen_prefix import frozen_prefix
 from privret.privacy.ghost_norms import GhostNorms
 from privret.privacy.logit_dp import loss_logit_grads, pair_norm_bounds, reweighting, row_losses
 from privret.train.settings import METHODS, DPRetrieverConfig
@@ -41,6 +42,13 @@ class StepBatch:
 
 
 def _encode(model, texts: list[str], max_length: int) -> torch.Tensor:
+    """L2-normalised embeddings. When the embeddings and the lower layers are frozen (``top:K``, ``bias-top:K``)
+    only the trainable top runs, on the kept output of the frozen prefix (:mod:`privret.models.frozen_prefix`:
+    exact in eval mode; in training mode the frozen layers see no dropout). The per-unit norms and the clipped
+    sum are unchanged by it: every parameter they involve is in the layers that run."""
+    prefix = frozen_prefix(model)
+    if prefix is not None:
+        return prefix.embed(texts, max_length=max_length).float()
     return F.normalize(model(features(model, texts, max_length=max_length))["sentence_embedding"].float(), dim=-1)
 
 

@@ -117,7 +117,7 @@ class DPRetrieverConfig(BaseModel):
     temperature: float | None = Field(None, gt=0, allow_inf_nan=False,
                                       description="default 0.05, logit-dp 0.5")
     spreadout_weight: float = Field(0.0, ge=0, allow_inf_nan=False, description="logit-dp only")
-    trainable: str = Field("all", pattern=r"^(all|layers|lora|bias|top:[1-9][0-9]*)$")
+    trainable: str = Field("all", pattern=r"^(all|layers|lora|bias|(bias-)?top:[1-9][0-9]*)$")
     lora_rank: int = Field(8, gt=0)
     public_negatives: int = Field(32, gt=0, description="negatives per step (public-negatives)")
     hard_negatives: int = Field(0, ge=0, description="public-negatives: per row, K of the top hard_negative_depth "
