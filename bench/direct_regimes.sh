@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# Issue 12: a direct-DP regime for a log of ~10^3.5 units, chosen on a validation split, never on test.
+#
+# The log: SQuAD's 32 training articles less 4 validation articles (privret data squad-beir --validation-articles 4:
+# 5,767 questions, 28 articles); validation: the 1,095 questions of the 4 carved articles; test: the 1,535 questions
+# of the 8 test articles, all over the 1,703 paragraphs. Every regime is public-negatives with each unit's own hard
+# public negatives (docs/direct-dp.md), at epsilon 8; the candidates differ in what they train and how they step:
+#   REGIMES[name]="privret retriever train options"
+# Steps (each skips what exists, so re-running resumes):
+#   data                    the two BEIR directories (WORK/squad-val, WORK/squad-full)
+#   zero-shot               the public encoder on validation and test (per-query figures)
+#   run:<name>              the DP run of a regime on the log, then its validation evaluation
+#   nonoise:<name>          the same steps with the noise switched off (bench/clip_only.py: NOT DP, a diagnosis)
+#   choose                  the regime with the best validation NDCG@10 (DP runs only; the public encoder, when none
+#                           beats it) -> WORK/choice.txt
+#   test:<name>             a run's test evaluation (for the chosen regime; reporting only for the others)
+#   eps:<name>:<epsilon>    the regime at another epsilon, evaluated on validation and test
+# One thread per job; two jobs fit the 2-core machine side by side.
+#   usage: bench/direct_regimes.sh WORK_DIR STEP...
+set -euo pipefail
+work=$1; shift
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} PRIVRET_BUDGET_DIR=${PRIVRET_BUDGET_DIR:-$work/budget}
+P=.venv/bin/privret
+SQUAD=../shared/data/squad/squad-v1.1-dev-40.json
+D=$work/squad-val
+BASE="--dp public-negatives --data $D --hard-negatives 2 --max-doc-tokens 256 --physical-batch 32 --seed 0 \
+      --allow-over-budget --resume"
+declare -A REGIMES=(
+  [top2-b512-c1]="--trainable bias-top:2 --batch-size 512 --epochs 1 --clip-norm 1 --lr 2e-3"
+)
+ev() {  # $1 model, $2 split, $3 out dir
+  [ -f "$3/per_query.json" ] || { mkdir -p "$3"; $P evaluate --model "$1" --data "$D" --split "$2" \
+      --per-query "$3/per_query.json" --json "$3/metrics.json"; }
+}
+ndcg() { python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['ndcg@10'])" "$1/metrics.json"; }
+for step in "$@"; do
+  case $step in
+    data)
+      [ -d "$D" ] || $P data squad-beir --squad $SQUAD --out "$D" --validation-articles 4
+      [ -d "$work/squad-full" ] || $P data squad-beir --squad $SQUAD --out "$work/squad-full" ;;
+    zero-shot)
+      ev minilm-l6 validation "$work/zero-shot-validation"; ev minilm-l6 test "$work/zero-shot-test" ;;
+    run:*)
+      n=${step#run:}
+      [ -f "$work/$n/privacy_ledger.json" ] || $P retriever train $BASE ${REGIMES[$n]} --epsilon 8 --out "$work/$n"
+      ev "$work/$n" validation "$work/$n-validation"; echo "$n validation: $(ndcg "$work/$n-validation")" ;;
+    nonoise:*)
+      n=${step#nonoise:}
+      [ -f "$work/$n-nonoise/NOT_DP.txt" ] || .venv/bin/python bench/clip_only.py retriever train $BASE ${REGIMES[$n]} \
+          --epsilon 8 --out "$work/$n-nonoise"
+      ev "$work/$n-nonoise" validation "$work/$n-nonoise-validation"
+      echo "$n without noise (not DP) validation: $(ndcg "$work/$n-nonoise-validation")" ;;
+    choose)
+      python3 - "$work" "${!REGIMES[@]}" <<'EOF'
+import json, sys
+from pathlib import Path
+work = Path(sys.argv[1])
+score = lambda d: json.loads((d / "metrics.json").read_text())["ndcg@10"]
+best, best_score = "zero-shot", score(work / "zero-shot-validation")
+for name in sys.argv[2:]:
+    d = work / f"{name}-validation"
+    if (d / "metrics.json").is_file() and score(d) > best_score:
+        best, best_score = name, score(d)
+(work / "choice.txt").write_text(f"{best}\n")
+print(f"chosen on validation: {best} ({best_score:.4f})")
+EOF
+      ;;
+    test:*)
+      n=${step#test:}; ev "$work/$n" test "$work/$n-test"; echo "$n test: $(ndcg "$work/$n-test")" ;;
+    eps:*)
+      rest=${step#eps:}; n=${rest%%:*}; e=${rest#*:}
+      [ -f "$work/$n-eps$e/privacy_ledger.json" ] || $P retriever train $BASE ${REGIMES[$n]} --epsilon "$e" \
+          --out "$work/$n-eps$e"
+      ev "$work/$n-eps$e" validation "$work/$n-eps$e-validation"; ev "$work/$n-eps$e" test "$work/$n-eps$e-test"
+      echo "$n at epsilon $e: validation $(ndcg "$work/$n-eps$e-validation"), test $(ndcg "$work/$n-eps$e-test")" ;;
+    *) echo "unknown step $step" >&2; exit 2 ;;
+  esac
+done
