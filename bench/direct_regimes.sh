@@ -15,6 +15,10 @@
 #                           beats it) -> WORK/choice.txt
 #   test:<name>             a run's test evaluation (for the chosen regime; reporting only for the others)
 #   eps:<name>:<epsilon>    the regime at another epsilon, evaluated on validation and test
+#   seed:<name>:<seed>      the regime at epsilon 8 with another seed (sampling, noise, negatives), both splits
+#   scifact:<name>:<eps>    the regime carried to SciFact's log (807 units) as a rule: its trainable parameters,
+#                           clip, learning rate, hard negatives and its 12 steps, each step taking every unit
+#                           (q = 1: a smaller log gets the largest batch); evaluated on SciFact test
 # One thread per job; two jobs fit the 2-core machine side by side.
 #   usage: bench/direct_regimes.sh WORK_DIR STEP...
 set -euo pipefail
@@ -23,10 +27,12 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} PRIVRET_BUDGET_DIR=${PRIVRET_BUDGET
 P=.venv/bin/privret
 SQUAD=../shared/data/squad/squad-v1.1-dev-40.json
 D=$work/squad-val
-BASE="--dp public-negatives --data $D --hard-negatives 2 --max-doc-tokens 256 --physical-batch 32 --seed 0 \
+BASE="--dp public-negatives --data $D --hard-negatives 2 --max-doc-tokens 256 --physical-batch ${PB:-32} --seed 0 \
       --allow-over-budget --resume"
 declare -A REGIMES=(
   [top2-b512-c1]="--trainable bias-top:2 --batch-size 512 --epochs 1 --clip-norm 1 --lr 2e-3"
+  [top2-b512-c1-lr4]="--trainable bias-top:2 --batch-size 512 --epochs 1 --clip-norm 1 --lr 4e-3"
+  [top3-b512-c1]="--trainable bias-top:3 --batch-size 512 --epochs 1 --clip-norm 1 --lr 2e-3"
 )
 ev() {  # $1 model, $2 split, $3 out dir
   [ -f "$3/per_query.json" ] || { mkdir -p "$3"; $P evaluate --model "$1" --data "$D" --split "$2" \
@@ -73,6 +79,18 @@ EOF
           --out "$work/$n-eps$e"
       ev "$work/$n-eps$e" validation "$work/$n-eps$e-validation"; ev "$work/$n-eps$e" test "$work/$n-eps$e-test"
       echo "$n at epsilon $e: validation $(ndcg "$work/$n-eps$e-validation"), test $(ndcg "$work/$n-eps$e-test")" ;;
+    seed:*)
+      rest=${step#seed:}; n=${rest%%:*}; s=${rest#*:}
+      [ -f "$work/$n-seed$s/privacy_ledger.json" ] || $P retriever train $BASE ${REGIMES[$n]} --epsilon 8 \
+          --seed "$s" --out "$work/$n-seed$s"
+      ev "$work/$n-seed$s" validation "$work/$n-seed$s-validation"; ev "$work/$n-seed$s" test "$work/$n-seed$s-test"
+      echo "$n seed $s: validation $(ndcg "$work/$n-seed$s-validation"), test $(ndcg "$work/$n-seed$s-test")" ;;
+    scifact:*)
+      rest=${step#scifact:}; n=${rest%%:*}; e=${rest#*:}; S=../shared/data/scifact; out=$work/scifact/$n-eps$e
+      D=$S ev minilm-l6 test "$work/scifact/zero-shot-test"
+      [ -f "$out/privacy_ledger.json" ] || $P retriever train ${BASE/--data $D/--data $S} ${REGIMES[$n]} \
+          --batch-size 807 --epochs 12 --epsilon "$e" --out "$out"
+      D=$S ev "$out" test "$out-test"; echo "SciFact $n at epsilon $e: test $(ndcg "$out-test")" ;;
     *) echo "unknown step $step" >&2; exit 2 ;;
   esac
 done

@@ -41,7 +41,11 @@ def ci(base: dict[str, float], other: dict[str, float]) -> list[float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--zero-shot", type=Path, required=True, help="evaluation directory of the zero-shot model")
-    parser.add_argument("--original", type=Path, nargs="+", required=True, help="evaluation directories, one per seed")
+    original = parser.add_mutually_exclusive_group(required=True)
+    original.add_argument("--original", type=Path, nargs="+", help="evaluation directories, one per seed")
+    original.add_argument("--original-ndcg", type=float, default=None,
+                          help="only the original row's mean NDCG@10 is known (measured earlier, its per-query figures "
+                               "gone): retention against it, no CI against the original")
     parser.add_argument("--row", nargs="+", action="append", default=[], metavar="NAME LEDGER_DIR EVAL_DIR",
                         help="a row: its name, the directory of its ledger, then one evaluation directory per seed")
     parser.add_argument("--json", type=Path, required=True)
@@ -51,8 +55,11 @@ def main() -> None:
     args = parser.parse_args()
     zero = per_query(args.zero_shot)
     zero_mean = sum(zero.values()) / len(zero)
-    original_scores, original = seeds(args.original)
-    original_mean, original_sd = mean_sd(original_scores)
+    if args.original:
+        original_scores, original = seeds(args.original)
+        original_mean, original_sd = mean_sd(original_scores)
+    else:
+        original_scores, original, original_mean, original_sd = [args.original_ndcg], None, args.original_ndcg, None
     rows = []
     for name, ledger_dir, *eval_dirs in args.row:
         scores, averaged = seeds([Path(d) for d in eval_dirs])
@@ -60,11 +67,13 @@ def main() -> None:
         ledger = json.loads((Path(ledger_dir) / "privacy_ledger.json").read_text())
         rows.append({"name": name, "epsilon": ledger["epsilon"], "delta": ledger["delta"],
                      "ndcg10_seeds": scores, "ndcg10_mean": mean, "ndcg10_sd": sd, "seeds": len(scores),
-                     "delta_ci95": ci(zero, averaged), "delta_vs_original_ci95": ci(original, averaged),
+                     "delta_ci95": ci(zero, averaged),
+                     "delta_vs_original_ci95": ci(original, averaged) if original else None,
                      "retention": retention(mean, zero_mean, original_mean)})
     result = {"dataset": args.dataset, "zero_shot": {"ndcg10": zero_mean},
               "original": {"ndcg10": original_mean, "ndcg10_sd": original_sd, "ndcg10_seeds": original_scores,
-                           "seeds": len(original_scores), "delta_ci95": ci(zero, original)},
+                           "seeds": len(original_scores) if args.original else None,
+                           "delta_ci95": ci(zero, original) if original else None},
               "rows": rows}
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(result, indent=2) + "\n")
