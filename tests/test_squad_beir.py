@@ -163,6 +163,9 @@ def test_squad_config_loads_once_the_dataset_exists(tmp_path):
     assert ds.qrels["train"] and ds.qrels["test"]
     assert cfg.synthetic_documents.source == "corpus" and cfg.synthetic_documents.sample
     assert cfg.epsilons == [float("inf"), 8, 3]
+    # the direct-DP regime chosen on the carved validation split (bench/direct_regimes.sh), validated at load
+    assert cfg.direct_dp.methods == ["public-negatives"] and cfg.direct_dp.epsilons == [8, 3]
+    assert cfg.direct_dp.settings["trainable"] == "bias-top:3" and cfg.direct_dp.settings["hard_negatives"] == 2
 
 
 @pytest.mark.integration
