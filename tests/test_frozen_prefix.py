@@ -66,3 +66,15 @@ def test_the_frozen_layers_run_once_per_text(top1):
     assert calls == [2, 2]
     assert top1[0].auto_model.encoder.layer is layers  # the model's own layer list is back
     assert frozen_prefix(top1) is prefix  # kept on the model
+
+
+def test_a_changed_trainable_set_is_never_served_from_a_stale_cache(top1):
+    """The cache kept for ``top:1`` must not be used once the lower layer trains too (its kept output would
+    hide that layer from the gradient), and a new one is made when the layer is frozen again."""
+    kept = frozen_prefix(top1)
+    assert kept is not None and kept.n_frozen == 1
+    make_trainable(top1, "all")
+    assert frozen_prefix(top1) is None
+    make_trainable(top1, "bias-top:1")
+    again = frozen_prefix(top1)
+    assert again is not None and again is not kept and again.n_frozen == 1

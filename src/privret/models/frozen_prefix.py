@@ -54,14 +54,18 @@ class FrozenPrefix:
         self.model = model
         self.transformer = model[0]
         self.holder, self.attr = _layer_holder(self.transformer.auto_model)
-        layers = getattr(self.holder, self.attr)
-        embeddings_frozen = not any(p.requires_grad for n, p in self.transformer.auto_model.named_parameters()
-                                    if "embeddings" in n)
-        n = 0
-        while embeddings_frozen and n < len(layers) and not any(p.requires_grad for p in layers[n].parameters()):
-            n += 1
-        self.n_frozen = n
+        self.n_frozen = self.frozen_layers()
         self._states: dict[tuple[str, int | None], torch.Tensor] = {}
+
+    def frozen_layers(self) -> int:
+        """How many of the lowest layers are frozen now (0 when any embedding parameter trains)."""
+        layers = getattr(self.holder, self.attr)
+        if any(p.requires_grad for n, p in self.transformer.auto_model.named_parameters() if "embeddings" in n):
+            return 0
+        n = 0
+        while n < len(layers) and not any(p.requires_grad for p in layers[n].parameters()):
+            n += 1
+        return n
 
     @property
     def useful(self) -> bool:
@@ -128,13 +132,14 @@ class FrozenPrefix:
 
 
 def frozen_prefix(model) -> FrozenPrefix | None:
-    """The :class:`FrozenPrefix` kept on ``model`` (made on first use), or None when nothing below the
+    """The :class:`FrozenPrefix` kept on ``model`` (made on first use, and anew when the frozen layers changed
+    since), or None when nothing below the
     trainable layers is frozen (``all``, ``layers``, ``lora``: no layer to skip) or the cache was switched
     off for this model (:func:`disable_frozen_prefix`)."""
     prefix = getattr(model, "_privret_frozen_prefix", None)
     if prefix is False:
         return None
-    if prefix is None:
+    if prefix is None or prefix.frozen_layers() != prefix.n_frozen:  # first use, or the trainable set changed
         prefix = FrozenPrefix(model)
         model._privret_frozen_prefix = prefix
     return prefix if prefix.useful else None
