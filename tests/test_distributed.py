@@ -81,8 +81,11 @@ def _check_step(result: dict) -> None:
     from distributed_worker import DELTA, SIGMA
 
     assert sum(g.abs().sum().item() for g in result["single"]) > 0
+    # float rounding only: each rank runs (and, for top:K, keeps the frozen prefix of) a different set of texts, so
+    # matrix shapes differ; a dropped or doubly counted unit moves elements by the gradient's scale
+    scale = max(g.abs().max().item() for g in result["single"])
     for shared, single in zip(result["distributed"], result["single"], strict=True):
-        torch.testing.assert_close(shared, single, rtol=1e-4, atol=1e-7)
+        torch.testing.assert_close(shared, single, rtol=1e-4, atol=1e-6 * scale)
     noise = result["noise"].flatten()
     # the sample std of n normals has relative standard error 1/sqrt(2n): allow 5 of them (about 0.7%)
     assert noise.std().item() == pytest.approx(SIGMA * DELTA, rel=5 / math.sqrt(2 * noise.numel()))

@@ -78,3 +78,13 @@ def test_a_changed_trainable_set_is_never_served_from_a_stale_cache(top1):
     make_trainable(top1, "bias-top:1")
     again = frozen_prefix(top1)
     assert again is not None and again is not kept and again.n_frozen == 1
+
+
+def test_filling_the_cache_leaves_every_module_in_the_mode_it_had(top1):
+    """A loader leaves the BERT inside in eval mode under a SentenceTransformer in training mode; filling the
+    cache must not switch the inner dropout on (``model.train(True)`` would)."""
+    top1.train()
+    top1[0].auto_model.eval()
+    modes = [m.training for m in top1.modules()]
+    frozen_prefix(top1).embed(["a query about the immune response"], max_length=16)
+    assert [m.training for m in top1.modules()] == modes

@@ -36,6 +36,19 @@ def _layer_holder(auto) -> tuple[torch.nn.Module, str]:
     raise ValueError("cannot find the transformer layers of this encoder")
 
 
+@contextmanager
+def _eval_mode(model: torch.nn.Module):
+    """``model`` in eval mode, then every submodule back in the mode it had (not ``model.train(flag)``, which would
+    switch on dropout in submodules a loader left in eval mode under a top module in training mode)."""
+    modes = [(m, m.training) for m in model.modules()]
+    model.eval()
+    try:
+        yield
+    finally:
+        for m, training in modes:
+            m.training = training
+
+
 class _Inject(torch.nn.Module):
     """Stands in for the frozen layers: returns the kept states of the batch, whatever it is given."""
 
@@ -85,21 +98,16 @@ class FrozenPrefix:
         if not missing:
             return
         layers = getattr(self.holder, self.attr)
-        was_training = self.model.training
-        self.model.eval()
-        try:
-            with torch.no_grad(), self._layers(list(layers[:self.n_frozen])):
-                for lo in range(0, len(missing), batch_size):
-                    chunk = missing[lo:lo + batch_size]
-                    feats = features(self.model, chunk, max_length=max_length)
-                    hidden = self.transformer(feats)["token_embeddings"]
-                    for text, h, m in zip(chunk, hidden, feats["attention_mask"]):
-                        n = int(m.sum())
-                        if not bool(m[:n].all()):
-                            raise ValueError("the frozen-prefix cache needs right padding (tokens first)")
-                        self._states[text, max_length] = h[:n].detach().clone()
-        finally:
-            self.model.train(was_training)
+        with _eval_mode(self.model), torch.no_grad(), self._layers(list(layers[:self.n_frozen])):
+            for lo in range(0, len(missing), batch_size):
+                chunk = missing[lo:lo + batch_size]
+                feats = features(self.model, chunk, max_length=max_length)
+                hidden = self.transformer(feats)["token_embeddings"]
+                for text, h, m in zip(chunk, hidden, feats["attention_mask"]):
+                    n = int(m.sum())
+                    if not bool(m[:n].all()):
+                        raise ValueError("the frozen-prefix cache needs right padding (tokens first)")
+                    self._states[text, max_length] = h[:n].detach().clone()
 
     def embed(self, texts: list[str], *, max_length: int | None = None) -> torch.Tensor:
         """L2-normalised embeddings, with gradients through the trainable layers only."""
@@ -119,15 +127,10 @@ class FrozenPrefix:
         """float32 L2-normalised embeddings without gradients (eval mode), texts batched by length."""
         order = np.argsort([-len(t) for t in texts], kind="stable")
         out = np.zeros((len(texts), self.model.get_embedding_dimension()), dtype=np.float32)
-        was_training = self.model.training
-        self.model.eval()
-        try:
-            with torch.no_grad():
-                for lo in range(0, len(texts), batch_size):
-                    idx = order[lo:lo + batch_size]
-                    out[idx] = self.embed([texts[i] for i in idx], max_length=max_length).float().cpu().numpy()
-        finally:
-            self.model.train(was_training)
+        with _eval_mode(self.model), torch.no_grad():
+            for lo in range(0, len(texts), batch_size):
+                idx = order[lo:lo + batch_size]
+                out[idx] = self.embed([texts[i] for i in idx], max_length=max_length).float().cpu().numpy()
         return out
 
 
