@@ -70,6 +70,9 @@ def test_federated_run_all_stages_bytes_and_resume(fed_dir, tiny_encoder, tmp_pa
                eval_every=1, per_query_metrics=True)
     res = run_federated_local(cfg, fed_dir, tmp_path / "run", resume=False)
     assert [r["stage"] for r in res["rounds"]] == ["bm25", "hard"]
+    for r in res["rounds"]:  # without DP the server records each client's update norm (to choose a DP clip)
+        assert set(r["update_norms"]) == {"client_00", "client_01"}
+        assert all(0 < v < float("inf") for v in r["update_norms"].values())
     assert set(res["rounds"][0]["evaluation"]) == set(local.LEVELS) and "evaluation" not in res["rounds"][1]
     ev = res["evaluations"]
     assert set(ev) == {"pdd-as2", "+query-encoders", "+query-encoders+fed-negative"}
@@ -126,6 +129,24 @@ def test_dp_flag_records_a_finite_epsilon(side, fed_dir, tiny_encoder, tmp_path)
     for path in (tmp_path / "dp" / "state.json", tmp_path / "dp" / "results.json"):
         rounds = json.loads(path.read_text()).get("history") or json.loads(path.read_text())["rounds"]
         assert [r["train_loss"] for r in rounds] == [None]
+        assert "update_norms" not in rounds[0]  # nor do the sizes of their updates
+
+
+def test_bitfit_of_the_top_layer_trains_and_exchanges_only_its_biases(fed_dir, tiny_encoder, tmp_path):
+    pytest.importorskip("flwr")
+    from privret.federated.arrays import load_arrays, new_encoder, trainable_parameters, weights
+    from privret.federated.runner import run_federated_local
+
+    cfg = _cfg(tiny_encoder, rounds=1, personalize=[], trainable="bias-top:1", learning_rate=1e-2)
+    res = run_federated_local(cfg, fed_dir, tmp_path / "run", resume=False)
+    start = weights(new_encoder(cfg))
+    after = load_arrays(tmp_path / "run" / "global.npz")
+    names = set(trainable_parameters(new_encoder(cfg)))
+    assert set(after) == names and names and all(".layer.1." in n for n in names)
+    assert all(n.endswith(".bias") or "LayerNorm" in n for n in names)
+    assert any(not np.array_equal(after[k].numpy(), start[k].numpy()) for k in names)
+    (r,) = res["rounds"]  # per client: 16-bit updates of the biases, a scale and an .npy header per tensor
+    assert r["bytes_up"] <= 2 * sum(2 * start[k].numpy().size + 400 for k in names)
 
 
 def test_dp_run_keeps_training_statistics_on_the_clients(fed_dir, tiny_encoder, tmp_path, monkeypatch):

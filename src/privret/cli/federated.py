@@ -53,7 +53,8 @@ def federated_train(
     local_epochs: Annotated[Optional[int], typer.Option()] = None,
     train_fraction: Annotated[Optional[float], typer.Option(help="share of each client's training questions")] = None,
     trainable: Annotated[Optional[str], typer.Option(
-        help="parameters trained and exchanged: layers (default; embeddings frozen), all, top:K or lora")] = None,
+        help="parameters trained and exchanged: layers (default; embeddings frozen), all, top:K, lora, "
+             "bias (BitFit) or bias-top:K (BitFit of the top K layers)")] = None,
     wire_dtype: Annotated[Optional[str], typer.Option(
         help="float16 (default), bfloat16 or float32: weights down, updates up")] = None,
     remine_every: Annotated[Optional[int], typer.Option(help="re-mine hard negatives every k-th hard round")] = None,

@@ -48,7 +48,7 @@ class FedConfig(BaseModel):
     bf16: bool = True
     seed: int = 0
     # what a round costs (docs/federated.md, "What a round costs")
-    trainable: str = Field("layers", pattern=r"^(all|layers|lora|top:[1-9][0-9]*)$",
+    trainable: str = Field("layers", pattern=r"^(all|layers|lora|bias|(bias-)?top:[1-9][0-9]*)$",
                            description="parameters trained and exchanged (privret.models.trainable)")
     lora_rank: int = Field(8, gt=0)
     wire_dtype: Literal["float32", "float16", "bfloat16"] = Field(

@@ -18,6 +18,8 @@ import random
 import time
 from pathlib import Path
 
+import numpy as np
+
 from privret.errors import InputError
 from privret.federated import local, wire
 from privret.federated.arrays import checkpoint_round, load_arrays, new_encoder, save_arrays, weights
@@ -91,6 +93,16 @@ def _per_client_metrics(replies) -> dict[str, dict]:
                 values = r.content["per-query"][level].numpy().tolist()
                 result[level]["per_query"] = dict(zip(r.content["info"]["question-ids"], values))
         out[name] = result
+    return dict(sorted(out.items()))
+
+
+def _update_norms(master: ArrayRecord, replies) -> dict[str, float]:
+    """Each client's L2 norm of ``Theta_i - Theta_global`` over the exchanged parameters (float64)."""
+    out = {}
+    for r in replies:
+        model = r.content["arrays"]
+        total = sum(float(((model[k].numpy().astype(np.float64) - master[k].numpy()) ** 2).sum()) for k in master)
+        out[str(r.content["info"]["client"])] = total ** 0.5
     return dict(sorted(out.items()))
 
 
@@ -250,6 +262,7 @@ def _run_server(grid, cfg: FedConfig, out_dir: Path, *, n_clients: int, data_has
         msgs = list(strategy.configure_train(rnd, arrays, ConfigRecord({"stage": stage}), grid))
         replies, down, up = _send(grid, msgs, cfg)
         _check_one_reply_per_client(replies, rnd)
+        norms = _update_norms(arrays, replies) if cfg.dp == "none" else None
         new_arrays, metrics = strategy.aggregate_train(rnd, replies)
         if new_arrays is None:
             raise RuntimeError(f"round {rnd}: aggregation failed")
@@ -258,6 +271,8 @@ def _run_server(grid, cfg: FedConfig, out_dir: Path, *, n_clients: int, data_has
         entry = {"round": rnd, "stage": stage, "bytes_down": down, "bytes_up": up, "questions": n_questions,
                  "seconds": round(time.time() - t0, 1),
                  "train_loss": float(metrics["loss"]) if metrics is not None and "loss" in metrics else None}
+        if norms is not None:  # without DP only: how large the clients' updates are (to choose a DP clip norm)
+            entry["update_norms"] = norms
         written += 1  # announced before the aggregate may reach disk: a kill while saving still counts it
         save_state(rnd - 1)
         save_arrays(ckpt, arrays, round_number=rnd)  # before the new weights leave the server (evaluation)
