@@ -68,24 +68,18 @@ def run_variant(name: str, args, out: Path) -> dict:
     return json.loads(path.read_text())
 
 
-def validation_questions(client, cfg: FedConfig) -> list:
-    """The client's training questions this run does not train on (``train_fraction`` < 1): a validation split."""
-    used = {q.id for q in local.train_questions(client, cfg.max_train_questions, cfg.seed, cfg.train_fraction)}
-    return [q for q in client.split("train") if q.id not in used]
-
-
 def validate(name: str, args, out: Path) -> dict:
     """Pooled metrics of the variant's final global model on every client's validation questions."""
     path = out / f"{name}.json"
     result = json.loads(path.read_text())
     if "validation" in result:
         return result
-    cfg = FedConfig(**result["config"])
+    cfg = FedConfig(**{**result["config"], "evaluation_split": "validation"})
     model = new_encoder(cfg)
     load_weights(model, load_arrays(args.work / name / "global.npz"))
     per_client = {}
     for c in load_fed_squad(args.data):
-        questions = validation_questions(c, cfg)
+        questions = local.evaluation_questions(c, cfg)
         s = local.encode_texts(model, c.sentences, max_length=cfg.max_sentence_tokens)
         q = local.encode_texts(model, [x.text for x in questions], max_length=cfg.max_query_tokens)
         per_client[c.name] = local.evaluate_scores(q @ s.T, c, questions)

@@ -228,12 +228,12 @@ def test_local_epochs_fit_the_training_questions(fed_dir, tiny_encoder):
     model = load_encoder(tiny_encoder)
     qs = client.split("train")
     kw = dict(max_query_tokens=32, max_sentence_tokens=64)
-    before = local.evaluate_dense(model, model, client, split="train", **kw)["sentence"]["mrr@10"]
+    before = local.evaluate_dense(model, model, client, client.split("train"), **kw)["sentence"]["mrr@10"]
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     for epoch in range(15):
         local.train_dual_encoder_epoch(model, client, qs, [[] for _ in qs], optimizer=opt, batch_size=4,
                                        temperature=0.05, rng=random.Random(epoch), **kw)
-    after = local.evaluate_dense(model, model, client, split="train", **kw)["sentence"]["mrr@10"]
+    after = local.evaluate_dense(model, model, client, client.split("train"), **kw)["sentence"]["mrr@10"]
     assert before < 0.95 and after > before and after >= 0.99
 
 
@@ -425,3 +425,23 @@ def test_two_nodes_serving_one_client_are_refused(fed_dir, tiny_encoder, tmp_pat
     with pytest.raises(RuntimeError, match="more than one node answered for client_00"):
         run_server(grid, cfg, tmp_path / "run", n_clients=2)
     assert not (tmp_path / "run" / "global.npz").exists()  # nothing aggregated, nothing released
+
+
+def test_validation_evaluation_scores_the_training_questions_the_run_left_out(fed_dir, tiny_encoder, tmp_path):
+    pytest.importorskip("flwr")
+    from privret.federated.runner import run_federated_local
+
+    cfg = _cfg(tiny_encoder, rounds=1, personalize=["local"], train_fraction=0.5, evaluation_split="validation",
+               per_query_metrics=True)
+    res = run_federated_local(cfg, fed_dir, tmp_path / "run", resume=False)
+    for c in load_fed_squad(fed_dir):
+        trained = {q.id for q in local.train_questions(c, 0, cfg.seed, 0.5)}
+        held_out = {q.id for q in c.split("train")} - trained
+        assert trained
+        for name in ("pdd-as2", "+query-encoders"):
+            assert set(res["evaluations"][name]["per_client"][c.name]["sentence"]["per_query"]) == held_out
+    assert res["evaluations"]["pdd-as2"]["pooled"]["sentence"]["queries"] > 0
+    with pytest.raises(ValueError, match="train_fraction < 1"):
+        FedConfig(evaluation_split="validation")
+    with pytest.raises(ValueError, match="train_fraction < 1"):
+        FedConfig(evaluation_split="validation", train_fraction=0.5, max_train_questions=3)

@@ -12,7 +12,8 @@ Fed-Negative traffic because Flower clients never talk to each other directly):
 * ``train.personalize`` (stage 2): one epoch of the client's own query encoder with the sentence
   encoder frozen; with Fed-Negative the message carries the answers for this client's queries and
   the client keeps the top ``n`` overall (eq. 4.2).
-* ``evaluate``: sentence- and passage-level MRR@10 and Recall@1/20/100 on the client's test split.
+* ``evaluate``: sentence- and passage-level MRR@10 and Recall@1/20/100 on the client's test split (or its
+  validation questions, ``evaluation_split``).
 
 Node config of a SuperNode: ``data-dir`` (a Fed-SQuAD directory) and ``client`` (``client_03``) or
 ``partition-id`` (3). Run config: the :class:`~privret.federated.config.FedConfig` fields (dashes).
@@ -220,7 +221,7 @@ class FedClient:
             model = self.global_model(cfg, msg)
         else:
             model = self.query_encoder(context, cfg, msg, variant)
-        questions = client.split("test")
+        questions = local.evaluation_questions(client, cfg)
         q = local.encode_texts(model, [x.text for x in questions], max_length=cfg.max_query_tokens, bf16=cfg.bf16)
         result = local.evaluate_scores(q @ s.T, client, questions, per_query=cfg.per_query_metrics)
         flat = {f"{level}/{k}": m[k] for level, m in result.items() for k in local.METRIC_NAMES}

@@ -55,6 +55,9 @@ class FedConfig(BaseModel):
         "float16", description="type of the exchanged parameters: weights down, updates up (privret.federated.wire)")
     remine_every: int = Field(1, ge=1, description="hard negatives re-mined every k-th hard round (1 = each round)")
     eval_every: int = Field(0, ge=0, description="evaluate the global model every k rounds (0 = at the end only)")
+    evaluation_split: Literal["test", "validation"] = Field(
+        "test", description="questions the evaluations score: test, or validation (each client's training questions "
+                            "that train_fraction leaves out; for choosing settings without looking at test)")
     per_query_metrics: bool = Field(False, description="evaluation replies carry each test question's reciprocal "
                                                        "rank (paired statistics; the server sees per-question results)")
     # stage 2: client-customized query encoders and Fed-Negative
@@ -81,6 +84,9 @@ class FedConfig(BaseModel):
     def _check(self) -> FedConfig:
         if self.warmup_rounds > self.rounds:
             raise ValueError("warmup_rounds must be <= rounds")
+        if self.evaluation_split == "validation" and (self.train_fraction >= 1 or self.max_train_questions):
+            raise ValueError("evaluation_split = validation needs train_fraction < 1 and no max_train_questions "
+                             "(the validation questions are the training questions the run leaves out)")
         return self
 
     def to_run_config(self) -> dict[str, bool | float | int | str]:

@@ -51,6 +51,15 @@ def train_questions(client: ClientData, cap: int, seed: int, fraction: float = 1
     return qs
 
 
+def evaluation_questions(client: ClientData, cfg: FedConfig) -> list[Question]:
+    """What an evaluation scores (``cfg.evaluation_split``): the client's test questions, or its validation
+    questions, the training questions :func:`train_questions` leaves out (``train_fraction`` < 1)."""
+    if cfg.evaluation_split == "test":
+        return client.split("test")
+    used = {q.id for q in train_questions(client, cfg.max_train_questions, cfg.seed, cfg.train_fraction)}
+    return [q for q in client.split("train") if q.id not in used]
+
+
 def gold_indices(client: ClientData, questions: list[Question]) -> list[set[int]]:
     index = {sid: i for i, sid in enumerate(client.sentence_ids)}
     return [{index[s] for s in q.answer_sentences} for q in questions]
@@ -240,7 +249,11 @@ def as2_metrics(run: dict[str, dict[str, float]], qrels: dict[str, dict[str, int
 
 def evaluate_scores(scores: np.ndarray, client: ClientData, questions: list[Question], *,
                     per_query: bool = False) -> dict[str, dict]:
-    """Sentence- and passage-level metrics of a ``[Q, N]`` query x sentence score matrix."""
+    """Sentence- and passage-level metrics of a ``[Q, N]`` query x sentence score matrix (a client with no question
+    to score, e.g. no validation question left, counts 0 queries and weighs nothing in :func:`pooled`)."""
+    if not questions:
+        empty = {**{k: 0.0 for k in METRIC_NAMES}, "queries": 0, **({"per_query": {}} if per_query else {})}
+        return {level: dict(empty) for level in LEVELS}
     qids = [q.id for q in questions]
     sentence_qrels = {q.id: {s: 1 for s in q.answer_sentences} for q in questions}
     passage_qrels = {q.id: {q.passage_id: 1} for q in questions}
@@ -249,10 +262,9 @@ def evaluate_scores(scores: np.ndarray, client: ClientData, questions: list[Ques
             "passage": as2_metrics(_run(p_scores, qids, pids), passage_qrels, per_query=per_query)}
 
 
-def evaluate_dense(query_model, sentence_model, client: ClientData, *, split: str = "test", max_query_tokens: int,
-                   max_sentence_tokens: int, bf16: bool = False, sentence_emb: np.ndarray | None = None,
-                   per_query: bool = False) -> dict:
-    questions = client.split(split)
+def evaluate_dense(query_model, sentence_model, client: ClientData, questions: list[Question], *,
+                   max_query_tokens: int, max_sentence_tokens: int, bf16: bool = False,
+                   sentence_emb: np.ndarray | None = None, per_query: bool = False) -> dict:
     if sentence_emb is None:
         sentence_emb = encode_texts(sentence_model, client.sentences, max_length=max_sentence_tokens, bf16=bf16)
     q = encode_texts(query_model, [x.text for x in questions], max_length=max_query_tokens, bf16=bf16)

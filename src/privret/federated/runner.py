@@ -119,7 +119,8 @@ def _stages(cfg: FedConfig) -> list[tuple[int, str]]:
 
 
 def _evaluate(model, client: ClientData, cfg: FedConfig) -> dict:
-    return local.evaluate_dense(model, model, client, max_query_tokens=cfg.max_query_tokens,
+    return local.evaluate_dense(model, model, client, local.evaluation_questions(client, cfg),
+                                max_query_tokens=cfg.max_query_tokens,
                                 max_sentence_tokens=cfg.max_sentence_tokens, bf16=cfg.bf16,
                                 per_query=cfg.per_query_metrics)
 

@@ -159,7 +159,8 @@ def _fed_negative_exchange(grid, nodes, arrays, version: str, variant: str, cfg:
 # evaluations (which results.json redoes when they change); stage 1 may only get more rounds
 RUNTIME_FIELDS = {"round_timeout", "device"}
 STAGE2_FIELDS = {"personalize", "personal_epochs", "personal_learning_rate", "personal_batch_size",
-                 "personal_negatives", "personal_hard_k", "fed_negatives", "fed_select", "per_query_metrics"}
+                 "personal_negatives", "personal_hard_k", "fed_negatives", "fed_select", "per_query_metrics",
+                 "evaluation_split"}
 
 
 def _fingerprint(cfg: FedConfig) -> dict:
