@@ -52,6 +52,9 @@ def main() -> None:
     parser.add_argument("--utility-json", type=Path, default=None,
                         help="also set this dataset's entry of bench/results/privacy_utility.json")
     parser.add_argument("--dataset", default="scifact")
+    parser.add_argument("--append", action="store_true",
+                        help="add these rows to the dataset's entry of --utility-json (a row of the same name is "
+                             "replaced) instead of replacing the entry; its zero-shot and original stay")
     args = parser.parse_args()
     zero = per_query(args.zero_shot)
     zero_mean = sum(zero.values()) / len(zero)
@@ -80,8 +83,13 @@ def main() -> None:
     if args.utility_json is not None:
         keys = ("name", "epsilon", "ndcg10_mean", "ndcg10_sd", "seeds", "delta_ci95", "retention")
         existing = json.loads(args.utility_json.read_text()) if args.utility_json.exists() else {}
-        existing[args.dataset] = {"zero_shot": result["zero_shot"], "original": {"ndcg10": original_mean},
-                                  "rows": [{k: row[k] for k in keys} for row in rows]}
+        new_rows = [{k: row[k] for k in keys} for row in rows]
+        entry = existing.get(args.dataset) if args.append else None
+        if entry is None:
+            entry = {"zero_shot": result["zero_shot"], "original": {"ndcg10": original_mean}, "rows": []}
+        names = {row["name"] for row in new_rows}
+        entry["rows"] = [row for row in entry["rows"] if row["name"] not in names] + new_rows
+        existing[args.dataset] = entry
         args.utility_json.write_text(json.dumps(existing, indent=2) + "\n")
     print(json.dumps(result, indent=2))
 
