@@ -132,3 +132,32 @@ def test_cli_federated_train_bm25_and_bad_config(tiny_squad, tmp_path):
     res = runner.invoke(app, ["federated", "train", "--data", str(tmp_path / "fed"), "--out", str(tmp_path / "r4"),
                               "--baseline", "bm25", "--wire-dtype", "float8"])
     assert isinstance(res.exception, InputError) and not (tmp_path / "r4").exists()
+
+
+def test_cli_federated_train_on_the_validation_split_at_a_learning_rate(tiny_squad, tiny_encoder, tmp_path):
+    from typer.testing import CliRunner
+
+    from privret.cli import app
+    from privret.data.fed_squad import load_fed_squad
+    from privret.errors import InputError
+    from privret.federated import local
+    from privret.federated.config import FedConfig
+
+    runner = CliRunner()
+    fed = tmp_path / "fed"
+    assert runner.invoke(app, ["data", "fed-squad", "--squad", str(tiny_squad), "--out", str(fed),
+                               "--clients", "2"]).exit_code == 0
+    res = runner.invoke(app, ["federated", "train", "--data", str(fed), "--out", str(tmp_path / "r"), "--baseline",
+                              "zero-shot", "--model", tiny_encoder, "--train-fraction", "0.5", "--evaluation-split",
+                              "validation", "--learning-rate", "1e-3"])
+    assert res.exit_code == 0, res.output
+    saved = json.loads((tmp_path / "r" / "zero-shot.json").read_text())
+    cfg = FedConfig(**saved["config"])
+    assert cfg.learning_rate == 1e-3 and cfg.evaluation_split == "validation"
+    for c in load_fed_squad(fed):
+        held_out = len(c.split("train")) - len(local.train_questions(c, 0, 0, 0.5))
+        assert saved["per_client"][c.name]["sentence"]["queries"] == held_out
+    res = runner.invoke(app, ["federated", "train", "--data", str(fed), "--out", str(tmp_path / "r2"), "--baseline",
+                              "zero-shot", "--evaluation-split", "validation"])
+    assert isinstance(res.exception, InputError) and "train_fraction" in str(res.exception)
+    assert not (tmp_path / "r2").exists()

@@ -51,6 +51,8 @@ def federated_train(
     rounds: Annotated[Optional[int], typer.Option(help="FedAvg rounds")] = None,
     warmup_rounds: Annotated[Optional[int], typer.Option(help="rounds with BM25 negatives")] = None,
     local_epochs: Annotated[Optional[int], typer.Option()] = None,
+    learning_rate: Annotated[Optional[float], typer.Option(
+        help="AdamW learning rate of local training (default 3e-5; BitFit wants about 1e-3)")] = None,
     train_fraction: Annotated[Optional[float], typer.Option(help="share of each client's training questions")] = None,
     trainable: Annotated[Optional[str], typer.Option(
         help="parameters trained and exchanged: layers (default; embeddings frozen), all, top:K, lora, "
@@ -59,6 +61,9 @@ def federated_train(
         help="float16 (default), bfloat16 or float32: weights down, updates up")] = None,
     remine_every: Annotated[Optional[int], typer.Option(help="re-mine hard negatives every k-th hard round")] = None,
     eval_every: Annotated[Optional[int], typer.Option(help="evaluate every k rounds (0: at the end only)")] = None,
+    evaluation_split: Annotated[Optional[str], typer.Option(
+        help="test (default) or validation: the training questions --train-fraction leaves out, to choose "
+             "settings without looking at test")] = None,
     dp: Annotated[Optional[str], typer.Option(help="none, server or client (Flower DP-FedAvg wrappers)")] = None,
     dp_noise_multiplier: Annotated[Optional[float], typer.Option()] = None,
     dp_epsilon: Annotated[Optional[float], typer.Option(
@@ -76,6 +81,7 @@ def federated_train(
     torch.set_num_threads(threads)
     cfg = _fed_config(config, model=model, rounds=rounds, warmup_rounds=warmup_rounds, local_epochs=local_epochs,
                       train_fraction=train_fraction, trainable=trainable, wire_dtype=wire_dtype,
+                      learning_rate=learning_rate, evaluation_split=evaluation_split,
                       remine_every=remine_every, eval_every=eval_every, dp=dp, dp_noise_multiplier=dp_noise_multiplier,
                       dp_clip_norm=dp_clip_norm, device=device)
     if dp_epsilon is not None:
