@@ -26,59 +26,29 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
-from pathlib import Path
 
 import numpy as np
-import torch
 
-from privret.data.fed_squad import build_fed_squad, load_fed_squad
+from fed_steps import add_data_arguments, add_recipe_arguments, per_question, prepare, recipe, step
+
+from privret.data.fed_squad import load_fed_squad
 from privret.evaluate.statistics import mean_sd, paired_bootstrap_ci
 from privret.federated.config import FedConfig
-from privret.federated.runner import evaluate_zero_shot, run_federated_local, save_result
+from privret.federated.runner import evaluate_zero_shot, run_federated_local
 from privret.federated.strategy import with_target_epsilon
-
-SQUAD = Path(__file__).resolve().parents[2] / "shared" / "data" / "squad" / "squad-v1.1-dev-40.json"
-
-
-def step(path: Path, fn) -> dict:
-    if path.is_file():
-        print(f"[skip] {path}", flush=True)
-        return json.loads(path.read_text())
-    print(f"[run] {path}", flush=True)
-    t0 = time.time()
-    save_result(path, fn(), seconds=round(time.time() - t0, 1))
-    return json.loads(path.read_text())
-
-
-def per_question(result: dict) -> dict[str, float]:
-    return {q: v for m in result["per_client"].values() for q, v in m["sentence"]["per_query"].items()}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--squad", type=Path, default=SQUAD)
-    ap.add_argument("--data", type=Path, default=Path("runs/fed-squad"), help="Fed-SQuAD dir (built if missing)")
-    ap.add_argument("--out", type=Path, default=Path("bench/results/federated_dp"))
-    ap.add_argument("--work", type=Path, default=Path("runs/federated-dp"), help="checkpoints")
+    add_data_arguments(ap, out="bench/results/federated_dp", work="runs/federated-dp")
     ap.add_argument("--epsilon", type=float, default=8.0)
     ap.add_argument("--clips", type=float, nargs="+", required=True, help="candidate clip norms C")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0], help="test runs of the chosen C")
-    ap.add_argument("--rounds", type=int, default=10)
-    ap.add_argument("--trainable", default="bias-top:3")
-    ap.add_argument("--learning-rate", type=float, default=1e-3)
-    ap.add_argument("--train-fraction", type=float, default=0.1)
-    ap.add_argument("--remine-every", type=int, default=3)
-    ap.add_argument("--threads", type=int, default=1)
+    add_recipe_arguments(ap, trainable="bias-top:3", learning_rate=1e-3)
     args = ap.parse_args()
-    torch.set_num_threads(args.threads)
-    if not args.data.is_dir():
-        build_fed_squad(args.squad, args.data)
+    prepare(args)
     clients = load_fed_squad(args.data)
-    args.out.mkdir(parents=True, exist_ok=True)
-    base = FedConfig(rounds=args.rounds, train_fraction=args.train_fraction, remine_every=args.remine_every,
-                     trainable=args.trainable, learning_rate=args.learning_rate, personalize=[],
-                     per_query_metrics=True, dp="server")
+    base = recipe(args, personalize=[], per_query_metrics=True, dp="server")
 
     def config(clip: float, seed: int, split: str) -> FedConfig:
         return with_target_epsilon(base.model_copy(update={"dp_clip_norm": clip, "seed": seed,

@@ -24,29 +24,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
-from pathlib import Path
 
 import numpy as np
-import torch
 
-from privret.data.fed_squad import build_fed_squad
+from fed_steps import add_data_arguments, add_recipe_arguments, per_question, prepare, recipe, step
+
 from privret.evaluate.statistics import mean_sd, paired_bootstrap_ci
-from privret.federated.config import FedConfig
-from privret.federated.runner import run_federated_local, save_result
+from privret.federated.runner import run_federated_local
 
-SQUAD = Path(__file__).resolve().parents[2] / "shared" / "data" / "squad" / "squad-v1.1-dev-40.json"
 ORDER = ["pdd-as2", "+query-encoders", "+query-encoders+fed-negative"]
-
-
-def step(path: Path, fn) -> dict:
-    if path.is_file():
-        print(f"[skip] {path}", flush=True)
-        return json.loads(path.read_text())
-    print(f"[run] {path}", flush=True)
-    t0 = time.time()
-    save_result(path, fn(), seconds=round(time.time() - t0, 1))
-    return json.loads(path.read_text())
 
 
 def candidate(text: str) -> tuple[int, float]:
@@ -54,31 +40,15 @@ def candidate(text: str) -> tuple[int, float]:
     return int(epochs), float(lr)
 
 
-def per_question(result: dict) -> dict[str, float]:
-    return {q: v for m in result["per_client"].values() for q, v in m["sentence"]["per_query"].items()}
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--squad", type=Path, default=SQUAD)
-    ap.add_argument("--data", type=Path, default=Path("runs/fed-squad"), help="Fed-SQuAD dir (built if missing)")
-    ap.add_argument("--out", type=Path, default=Path("bench/results/federated_ccqe"))
-    ap.add_argument("--work", type=Path, default=Path("runs/federated-ccqe"), help="checkpoints")
+    add_data_arguments(ap, out="bench/results/federated_ccqe", work="runs/federated-ccqe")
     ap.add_argument("--candidates", nargs="+", required=True, help="personal fine-tunes as EPOCHSxLR, e.g. 3x3e-5")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0], help="test runs (seed 0 is also the validation run)")
-    ap.add_argument("--rounds", type=int, default=10)
-    ap.add_argument("--trainable", default="layers")
-    ap.add_argument("--learning-rate", type=float, default=3e-5)
-    ap.add_argument("--train-fraction", type=float, default=0.1)
-    ap.add_argument("--remine-every", type=int, default=3)
-    ap.add_argument("--threads", type=int, default=1)
+    add_recipe_arguments(ap, trainable="layers", learning_rate=3e-5)
     args = ap.parse_args()
-    torch.set_num_threads(args.threads)
-    if not args.data.is_dir():
-        build_fed_squad(args.squad, args.data)
-    args.out.mkdir(parents=True, exist_ok=True)
-    base = FedConfig(rounds=args.rounds, train_fraction=args.train_fraction, remine_every=args.remine_every,
-                     trainable=args.trainable, learning_rate=args.learning_rate, per_query_metrics=True)
+    prepare(args)
+    base = recipe(args, per_query_metrics=True)
 
     def run(seed: int, split: str, personalize: list[str], epochs: int = 1, lr: float = 1e-5) -> dict:
         cfg = base.model_copy(update={"seed": seed, "evaluation_split": split, "personalize": personalize,
