@@ -18,7 +18,7 @@ Candidates for C come from the clients' update norms of a run without DP (``upda
 split is (documented, not counted in the ledger). Every step writes ``OUT/<step>.json`` and is skipped when it
 exists:
 
-    OMP_NUM_THREADS=1 .venv/bin/python bench/federated_dp_regime.py --clips 0.03 0.3 --seeds 0 1 \\
+    OMP_NUM_THREADS=1 .venv/bin/python bench/federated_dp_regime.py --clips 0.03 0.1 0.3 --seeds 0 1 2 \\
         --out bench/results/federated_dp --work runs/federated-dp
 """
 
