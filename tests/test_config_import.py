@@ -5,6 +5,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 HEAVY = ("torch", "transformers", "privret.train.dp_retriever", "privret.train.generator", "privret.train.retriever",
          "privret.synth.generate", "privret.synth.filter")
 
@@ -29,3 +31,15 @@ def test_loading_a_config_imports_no_torch_nor_trainer(tmp_path):
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "", f"loading a config imported {done.stdout.strip()}"
+
+
+def test_a_path_with_a_nul_byte_is_refused_with_its_field(tmp_path):
+    """Found by the property test of pipeline YAML: pathlib's resolve raised a bare ValueError on it."""
+    from privret.config import load_config
+    from privret.errors import InputError
+
+    path = tmp_path / "p.yaml"
+    path.write_text('name: nul\nepsilons: [8]\ndataset: "data\\0set"\n')
+    with pytest.raises(InputError) as err:
+        load_config(path)
+    assert err.value.field == "dataset" and "NUL" in str(err.value)

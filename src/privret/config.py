@@ -223,12 +223,17 @@ def load_config(path: str | Path) -> PipelineConfig:
             own = err.errors()[0]["loc"][0] in grid.per_method.get(method, {})
             section = f"per_method.{method}" if own else "settings"
             raise invalid_input(err, path=path, under=f"direct_dp.{section}") from None
-    if not config.dataset.is_absolute():
-        config.dataset = (path.parent / config.dataset).resolve()
-    public_pairs = config.public_rows.public_pairs
-    if public_pairs is not None and not public_pairs.is_absolute():
-        config.public_rows.public_pairs = (path.parent / public_pairs).resolve()
-    ids_file = config.synthetic_documents.ids_file
-    if ids_file is not None and not ids_file.is_absolute():
-        config.synthetic_documents.ids_file = (path.parent / ids_file).resolve()
+    config.dataset = _beside(path, config.dataset, "dataset")
+    if config.public_rows.public_pairs is not None:
+        config.public_rows.public_pairs = _beside(path, config.public_rows.public_pairs, "public_rows.public_pairs")
+    if config.synthetic_documents.ids_file is not None:
+        config.synthetic_documents.ids_file = _beside(path, config.synthetic_documents.ids_file,
+                                                      "synthetic_documents.ids_file")
     return config
+
+
+def _beside(config_path: Path, value: Path, field: str) -> Path:
+    """``value`` as written, or resolved against the config's folder when relative; a NUL byte is refused."""
+    if "\x00" in str(value):
+        raise InputError("a path may not contain a NUL byte", path=config_path, field=field)
+    return value if value.is_absolute() else (config_path.parent / value).resolve()
