@@ -62,8 +62,8 @@ def main() -> None:
     zero = {split: step(args.out / f"zero-shot-{split}.json",
                         lambda s=split: evaluate_zero_shot(base.model_copy(update={"evaluation_split": s}), clients))
             for split in ("validation", "test")}
-    validation = {clip: step(args.out / f"clip{clip:g}-seed0-validation.json", lambda c=clip: dp_run(c, 0, "validation"))
-                  for clip in args.clips}
+    validation = {clip: step(args.out / f"clip{clip:g}-seed0-validation.json",
+                             lambda c=clip: dp_run(c, 0, "validation")) for clip in args.clips}
     score = {clip: r["pooled"]["sentence"]["mrr@10"] for clip, r in validation.items()}
     best = max(score, key=score.get)
     chosen = best if score[best] > zero["validation"]["pooled"]["sentence"]["mrr@10"] else None

@@ -61,7 +61,8 @@ def main() -> None:
     scores = {}
     for text in args.candidates:
         epochs, lr = candidate(text)
-        res = step(args.out / f"ccqe-{text}-validation.json", lambda e=epochs, r=lr: run(0, "validation", ["local"], e, r))
+        res = step(args.out / f"ccqe-{text}-validation.json",
+                   lambda e=epochs, r=lr: run(0, "validation", ["local"], e, r))
         scores[text] = res["evaluations"]["+query-encoders"]["pooled"]["sentence"]["mrr@10"]
     best = max(scores, key=scores.get)
     chosen = best if scores[best] > global_score else None

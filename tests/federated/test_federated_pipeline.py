@@ -445,3 +445,14 @@ def test_validation_evaluation_scores_the_training_questions_the_run_left_out(fe
         FedConfig(evaluation_split="validation")
     with pytest.raises(ValueError, match="train_fraction < 1"):
         FedConfig(evaluation_split="validation", train_fraction=0.5, max_train_questions=3)
+
+
+def test_a_client_with_no_question_to_score_weighs_nothing_in_the_pooled_metrics(fed_dir):
+    clients = load_fed_squad(fed_dir)
+    c = clients[0]
+    questions = c.split("test")
+    scores = np.random.default_rng(0).normal(size=(len(questions), len(c.sentences)))
+    full = local.evaluate_scores(scores, c, questions, per_query=True)
+    empty = local.evaluate_scores(np.zeros((0, len(c.sentences))), c, [], per_query=True)
+    assert all(empty[level]["queries"] == 0 and empty[level]["per_query"] == {} for level in local.LEVELS)
+    assert local.pooled({"a": full, "b": empty}) == local.pooled({"a": full})

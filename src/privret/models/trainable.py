@@ -45,7 +45,8 @@ def make_trainable(model, spec: str, *, lora_rank: int = 8) -> dict[str, torch.n
         k = int(spec.split(":")[1])
         if k > len(layers):
             raise InputError(f"the encoder has {len(layers)} layers, cannot train the top {k}", field="trainable")
-        chosen = [p for layer in layers[-k:] for p in (_biases(layer) if spec.startswith("bias-") else layer.parameters())]
+        bitfit = spec.startswith("bias-")
+        chosen = [p for layer in layers[-k:] for p in (_biases(layer) if bitfit else layer.parameters())]
     for p in chosen:
         p.requires_grad_(True)
     return {n: p for n, p in model.named_parameters() if p.requires_grad}
