@@ -32,6 +32,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from fed_steps import SQUAD, per_question, seed_mean
 
 from privret.data.fed_squad import build_fed_squad, load_fed_squad
 from privret.evaluate.statistics import mean_sd, paired_bootstrap_ci
@@ -47,7 +48,6 @@ from privret.federated.runner import (
     train_local_only,
 )
 
-SQUAD = Path(__file__).resolve().parents[2] / "shared" / "data" / "squad" / "squad-v1.1-dev-40.json"
 ROWS = [("BM25", "bm25"), ("zero-shot encoder", "zero-shot"), ("local-only", "local-only"),
         ("PDD-AS2", "pdd-as2"), ("+ client-customized query encoders", "+query-encoders"),
         ("+ Fed-Negative", "+query-encoders+fed-negative"), ("central (upper bound)", "central")]
@@ -115,14 +115,6 @@ def run_seed(cfg: FedConfig, clients, args, out: Path) -> dict[str, dict] | None
     return {key: value for key, value in results.items() if value is not None}
 
 
-def _per_question(result: dict, level: str = "sentence") -> dict[str, float]:
-    return {q: v for m in result["per_client"].values() for q, v in m[level]["per_query"].items()}
-
-
-def _seed_mean(per_seed: list[dict[str, float]]) -> dict[str, float]:
-    return {q: float(np.mean([r[q] for r in per_seed])) for q in per_seed[0]}
-
-
 def _fmt(values: list[float]) -> str:
     mean, sd = mean_sd(values)
     return f"{mean:.3f}" if len(values) == 1 else f"{mean:.3f} ± {sd:.3f}"
@@ -148,7 +140,7 @@ def table(seedless: dict[str, dict], seeds: dict[int, dict[str, dict]], clients)
     lines += ["", "Each step of the ordering: difference in sentence MRR@10 (seed means), with the paired 95% "
               "bootstrap CI over the test questions of the seed-averaged per-question reciprocal ranks:", "",
               "| step | Δ S MRR@10 | 95% CI |", "|---|---:|---|"]
-    per_q = {k: _seed_mean([_per_question(r) for r in v]) for k, v in rows.items()}
+    per_q = {k: seed_mean([per_question(r) for r in v]) for k, v in rows.items()}
     steps = [(a, b) for a, b in zip(ORDERING, ORDERING[1:]) if a in rows and b in rows]
     steps += [("local-only", "+query-encoders")] if "+query-encoders" in rows else []
     steps += [("zero-shot", key) for key in rows if key.startswith("dp-eps")]  # the DP goal: above zero-shot

@@ -18,8 +18,11 @@ Choices are made on validation: every client's training questions that the run d
 (``--train-fraction`` < 1 leaves them out), scored by each variant's final global model; the test
 questions are reported beside, never used to choose.
 
-``--remine-every`` applies to all but ``before``. Each variant writes ``OUT/<variant>.json`` and is skipped
-when it exists, so an interrupted run continues. The table goes to ``OUT/rounds.md``:
+``--remine-every`` applies to all but ``before``. Each variant writes ``OUT/<variant>.json`` (with each validation
+and test question's reciprocal rank) and is skipped when it exists, so an interrupted run continues. The table
+goes to ``OUT/rounds.md``, with a paired 95% bootstrap CI of each variant's sentence MRR@10 against the first
+variant's, over the same validation and test questions (variants saved before per-question scores were kept
+have no CI):
 
     OMP_NUM_THREADS=2 .venv/bin/python bench/bench_federated_rounds.py --threads 2 \\
         --out bench/results/federated_rounds
@@ -33,14 +36,14 @@ import time
 from pathlib import Path
 
 import torch
+from fed_steps import SQUAD, per_question
 
 from privret.data.fed_squad import build_fed_squad, load_fed_squad
+from privret.evaluate.statistics import paired_bootstrap_ci
 from privret.federated import local
 from privret.federated.arrays import load_arrays, load_weights, new_encoder
 from privret.federated.config import FedConfig
 from privret.federated.runner import run_federated_local, save_result
-
-SQUAD = Path(__file__).resolve().parents[2] / "shared" / "data" / "squad" / "squad-v1.1-dev-40.json"
 VARIANTS = {
     "before": dict(trainable="all", wire_dtype="float32", remine_every=1),
     "layers-fp32": dict(trainable="layers", wire_dtype="float32"),
@@ -59,12 +62,13 @@ def run_variant(name: str, args, out: Path) -> dict:
         return json.loads(path.read_text())
     knobs = {"remine_every": args.remine_every, **VARIANTS[name]}
     cfg = FedConfig(model=args.model, rounds=args.rounds, warmup_rounds=args.warmup_rounds,
-                    train_fraction=args.train_fraction, personalize=[], seed=args.seed, **knobs)
+                    train_fraction=args.train_fraction, personalize=[], seed=args.seed, per_query_metrics=True,
+                    **knobs)
     print(f"[run] {name}: {knobs}", flush=True)
     t0 = time.time()
     res = run_federated_local(cfg, args.data, args.work / name, resume=True)
-    save_result(path, {"config": res["config"], "rounds": res["rounds"],
-                       "pooled": res["evaluations"]["pdd-as2"]["pooled"]}, seconds=round(time.time() - t0, 1))
+    save_result(path, {"config": res["config"], "rounds": res["rounds"], **res["evaluations"]["pdd-as2"]},
+                seconds=round(time.time() - t0, 1))
     return json.loads(path.read_text())
 
 
@@ -74,7 +78,7 @@ def validate(name: str, args, out: Path) -> dict:
     result = json.loads(path.read_text())
     if "validation" in result:
         return result
-    cfg = FedConfig(**{**result["config"], "evaluation_split": "validation"})
+    cfg = FedConfig(**{**result["config"], "evaluation_split": "validation", "per_query_metrics": True})
     model = new_encoder(cfg)
     load_weights(model, load_arrays(args.work / name / "global.npz"))
     per_client = {}
@@ -82,8 +86,8 @@ def validate(name: str, args, out: Path) -> dict:
         questions = local.evaluation_questions(c, cfg)
         s = local.encode_texts(model, c.sentences, max_length=cfg.max_sentence_tokens)
         q = local.encode_texts(model, [x.text for x in questions], max_length=cfg.max_query_tokens)
-        per_client[c.name] = local.evaluate_scores(q @ s.T, c, questions)
-    result["validation"] = local.pooled(per_client)
+        per_client[c.name] = local.evaluate_scores(q @ s.T, c, questions, per_query=True)
+    result["validation"] = {"per_client": per_client, **local.pooled(per_client)}
     save_result(path, result)
     return result
 
@@ -105,6 +109,28 @@ def table(results: dict[str, dict]) -> str:
                      f"{seconds(rounds, 'hard-reuse')} | {mb:.1f} | "
                      f"{r['validation']['sentence']['mrr@10']:.4f} | "
                      f"{r['pooled']['sentence']['mrr@10']:.4f} | {r['pooled']['passage']['mrr@10']:.4f} |")
+    return "\n".join(lines) + "\n" + paired_differences(results)
+
+
+def paired_differences(results: dict[str, dict]) -> str:
+    """Each variant's sentence MRR@10 minus the first variant's, with the paired bootstrap 95% CI over the same
+    questions (validation and test); variants without per-question scores are left out."""
+    scored = {name: r for name, r in results.items() if "per_client" in r and "per_client" in r["validation"]}
+    if len(scored) < 2:
+        return ""
+    (base_name, base), *others = scored.items()
+    lines = ["", f"Paired against {base_name} (sentence MRR@10; 95% bootstrap CI over the questions):", "",
+             "| variant | validation delta [95% CI] | test delta [95% CI] |", "|---|---:|---:|"]
+    for name, r in others:
+        cells = []
+        for split in ("validation", "test"):
+            a = per_question(base["validation"] if split == "validation" else base)
+            b = per_question(r["validation"] if split == "validation" else r)
+            ids = sorted(a)
+            x, y = [a[q] for q in ids], [b[q] for q in ids]
+            lo, hi = paired_bootstrap_ci(x, y)
+            cells.append(f"{(sum(y) - sum(x)) / len(ids):+.4f} [{lo:+.4f}, {hi:+.4f}]")
+        lines.append(f"| {name} | {cells[0]} | {cells[1]} |")
     return "\n".join(lines) + "\n"
 
 

@@ -16,9 +16,11 @@
 #   test:<name>             a run's test evaluation (for the chosen regime; reporting only for the others)
 #   eps:<name>:<epsilon>    the regime at another epsilon, evaluated on validation and test
 #   seed:<name>:<seed>      the regime at epsilon 8 with another seed (sampling, noise, negatives), both splits
-#   scifact:<name>:<eps>    the regime carried to SciFact's log (807 units) as a rule: its trainable parameters,
+#   scifact:<name>:<eps>[:<seed>]
+#                           the regime carried to SciFact's log (807 units) as a rule: its trainable parameters,
 #                           clip, learning rate, hard negatives and its 12 steps, each step taking every unit
-#                           (q = 1: a smaller log gets the largest batch); evaluated on SciFact test
+#                           (q = 1: a smaller log gets the largest batch); evaluated on SciFact test; seed 0 unless
+#                           given (another seed: noise and negatives drawn; WORK/scifact/<name>-eps<eps>-seed<seed>)
 # One thread per job; two jobs fit the 2-core machine side by side.
 #   usage: bench/direct_regimes.sh WORK_DIR STEP...
 set -euo pipefail
@@ -86,11 +88,12 @@ EOF
       ev "$work/$n-seed$s" validation "$work/$n-seed$s-validation"; ev "$work/$n-seed$s" test "$work/$n-seed$s-test"
       echo "$n seed $s: validation $(ndcg "$work/$n-seed$s-validation"), test $(ndcg "$work/$n-seed$s-test")" ;;
     scifact:*)
-      rest=${step#scifact:}; n=${rest%%:*}; e=${rest#*:}; S=../shared/data/scifact; out=$work/scifact/$n-eps$e
+      IFS=: read -r n e s <<<"${step#scifact:}"; s=${s:-0}; S=../shared/data/scifact
+      out=$work/scifact/$n-eps$e; [ "$s" = 0 ] || out=$out-seed$s
       D=$S ev minilm-l6 test "$work/scifact/zero-shot-test"
       [ -f "$out/privacy_ledger.json" ] || $P retriever train ${BASE/--data $D/--data $S} ${REGIMES[$n]} \
-          --batch-size 807 --epochs 12 --epsilon "$e" --out "$out"
-      D=$S ev "$out" test "$out-test"; echo "SciFact $n at epsilon $e: test $(ndcg "$out-test")" ;;
+          --batch-size 807 --epochs 12 --epsilon "$e" --seed "$s" --out "$out"
+      D=$S ev "$out" test "$out-test"; echo "SciFact $n at epsilon $e, seed $s: test $(ndcg "$out-test")" ;;
     *) echo "unknown step $step" >&2; exit 2 ;;
   esac
 done

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from fed_steps import per_question
 
 from privret.evaluate.statistics import paired_bootstrap_ci
 from privret.federated.config import FedConfig
@@ -28,10 +29,6 @@ from privret.federated.runner import run_federated_local
 from privret.io import write_json_atomic
 
 ROWS = ("+query-encoders", "+query-encoders+fed-negative")
-
-
-def per_question(evaluation: dict) -> dict[str, float]:
-    return {q: v for m in evaluation["per_client"].values() for q, v in m["sentence"]["per_query"].items()}
 
 
 def parse(pairs: list[str]) -> dict:

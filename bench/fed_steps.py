@@ -7,6 +7,7 @@ import json
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from privret.data.fed_squad import build_fed_squad
@@ -61,3 +62,8 @@ def step(path: Path, fn) -> dict:
 def per_question(result: dict, level: str = "sentence") -> dict[str, float]:
     """Question id -> reciprocal rank over every client of an evaluation (``per_query_metrics`` on)."""
     return {q: v for m in result["per_client"].values() for q, v in m[level]["per_query"].items()}
+
+
+def seed_mean(per_seed: list[dict[str, float]]) -> dict[str, float]:
+    """Question id -> its score averaged over seeds (the paired CIs are over these)."""
+    return {q: float(np.mean([r[q] for r in per_seed])) for q in per_seed[0]}

@@ -27,9 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 
-import numpy as np
-
-from fed_steps import add_data_arguments, add_recipe_arguments, per_question, prepare, recipe, step
+from fed_steps import add_data_arguments, add_recipe_arguments, per_question, prepare, recipe, seed_mean, step
 
 from privret.data.fed_squad import load_fed_squad
 from privret.evaluate.statistics import mean_sd, paired_bootstrap_ci
@@ -74,9 +72,9 @@ def main() -> None:
         tests = [step(args.out / f"clip{chosen:g}-seed{s}-test.json", lambda s=s: dp_run(chosen, s, "test"))
                  for s in args.seeds]
         zero_q = per_question(zero["test"])
-        runs = [per_question(t) for t in tests]
+        runs = seed_mean([per_question(t) for t in tests])
         ids = sorted(zero_q)
-        mean_q = [float(np.mean([r[q] for r in runs])) for q in ids]
+        mean_q = [runs[q] for q in ids]
         mean, sd = mean_sd([t["pooled"]["sentence"]["mrr@10"] for t in tests])
         lo, hi = paired_bootstrap_ci([zero_q[q] for q in ids], mean_q)
         summary["test"] = {"seeds": args.seeds, "mrr10_mean": mean, "mrr10_sd": sd,

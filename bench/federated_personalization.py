@@ -27,7 +27,7 @@ import json
 
 import numpy as np
 
-from fed_steps import add_data_arguments, add_recipe_arguments, per_question, prepare, recipe, step
+from fed_steps import add_data_arguments, add_recipe_arguments, per_question, prepare, recipe, seed_mean, step
 
 from privret.evaluate.statistics import mean_sd, paired_bootstrap_ci
 from privret.federated.runner import run_federated_local
@@ -76,7 +76,7 @@ def main() -> None:
                  for s in args.seeds]
         per_seed = {name: [per_question(t["evaluations"][name]) for t in tests] for name in ORDER}
         ids = sorted(per_seed["pdd-as2"][0])
-        means = {name: [float(np.mean([r[q] for r in runs])) for q in ids] for name, runs in per_seed.items()}
+        means = {name: [seed_mean(runs)[q] for q in ids] for name, runs in per_seed.items()}
         summary["test"] = {name: dict(zip(("mean", "sd"), mean_sd(
             [t["evaluations"][name]["pooled"]["sentence"]["mrr@10"] for t in tests]))) for name in ORDER}
         summary["test_steps"] = {f"{a} -> {b}": {"delta": float(np.mean(means[b]) - np.mean(means[a])),

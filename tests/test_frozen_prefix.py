@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from privret.models.encoder import embed, load_encoder
-from privret.models.frozen_prefix import disable_frozen_prefix, frozen_prefix
+from privret.errors import InputError
+from privret.models.frozen_prefix import FrozenPrefix, disable_frozen_prefix, frozen_prefix
 from privret.models.trainable import make_trainable
 
 TEXTS = ["what does aspirin do for the heart", "sleep", "vitamin levels in children and adults",
@@ -88,3 +89,32 @@ def test_filling_the_cache_leaves_every_module_in_the_mode_it_had(top1):
     modes = [m.training for m in top1.modules()]
     frozen_prefix(top1).embed(["a query about the immune response"], max_length=16)
     assert [m.training for m in top1.modules()] == modes
+
+
+def test_the_kept_states_stay_within_their_bound_and_dropped_ones_are_computed_again(top1):
+    """With room for about two texts the cache drops the least recently used; what it serves is unchanged, and a
+    dropped text runs the frozen layer again."""
+    top1.eval()
+    unbounded = FrozenPrefix(top1, limit_bytes=2**40)
+    reference = unbounded.embed(TEXTS, max_length=16).detach()
+    per_text = max(h.nbytes for h in unbounded._states.values())
+    bounded = FrozenPrefix(top1, limit_bytes=2 * per_text)
+    calls = []
+    top1[0].auto_model.encoder.layer[0].register_forward_hook(lambda m, args, out: calls.append(args[0].shape[0]))
+    torch.testing.assert_close(bounded.embed(TEXTS, max_length=16), reference)  # a batch larger than the bound
+    assert bounded.kept_bytes == sum(h.nbytes for h in bounded._states.values()) <= 2 * per_text
+    assert len(bounded._states) < len(TEXTS)
+    for text in TEXTS:
+        torch.testing.assert_close(bounded.embed([text], max_length=16)[0], reference[TEXTS.index(text)])
+        assert bounded.kept_bytes <= 2 * per_text
+    assert calls[0] == len(TEXTS) and sum(calls) > len(TEXTS)  # dropped texts ran the frozen layer again
+    calls.clear()
+    bounded.embed([TEXTS[-1]], max_length=16)  # the most recent is kept
+    assert calls == []
+
+
+@pytest.mark.parametrize("raw", ["0", "-1", "many"])
+def test_a_bad_cache_bound_is_refused_with_its_variable(monkeypatch, top1, raw):
+    monkeypatch.setenv("PRIVRET_FROZEN_PREFIX_GIB", raw)
+    with pytest.raises(InputError, match="PRIVRET_FROZEN_PREFIX_GIB"):
+        FrozenPrefix(top1)

@@ -12,19 +12,37 @@ a backward of ``K``; encoding a collection again (hard-negative mining, evaluati
 Exactness: in eval mode the result equals the full forward pass up to float rounding
 (``tests/test_frozen_prefix.py``). In training mode the frozen layers see no dropout (they are run in
 eval mode once); dropout still applies in the trainable layers. Memory: ``tokens x hidden x 4`` bytes
-per kept text (MiniLM-L6: 1.5 KB per token). The frozen weights must not change while the cache is
-in use (nothing in privret loads them after :func:`~privret.models.trainable.make_trainable`).
+per kept text (MiniLM-L6: 1.5 KB per token, 384 KB for a document cut at 256 tokens). The kept states
+are bounded: past ``PRIVRET_FROZEN_PREFIX_GIB`` GiB (default 4) the least recently used are dropped and
+computed again when next needed, so a large corpus costs time, never memory without bound. The frozen
+weights must not change while the cache is in use (nothing in privret loads them after
+:func:`~privret.models.trainable.make_trainable`).
 """
 
 from __future__ import annotations
 
+import os
+from collections import OrderedDict
 from contextlib import contextmanager
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+from privret.errors import InputError
 from privret.models.encoder import features
+
+
+def cache_limit_bytes() -> int:
+    """The kept states' bound in bytes, from ``PRIVRET_FROZEN_PREFIX_GIB`` (default 4 GiB)."""
+    raw = os.environ.get("PRIVRET_FROZEN_PREFIX_GIB", "4")
+    try:
+        gib = float(raw)
+    except ValueError:
+        gib = -1.0
+    if not gib > 0:
+        raise InputError(f"PRIVRET_FROZEN_PREFIX_GIB: expected a positive number of GiB, got {raw!r}")
+    return int(gib * 2**30)
 
 
 def _layer_holder(auto) -> tuple[torch.nn.Module, str]:
@@ -63,12 +81,14 @@ class _Inject(torch.nn.Module):
 class FrozenPrefix:
     """The kept outputs of ``model``'s frozen prefix (see the module docstring); ``n_frozen`` layers."""
 
-    def __init__(self, model):
+    def __init__(self, model, *, limit_bytes: int | None = None):
         self.model = model
         self.transformer = model[0]
         self.holder, self.attr = _layer_holder(self.transformer.auto_model)
         self.n_frozen = self.frozen_layers()
-        self._states: dict[tuple[str, int | None], torch.Tensor] = {}
+        self.limit_bytes = cache_limit_bytes() if limit_bytes is None else limit_bytes
+        self._states: OrderedDict[tuple[str, int | None], torch.Tensor] = OrderedDict()  # least recent first
+        self.kept_bytes = 0
 
     def frozen_layers(self) -> int:
         """How many of the lowest layers are frozen now (0 when any embedding parameter trains)."""
@@ -93,10 +113,10 @@ class FrozenPrefix:
         finally:
             setattr(self.holder, self.attr, original)
 
-    def _fill(self, texts: list[str], max_length: int | None, batch_size: int = 64) -> None:
+    def _kept(self, texts: list[str], max_length: int | None, batch_size: int = 64) -> list[torch.Tensor]:
+        """The frozen prefix's output of each text: from the cache, or computed (and kept, within the bound)."""
+        computed: dict[str, torch.Tensor] = {}
         missing = list(dict.fromkeys(t for t in texts if (t, max_length) not in self._states))
-        if not missing:
-            return
         layers = getattr(self.holder, self.attr)
         with _eval_mode(self.model), torch.no_grad(), self._layers(list(layers[:self.n_frozen])):
             for lo in range(0, len(missing), batch_size):
@@ -107,14 +127,24 @@ class FrozenPrefix:
                     n = int(m.sum())
                     if not bool(m[:n].all()):
                         raise ValueError("the frozen-prefix cache needs right padding (tokens first)")
-                    self._states[text, max_length] = h[:n].detach().clone()
+                    computed[text] = h[:n].detach().clone()
+        kept = [computed[t] if t in computed else self._states[t, max_length] for t in texts]
+        for t in dict.fromkeys(texts):  # this batch's texts become the most recent, the new ones are kept
+            key = (t, max_length)
+            if t in computed:
+                self._states[key] = computed[t]
+                self.kept_bytes += computed[t].nbytes
+            self._states.move_to_end(key)
+        while self.kept_bytes > self.limit_bytes and self._states:  # drop the least recently used
+            _, dropped = self._states.popitem(last=False)
+            self.kept_bytes -= dropped.nbytes
+        return kept
 
     def embed(self, texts: list[str], *, max_length: int | None = None) -> torch.Tensor:
         """L2-normalised embeddings, with gradients through the trainable layers only."""
-        self._fill(texts, max_length)
+        kept = self._kept(texts, max_length)
         feats = features(self.model, texts, max_length=max_length)
         length = feats["attention_mask"].shape[1]
-        kept = [self._states[t, max_length] for t in texts]
         states = torch.zeros(len(texts), length, kept[0].shape[-1], device=kept[0].device, dtype=kept[0].dtype)
         for i, h in enumerate(kept):
             states[i, : h.shape[0]] = h
