@@ -31,10 +31,9 @@ import time
 from pathlib import Path
 
 import numpy as np
-import torch
-from fed_steps import SQUAD, per_question, seed_mean
+from fed_steps import add_data_arguments, per_question, prepare, seed_mean
 
-from privret.data.fed_squad import build_fed_squad, load_fed_squad
+from privret.data.fed_squad import load_fed_squad
 from privret.evaluate.statistics import mean_sd, paired_bootstrap_ci
 from privret.federated import local
 from privret.federated.config import FedConfig
@@ -212,10 +211,7 @@ def curve_plot(seeds: dict[int, dict[str, dict]], path: Path) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--squad", type=Path, default=SQUAD)
-    ap.add_argument("--data", type=Path, default=Path("runs/fed-squad"), help="Fed-SQuAD dir (built if missing)")
-    ap.add_argument("--out", type=Path, default=Path("bench/results/federated"), help="JSON results, table.md")
-    ap.add_argument("--work", type=Path, default=Path("runs/bench-federated"), help="checkpoints (large)")
+    add_data_arguments(ap, out="bench/results/federated", work="runs/bench-federated")
     ap.add_argument("--model", default="minilm-l6")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0])
     ap.add_argument("--rounds", type=int, default=10)
@@ -227,7 +223,6 @@ def main() -> None:
     ap.add_argument("--trainable", default="layers")
     ap.add_argument("--wire-dtype", default="float16")
     ap.add_argument("--personal-epochs", type=int, default=1)
-    ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--dp-epsilons", type=float, nargs="*", default=[],
                     help="also DP-FedAvg rows (server-side clipping) at these client-level epsilons over the rounds")
     ap.add_argument("--dp-clip-norm", type=float, default=1e-3, help="C of the DP-FedAvg rows (chosen a priori)")
@@ -238,11 +233,8 @@ def main() -> None:
     args = ap.parse_args()
     global RUN_MISSING
     RUN_MISSING = not args.table_only
-    torch.set_num_threads(args.threads)
-    if not args.data.is_dir():
-        build_fed_squad(args.squad, args.data)
+    prepare(args)
     clients = load_fed_squad(args.data)
-    args.out.mkdir(parents=True, exist_ok=True)
 
     def config(seed: int) -> FedConfig:
         return FedConfig(model=args.model, rounds=args.rounds, warmup_rounds=args.warmup_rounds,

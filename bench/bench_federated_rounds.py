@@ -35,10 +35,9 @@ import json
 import time
 from pathlib import Path
 
-import torch
-from fed_steps import SQUAD, per_question
+from fed_steps import add_data_arguments, per_question, prepare
 
-from privret.data.fed_squad import build_fed_squad, load_fed_squad
+from privret.data.fed_squad import load_fed_squad
 from privret.evaluate.statistics import paired_bootstrap_ci
 from privret.federated import local
 from privret.federated.arrays import load_arrays, load_weights, new_encoder
@@ -136,10 +135,7 @@ def paired_differences(results: dict[str, dict]) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--squad", type=Path, default=SQUAD)
-    ap.add_argument("--data", type=Path, default=Path("runs/fed-squad"), help="Fed-SQuAD dir (built if missing)")
-    ap.add_argument("--out", type=Path, default=Path("bench/results/federated_rounds"))
-    ap.add_argument("--work", type=Path, default=Path("runs/bench-federated-rounds"), help="checkpoints")
+    add_data_arguments(ap, out="bench/results/federated_rounds", work="runs/bench-federated-rounds")
     ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     ap.add_argument("--model", default="minilm-l6")
     ap.add_argument("--rounds", type=int, default=2)
@@ -147,12 +143,8 @@ def main() -> None:
     ap.add_argument("--remine-every", type=int, default=1)
     ap.add_argument("--train-fraction", type=float, default=0.1)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
-    torch.set_num_threads(args.threads)
-    if not args.data.is_dir():
-        build_fed_squad(args.squad, args.data)
-    args.out.mkdir(parents=True, exist_ok=True)
+    prepare(args)
     for name in args.variants:
         run_variant(name, args, args.out)
     results = {name: validate(name, args, args.out) for name in args.variants}
