@@ -168,6 +168,24 @@ def test_squad_config_loads_once_the_dataset_exists(tmp_path):
     assert cfg.direct_dp.settings["trainable"] == "bias-top:3" and cfg.direct_dp.settings["hard_negatives"] == 2
 
 
+@pytest.mark.skipif(not (SHARED_DATA / "scifact").is_dir(), reason="../shared/data/scifact not present")
+def test_scifact_config_carries_the_squad_regime_as_its_rule():
+    """configs/scifact.yaml's public-negatives row is the regime chosen on SQuAD's validation split, carried
+    unchanged in what it trains and how it steps, with every step taking all 807 units (q = 1) for the
+    12 steps the rule fixed; the other methods keep the shared settings."""
+    import yaml
+
+    from privret.config import load_config
+
+    cfg = load_config(REPO / "configs" / "scifact.yaml")
+    row = cfg.direct_dp.config("public-negatives", 8.0, cfg.unit)
+    squad = yaml.safe_load((REPO / "configs" / "squad.yaml").read_text())["direct_dp"]["settings"]
+    for field in ("trainable", "learning_rate", "clip_norm", "hard_negatives", "public_negatives", "max_doc_tokens"):
+        assert getattr(row, field) == squad[field], field
+    assert (row.batch_size, row.epochs) == (807, 12)
+    assert cfg.direct_dp.config("batch-clip", 8.0, cfg.unit).trainable != "bias-top:3"
+
+
 @pytest.mark.integration
 @pytest.mark.slow
 @pytest.mark.skipif(not REAL_SQUAD.is_file(), reason="../shared/data/squad not present")
