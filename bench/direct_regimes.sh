@@ -9,6 +9,8 @@
 # Steps (each skips what exists, so re-running resumes):
 #   data                    the two BEIR directories (WORK/squad-val, WORK/squad-full)
 #   zero-shot               the public encoder on validation and test (per-query figures)
+#   original                the non-private reference on the same log (the original questions, 1 epoch, documents
+#                           cut at 256 tokens, every weight), on validation and test: retention is against it
 #   run:<name>              the DP run of a regime on the log, then its validation evaluation
 #   nonoise:<name>          the same steps with the noise switched off (bench/clip_only.py: NOT DP, a diagnosis)
 #   choose                  the regime with the best validation NDCG@10 (DP runs only; the public encoder, when none
@@ -48,6 +50,11 @@ for step in "$@"; do
       [ -d "$work/squad-full" ] || $P data squad-beir --squad $SQUAD --out "$work/squad-full" ;;
     zero-shot)
       ev minilm-l6 validation "$work/zero-shot-validation"; ev minilm-l6 test "$work/zero-shot-test" ;;
+    original)
+      [ -f "$work/original-28/model.safetensors" ] || $P retriever train --data "$D" --out "$work/original-28" \
+          --epochs 1 --max-doc-tokens 256
+      ev "$work/original-28" validation "$work/original-28-validation"; ev "$work/original-28" test "$work/original-28-test"
+      echo "original: validation $(ndcg "$work/original-28-validation"), test $(ndcg "$work/original-28-test")" ;;
     run:*)
       n=${step#run:}
       [ -f "$work/$n/privacy_ledger.json" ] || $P retriever train $BASE ${REGIMES[$n]} --epsilon 8 --out "$work/$n"
