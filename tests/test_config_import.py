@@ -33,13 +33,19 @@ def test_loading_a_config_imports_no_torch_nor_trainer(tmp_path):
     assert done.stdout.strip() == "", f"loading a config imported {done.stdout.strip()}"
 
 
-def test_a_path_with_a_nul_byte_is_refused_with_its_field(tmp_path):
-    """Found by the property test of pipeline YAML: pathlib's resolve raised a bare ValueError on it."""
+@pytest.mark.parametrize("extra, field", [
+    ('dataset: "data\\0set"\n', "dataset"),
+    ('dataset: d\npublic_rows: {public_pairs: "p\\0.jsonl"}\n', "public_rows.public_pairs"),
+    ('dataset: d\nsynthetic_documents: {source: list, ids_file: "i\\0ds"}\n', "synthetic_documents.ids_file"),
+])
+def test_a_path_with_a_nul_byte_is_refused_with_its_field(tmp_path, extra, field):
+    """Found by the property test of pipeline YAML: pathlib's resolve raised a bare ValueError on it. Every path
+    field of a config is a ConfigPath, so each one is refused with its own name."""
     from privret.config import load_config
     from privret.errors import InputError
 
     path = tmp_path / "p.yaml"
-    path.write_text('name: nul\nepsilons: [8]\ndataset: "data\\0set"\n')
+    path.write_text("name: nul\nepsilons: [8]\n" + extra)
     with pytest.raises(InputError) as err:
         load_config(path)
-    assert err.value.field == "dataset" and "NUL" in str(err.value)
+    assert err.value.field == field and "NUL" in str(err.value)

@@ -12,6 +12,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from privret.config_path import ConfigPath
 from privret.data.pairs import PrivacyUnit, examples_from_pairs
 from privret.errors import InputError, invalid_input
 from privret.models.device_spec import DeviceSpec
@@ -45,7 +46,7 @@ class PublicRows(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     prompted: bool = Field(False, description="row public-prompted: the untrained generator, few-shot prompted")
-    public_pairs: Path | None = Field(
+    public_pairs: ConfigPath | None = Field(
         None, description="public pairs JSONL ({query, doc}); row public-pairs: the generator fine-tuned on it "
                           "without DP")
     examples: int = Field(3, gt=0, le=32, description="few-shot examples: the first k pairs of public_pairs")
@@ -124,7 +125,7 @@ class PipelineConfig(BaseModel):
 
     name: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
                       description="run name; the default run directory is runs/<name>, so one plain path component")
-    dataset: Path
+    dataset: ConfigPath
     train_split: str = "train"
     eval_split: str = "test"
     unit: PrivacyUnit = PrivacyUnit.query
@@ -223,17 +224,15 @@ def load_config(path: str | Path) -> PipelineConfig:
             own = err.errors()[0]["loc"][0] in grid.per_method.get(method, {})
             section = f"per_method.{method}" if own else "settings"
             raise invalid_input(err, path=path, under=f"direct_dp.{section}") from None
-    config.dataset = _beside(path, config.dataset, "dataset")
+    config.dataset = _beside(path, config.dataset)
     if config.public_rows.public_pairs is not None:
-        config.public_rows.public_pairs = _beside(path, config.public_rows.public_pairs, "public_rows.public_pairs")
+        config.public_rows.public_pairs = _beside(path, config.public_rows.public_pairs)
     if config.synthetic_documents.ids_file is not None:
-        config.synthetic_documents.ids_file = _beside(path, config.synthetic_documents.ids_file,
-                                                      "synthetic_documents.ids_file")
+        config.synthetic_documents.ids_file = _beside(path, config.synthetic_documents.ids_file)
     return config
 
 
-def _beside(config_path: Path, value: Path, field: str) -> Path:
-    """``value`` as written, or resolved against the config's folder when relative; a NUL byte is refused."""
-    if "\x00" in str(value):
-        raise InputError("a path may not contain a NUL byte", path=config_path, field=field)
+def _beside(config_path: Path, value: Path) -> Path:
+    """``value`` as written, or resolved against the config's folder when relative (a NUL byte was refused by its
+    type, :data:`~privret.config_path.ConfigPath`)."""
     return value if value.is_absolute() else (config_path.parent / value).resolve()

@@ -9,6 +9,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from privret.config_path import ConfigPath
 from privret.models.registry import DEFAULT_ENCODER
 from privret.privacy.partition_selection_config import PartitionSelectionConfig
 
@@ -43,7 +44,7 @@ class DocumentChoice(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     source: Literal["corpus", "list", "dp-select"] = "corpus"
-    ids_file: Path | None = Field(None, description="source 'list': public document ids, one per line")
+    ids_file: ConfigPath | None = Field(None, description="source 'list': public document ids, one per line")
     sample: int | None = Field(None, gt=0, description="keep a seeded uniform random subset of this many documents")
     seed: int = 0
     selection: PartitionSelectionConfig = PartitionSelectionConfig()
