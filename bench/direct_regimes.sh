@@ -37,6 +37,8 @@ declare -A REGIMES=(
   [top2-b512-c1]="--trainable bias-top:2 --batch-size 512 --epochs 1 --clip-norm 1 --lr 2e-3"
   [top2-b512-c1-lr4]="--trainable bias-top:2 --batch-size 512 --epochs 1 --clip-norm 1 --lr 4e-3"
   [top3-b512-c1]="--trainable bias-top:3 --batch-size 512 --epochs 1 --clip-norm 1 --lr 2e-3"
+  # added after the first three had run (on validation only): the larger step that helped top 2, on top 3
+  [top3-b512-c1-lr4]="--trainable bias-top:3 --batch-size 512 --epochs 1 --clip-norm 1 --lr 4e-3"
 )
 ev() {  # $1 model, $2 split, $3 out dir
   [ -f "$3/per_query.json" ] || { mkdir -p "$3"; $P evaluate --model "$1" --data "$D" --split "$2" \

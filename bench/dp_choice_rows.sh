@@ -5,8 +5,9 @@
 # output exists, so re-running resumes. One thread per job (2-core machine).
 #   usage: bench/dp_choice_rows.sh WORK_DIR STEP...
 #   STEP: references, synthetic:<generator seed>, retrain:<generator seed>:<retriever seed>, direct,
-#         ceiling:<generator seed>, prompted:<sample seed>, reseed:<row>:<retriever seed> (row: inf-s<g> or
-#         prompted-s<s>: its retriever again with another seed, the recipe its selection chose)
+#         ceiling:<generator seed>, prompted:<sample seed>, public-pairs:<sample seed>,
+#         reseed:<row>:<retriever seed> (row: inf-s<g>, prompted-s<s> or public-pairs-s<s>: its retriever again with
+#         another seed, the recipe its selection chose)
 set -euo pipefail
 work=$1; shift
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} PRIVRET_BUDGET_DIR=${PRIVRET_BUDGET_DIR:-$work/budget}
@@ -79,6 +80,22 @@ for line in open(sys.argv[2]):
       [ -d "$work/ret-prompted-s$s" ] || $P retriever train --data "$work/syn-prompted-s$s" \
           --out "$work/ret-prompted-s$s" --select default
       ev "$work/ret-prompted-s$s" "$work/ret-prompted-s$s-eval" ;;
+    public-pairs:*)  # epsilon 0: the generator fine-tuned WITHOUT DP on public SQuAD pairs (one question for each of
+      # 1,000 paragraphs drawn with seed 0 from ../shared/data/squad; no SciFact query), then as synthetic:<s>
+      s=${step#public-pairs:}
+      [ -f "$work/squad-pairs.jsonl" ] || python3 -c "import json, random, sys
+paragraphs = [p for a in json.load(open(sys.argv[1]))['data'] for p in a['paragraphs'] if p['qas']]
+rng = random.Random(0)
+for p in rng.sample(paragraphs, 1000):
+    print(json.dumps({'query': rng.choice(p['qas'])['question'], 'doc': p['context']}))" \
+          ../shared/data/squad/squad-v1.1-dev-40.json > "$work/squad-pairs.jsonl"
+      [ -f "$work/gen-public-pairs/privacy_ledger.json" ] || $P generator train --public-pairs "$work/squad-pairs.jsonl" \
+          --out "$work/gen-public-pairs" --resume
+      [ -f "$work/syn-public-pairs-s$s/manifest.json" ] || $P generate --generator "$work/gen-public-pairs" --data $D \
+          --documents corpus --sample 565 --num-queries 1 --seed "$s" --out "$work/syn-public-pairs-s$s"
+      [ -d "$work/ret-public-pairs-s$s" ] || $P retriever train --data "$work/syn-public-pairs-s$s" \
+          --out "$work/ret-public-pairs-s$s" --select default
+      ev "$work/ret-public-pairs-s$s" "$work/ret-public-pairs-s$s-eval" ;;
     reseed:*)
       row=${step#reseed:}; r=${row##*:}; row=${row%:*}
       read -r epochs tokens < <(python3 -c "import json,sys; c=json.load(open(sys.argv[1]))['chosen']; \

@@ -3,7 +3,9 @@
 Each evaluation directory holds the ``per_query.json`` of ``privret evaluate --per-query`` on the same
 test split. A row's CI is the paired bootstrap 95% CI (privret.evaluate.statistics) of its
 seed-averaged per-query NDCG@10 minus zero-shot's, and, for the other rows, minus the original row's
-seed-averaged one; retention = (row - zero-shot) / (original - zero-shot) on the seed means.
+seed-averaged one; retention = (row - zero-shot) / (original - zero-shot) on the seed means. With ``--bar NAME``
+every other row also gets the paired CI of its difference to the row NAME (for example an epsilon = 0 row that
+a DP row must clear), in ``delta_vs_bar_ci95``.
 
     python bench/seed_rows.py --zero-shot runs/i11/zero-shot \\
         --original runs/i12/original-selected-eval runs/i12/original-selected-seed1-eval ... \\
@@ -48,6 +50,8 @@ def main() -> None:
                                "gone): retention against it, no CI against the original")
     parser.add_argument("--row", nargs="+", action="append", default=[], metavar="NAME LEDGER_DIR EVAL_DIR",
                         help="a row: its name, the directory of its ledger, then one evaluation directory per seed")
+    parser.add_argument("--bar", action="append", default=[], metavar="NAME",
+                        help="a row's name: every other row also gets a paired CI against it (repeatable)")
     parser.add_argument("--json", type=Path, required=True)
     parser.add_argument("--utility-json", type=Path, default=None,
                         help="also set this dataset's entry of bench/results/privacy_utility.json")
@@ -63,16 +67,23 @@ def main() -> None:
         original_mean, original_sd = mean_sd(original_scores)
     else:
         original_scores, original, original_mean, original_sd = [args.original_ndcg], None, args.original_ndcg, None
-    rows = []
+    rows, averaged_of = [], {}
     for name, ledger_dir, *eval_dirs in args.row:
         scores, averaged = seeds([Path(d) for d in eval_dirs])
         mean, sd = mean_sd(scores)
+        averaged_of[name] = averaged
         ledger = json.loads((Path(ledger_dir) / "privacy_ledger.json").read_text())
         rows.append({"name": name, "epsilon": ledger["epsilon"], "delta": ledger["delta"],
                      "ndcg10_seeds": scores, "ndcg10_mean": mean, "ndcg10_sd": sd, "seeds": len(scores),
                      "delta_ci95": ci(zero, averaged),
                      "delta_vs_original_ci95": ci(original, averaged) if original else None,
                      "retention": retention(mean, zero_mean, original_mean)})
+    unknown = set(args.bar) - set(averaged_of)
+    if unknown:
+        raise SystemExit(f"--bar {sorted(unknown)}: no --row of that name")
+    for row in rows:
+        row["delta_vs_bar_ci95"] = {bar: ci(averaged_of[bar], averaged_of[row["name"]])
+                                    for bar in args.bar if bar != row["name"]}
     result = {"dataset": args.dataset, "zero_shot": {"ndcg10": zero_mean},
               "original": {"ndcg10": original_mean, "ndcg10_sd": original_sd, "ndcg10_seeds": original_scores,
                            "seeds": len(original_scores) if args.original else None,
