@@ -4,7 +4,6 @@ filter (:mod:`privret.synth.filter`)."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
