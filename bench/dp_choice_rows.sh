@@ -83,12 +83,8 @@ for line in open(sys.argv[2]):
     public-pairs:*)  # epsilon 0: the generator fine-tuned WITHOUT DP on public SQuAD pairs (one question for each of
       # 1,000 paragraphs drawn with seed 0 from ../shared/data/squad; no SciFact query), then as synthetic:<s>
       s=${step#public-pairs:}
-      [ -f "$work/squad-pairs.jsonl" ] || python3 -c "import json, random, sys
-paragraphs = [p for a in json.load(open(sys.argv[1]))['data'] for p in a['paragraphs'] if p['qas']]
-rng = random.Random(0)
-for p in rng.sample(paragraphs, 1000):
-    print(json.dumps({'query': rng.choice(p['qas'])['question'], 'doc': p['context']}))" \
-          ../shared/data/squad/squad-v1.1-dev-40.json > "$work/squad-pairs.jsonl"
+      [ -f "$work/squad-pairs.jsonl" ] || $P data squad-pairs --squad ../shared/data/squad/squad-v1.1-dev-40.json \
+          --paragraphs 1000 --seed 0 --out "$work/squad-pairs.jsonl"
       [ -f "$work/gen-public-pairs/privacy_ledger.json" ] || $P generator train --public-pairs "$work/squad-pairs.jsonl" \
           --out "$work/gen-public-pairs" --resume
       [ -f "$work/syn-public-pairs-s$s/manifest.json" ] || $P generate --generator "$work/gen-public-pairs" --data $D \

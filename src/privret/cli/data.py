@@ -140,3 +140,22 @@ def data_squad_beir(
     splits = ", ".join(f"{name}: {len(s['articles'])} articles, {s['queries']} queries"
                        for name, s in manifest["splits"].items())
     out.print(f"{manifest['documents']} documents; {splits}; written to {out_dir}")
+
+
+@app.command("squad-pairs")
+def data_squad_pairs(
+    squad: SquadOpt,
+    out_file: Annotated[Path, typer.Option("--out", help="public pairs JSONL to write ({query, doc} rows)")],
+    paragraphs: Annotated[Optional[int], typer.Option(
+        help="draw this many paragraphs (seeded, without replacement); default: every paragraph")] = None,
+    seed: Annotated[int, typer.Option(help="seed of the paragraph sample and of each paragraph's question")] = 0,
+) -> None:
+    """A public pairs file from SQuAD: one question for each (drawn) paragraph, the paragraph inline.
+
+    The input of the epsilon = 0 rows (`generator train --public-pairs`, `public_rows.public_pairs`) and of
+    the public warm start. Paragraphs without an answerable question are skipped. The file must be public
+    and must not hold the private log's queries."""
+    from privret.data.squad_pairs import write_squad_public_pairs
+
+    n = write_squad_public_pairs(squad, out_file, paragraphs=paragraphs, seed=seed)
+    out.print(f"{n} public pairs (one question per paragraph) written to {out_file}")
