@@ -68,6 +68,24 @@ def test_dp_wrapper_uses_uniform_weights_and_records_epsilon():
     assert not dp_ledger(FedConfig(), releases=4, n_clients=10, n_questions=100, data_hash="x").is_private
 
 
+def test_dp_ledger_lists_what_the_run_releases_without_dp():
+    def uncovered(**settings) -> list[str]:
+        ledger = dp_ledger(FedConfig(dp="server", **settings), releases=2, n_clients=10, n_questions=100,
+                           data_hash="x")
+        return ledger.model_dump()["provenance"]["not_covered"]
+
+    default = uncovered()  # PDD-AS2 + both personalisation variants, test metrics
+    assert any("test questions" in item for item in default)
+    assert any("Fed-Negative" in item for item in default) and any("personalised" in item for item in default)
+    validation = uncovered(evaluation_split="validation", train_fraction=0.5, personalize=[], per_query_metrics=True)
+    assert len(validation) == 2
+    assert "validation questions (held out of the clients' training logs)" in validation[0]
+    assert "reciprocal rank" in validation[1]
+    assert uncovered(personalize=["local"]) == [default[0], "the personalised query encoders (stage 2 trains without DP)"]
+    assert "not_covered" not in dp_ledger(FedConfig(), releases=1, n_clients=10, n_questions=100,
+                                          data_hash="x").model_dump()["provenance"]
+
+
 def test_clipping_bounds_each_update():
     cfg = FedConfig(dp="server", dp_noise_multiplier=0.0, dp_clip_norm=1.0)
     strategy = make_strategy(cfg, n_clients=3)

@@ -65,10 +65,25 @@ def with_target_epsilon(cfg: FedConfig, epsilon: float) -> FedConfig:
     return cfg.model_copy(update={"dp_noise_multiplier": sigma})
 
 
+def not_covered(cfg: FedConfig) -> list[str]:
+    """What a DP run of ``cfg`` releases outside the guarantee on the updates: the ledger lists it
+    (``provenance.not_covered``), so that a reader of the ledger alone sees what it does not protect."""
+    where = " (held out of the clients' training logs)" if cfg.evaluation_split == "validation" else ""
+    items = [f"evaluation metrics of the clients' {cfg.evaluation_split} questions{where}"]
+    if cfg.per_query_metrics:
+        items.append("each evaluated question's reciprocal rank (per_query_metrics)")
+    if cfg.personalize:
+        items.append("the personalised query encoders (stage 2 trains without DP)")
+    if "fed" in cfg.personalize:
+        items.append("the Fed-Negative embeddings the clients exchange")
+    return items
+
+
 def dp_ledger(cfg: FedConfig, *, releases: int, n_clients: int, n_questions: int, data_hash: str) -> PrivacyLedger:
     """The client-level ledger of the FedAvg updates (epsilon = inf without DP): ``releases`` noisy global
     models, each a Gaussian mechanism at sampling rate 1; the server counts every one that may have
-    reached disk, so a kill while saving one makes ``releases`` exceed the rounds (conservative)."""
+    reached disk, so a kill while saving one makes ``releases`` exceed the rounds (conservative). A DP
+    ledger lists what the run releases without DP (:func:`not_covered`)."""
     private = cfg.dp != "none" and cfg.dp_noise_multiplier > 0
     epsilon = float("inf")
     if private and releases > 0:
@@ -82,7 +97,7 @@ def dp_ledger(cfg: FedConfig, *, releases: int, n_clients: int, n_questions: int
         noise_multiplier=cfg.dp_noise_multiplier if private else 0.0, sample_rate=1.0, steps=releases,
         planned_steps=cfg.rounds, accountant="rdp" if private else "none", unit="client", n_units=n_clients,
         n_pairs=n_questions, clip_norm=cfg.dp_clip_norm if private else 0.0, model=cfg.model, trainable=cfg.trainable,
-        data_hash=data_hash)
+        data_hash=data_hash, provenance={"not_covered": not_covered(cfg)} if private else {})
 
 
 def record_bytes(content) -> int:
