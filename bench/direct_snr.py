@@ -33,8 +33,7 @@ from privret.io import write_json_atomic
 from privret.models.encoder import load_encoder
 from privret.models.trainable import make_trainable
 from privret.privacy.ghost_norms import GhostNorms
-from privret.train.clipped_sums import (_encode, _encode_hard, _encode_tracked, false_negative_mask,
-                                        public_negative_losses)
+from privret.train.clipped_sums import _encode, false_negative_mask, public_negative_unit_norms
 from privret.train.dp_retriever import build_batch, draw_negatives, negative_pool
 from privret.train.hard_negatives import mine_candidates
 from privret.train.dp_run import plan_run
@@ -54,18 +53,7 @@ def clipped_means(model, params, pairs, units, chosen, negatives, cfg, *, hard=N
             e_n = _encode(model, [d.full_text for d in negatives], cfg.max_doc_tokens)
         tracker = GhostNorms(model)
         try:
-            e_q, e_d = _encode_tracked(tracker, model, batch, cfg)
-            e_h = _encode_hard(tracker, model, batch, cfg)
-            losses = public_negative_losses(e_q, e_d, e_n, cfg.tau, mask=false_negative_mask(batch), hard=e_h,
-                                            hard_mask=None if e_h is None else ~batch.hard_valid)
-            u = batch.unit_of_row
-            outputs, groups = [e_q, e_d], {"q": u, "d": u}
-            if e_h is not None:
-                outputs.append(e_h)
-                groups["n"] = u.repeat_interleave(e_h.shape[1])
-            cot = torch.autograd.grad(losses.sum(), outputs, retain_graph=True)
-            part = tracker.group_sq_norms(outputs, list(cot), groups, batch.n_units,
-                                          keep_deltas=True).clamp_min(0).sqrt()
+            part, groups, _ = public_negative_unit_norms(tracker, model, batch, e_n, false_negative_mask(batch), cfg)
             norms.append(part)
             for c in (*CLIP_NORMS, math.inf):
                 factor = (c / part.clamp_min(1e-12)).clamp(max=1.0)

@@ -183,23 +183,32 @@ def _encode_hard(tracker: GhostNorms, model, batch: StepBatch, cfg: DPRetrieverC
     return flat.view(len(batch.hard), -1, flat.shape[-1])
 
 
+def public_negative_unit_norms(tracker: GhostNorms, model, batch: StepBatch, e_n: torch.Tensor, mask: torch.Tensor,
+                               cfg: DPRetrieverConfig) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor]:
+    """(||grad_u|| of each unit of ``batch`` by ghost norms, the unit of each row of every output slot, the
+    rows' losses) for :func:`public_negative_losses` against the step's public negatives ``e_n`` and each
+    row's own hard negatives (slot "n": rows that belong to the row's unit). One backward pass to the
+    outputs; ``tracker`` keeps what :meth:`GhostNorms.weighted_grads` needs for sum_u w_u grad_u."""
+    e_q, e_d = _encode_tracked(tracker, model, batch, cfg)
+    e_h = _encode_hard(tracker, model, batch, cfg)
+    hard_mask = None if e_h is None else ~batch.hard_valid
+    losses = public_negative_losses(e_q, e_d, e_n, cfg.tau, mask=mask, hard=e_h, hard_mask=hard_mask)
+    u = batch.unit_of_row
+    outputs, groups = [e_q, e_d], {"q": u, "d": u}
+    if e_h is not None:
+        outputs.append(e_h)
+        groups["n"] = u.repeat_interleave(e_h.shape[1])
+    cot = torch.autograd.grad(losses.sum(), outputs, retain_graph=True)
+    sq = tracker.group_sq_norms(outputs, list(cot), groups, batch.n_units, keep_deltas=True)
+    return sq.clamp_min(0).sqrt(), groups, losses
+
+
 def _public_negatives_part(model, params, batch, e_n, mask, cfg):
-    """sum_u clip_C(grad_u) over the units of ``batch`` against the step's public negatives ``e_n`` (and each
-    row's own hard negatives: rows of slot "n" that belong to the row's unit)."""
+    """sum_u clip_C(grad_u) over the units of ``batch`` (:func:`public_negative_unit_norms`)."""
     tracker = GhostNorms(model)
     try:
-        e_q, e_d = _encode_tracked(tracker, model, batch, cfg)
-        e_h = _encode_hard(tracker, model, batch, cfg)
-        hard_mask = None if e_h is None else ~batch.hard_valid
-        losses = public_negative_losses(e_q, e_d, e_n, cfg.tau, mask=mask, hard=e_h, hard_mask=hard_mask)
-        u = batch.unit_of_row
-        outputs, groups = [e_q, e_d], {"q": u, "d": u}
-        if e_h is not None:
-            outputs.append(e_h)
-            groups["n"] = u.repeat_interleave(e_h.shape[1])
-        cot = torch.autograd.grad(losses.sum(), outputs, retain_graph=True)
-        sq = tracker.group_sq_norms(outputs, list(cot), groups, batch.n_units, keep_deltas=True)
-        norms = sq.clamp_min(0).sqrt() * (1 + NORM_MARGIN)
+        norms, groups, losses = public_negative_unit_norms(tracker, model, batch, e_n, mask, cfg)
+        norms = norms * (1 + NORM_MARGIN)
         factors = (cfg.clip_norm / norms.clamp_min(1e-12)).clamp(max=1.0)
         # book-keeping: sum_u factor_u grad_u from the output gradients already computed for the norms
         # (row b's gradient belongs to unit u[b] only), no second backward pass
