@@ -500,31 +500,37 @@ def test_interrupted_direct_dp_stage_resumes_with_its_settings_only(small_config
     assert PrivacyLedger.load(stage) == ledger
 
 
-def test_summary_shows_retention_and_the_interval(tmp_path):
-    """Finished metrics stages written by hand (one without per_query.json, as an older privret left it)."""
-    from rich.console import Console
-
+def _finished_rows(run_dir, stages) -> list[dict]:
+    """Finished metrics stages written by hand: (directory, label, epsilon, delta, NDCG@10, per-query NDCG@10
+    or None, as an older privret left it) -> the pipeline's rows."""
     from privret.pipeline.run import evaluate_stage
     from privret.pipeline.stages import make_stage
-    from privret.pipeline.summary import summary_markdown, summary_table, write_summary
 
-    run_dir = tmp_path / "run"
-    # directory, label, epsilon, delta, NDCG@10, per-query NDCG@10
-    stages = [("zero_shot", "zero-shot", None, None, 0.375, [0.25, 0.5]),
-              ("original", "original pairs (non-private)", math.inf, 0.0, 0.875, [0.75, 1.0]),
-              ("eps-8", "DP synthetic (epsilon=8)", 8.0, 1e-3, 0.625, [0.5, 0.75]),
-              ("eps-4", "DP synthetic (epsilon=4)", 4.0, 1e-3, 0.5, None)]
     rows = []
     for name, label, epsilon, delta, ndcg, per_query in stages:
         (run_dir / name).mkdir(parents=True)
         (run_dir / name / "metrics.json").write_text(json.dumps({
             "row": label, "epsilon": epsilon, "delta": delta, "ndcg@10": ndcg, "recall@10": 0.5, "recall@100": 0.75,
-            "mrr@10": 0.5, "queries": 2}))
+            "mrr@10": 0.5, "queries": len(per_query or [0, 0])}))
         if per_query is not None:
             (run_dir / name / "per_query.json").write_text(json.dumps(
-                {q: {"ndcg@10": v} for q, v in zip(("t1", "t2"), per_query)}))
+                {f"t{i}": {"ndcg@10": v} for i, v in enumerate(per_query)}))
         rows.append(evaluate_stage(make_stage(run_dir, f"{name}/metrics.json", {}), "no model: the stage is done",
                                     None, "test", {}))
+    return rows
+
+
+def test_summary_shows_retention_and_the_interval(tmp_path):
+    from rich.console import Console
+
+    from privret.evaluate.statistics import BAR_HEADER
+    from privret.pipeline.summary import summary_markdown, summary_table, write_summary
+
+    run_dir = tmp_path / "run"
+    rows = _finished_rows(run_dir, [("zero_shot", "zero-shot", None, None, 0.375, [0.25, 0.5]),
+                                    ("original", "original pairs (non-private)", math.inf, 0.0, 0.875, [0.75, 1.0]),
+                                    ("eps-8", "DP synthetic (epsilon=8)", 8.0, 1e-3, 0.625, [0.5, 0.75]),
+                                    ("eps-4", "DP synthetic (epsilon=4)", 4.0, 1e-3, 0.5, None)])
     cfg = PipelineConfig(name="fake", dataset=tmp_path, epsilons=[8.0, 4.0])
     markdown = summary_markdown(rows, cfg)
     assert "| NDCG@10 | retention | ΔNDCG@10 vs zero-shot [95% CI] | Recall@10 |" in markdown
@@ -532,6 +538,7 @@ def test_summary_shows_retention_and_the_interval(tmp_path):
     assert "| original pairs (non-private) | inf | - | 0.8750 | - | +0.5000 [+0.5000, +0.5000] |" in markdown
     assert "| DP synthetic (epsilon=8) | 8 | 0.001 | 0.6250 | 50.0% | +0.2500 [+0.2500, +0.2500] |" in markdown
     assert "| DP synthetic (epsilon=4) | 4 | 0.001 | 0.5000 | 25.0% | +0.1250 [-] |" in markdown
+    assert BAR_HEADER not in markdown and "epsilon = 0 bar" not in markdown  # no row without private data
     console = Console(record=True, width=300)
     console.print(summary_table(rows))
     table = console.export_text()
@@ -539,6 +546,42 @@ def test_summary_shows_retention_and_the_interval(tmp_path):
     write_summary(run_dir, rows, cfg)
     assert "per_query" not in json.loads((run_dir / "summary.json").read_text())[0]
     assert "| 50.0% |" in (run_dir / "summary.md").read_text()
+
+
+def test_summary_compares_every_row_with_the_best_epsilon_0_row(tmp_path):
+    """The bar is the best row made without private data; a DP row clears it only with its interval above 0."""
+    from rich.console import Console
+
+    from privret.evaluate.statistics import BAR_HEADER
+    from privret.pipeline.summary import summary_markdown, summary_table
+
+    base = [0.2, 0.4, 0.6, 0.8]
+
+    def shifted(d: float) -> list[float]:
+        return [b + d for b in base]
+
+    rows = _finished_rows(tmp_path / "run", [
+        ("zero_shot", "zero-shot", None, None, 0.5, base),
+        ("original", "original pairs (non-private)", math.inf, 0.0, 0.8, shifted(0.3)),
+        ("public-prompted", "no private data (prompted)", 0.0, 0.0, 0.55, shifted(0.05)),
+        ("public-pairs", "no private data (public pairs)", 0.0, 0.0, 0.45, shifted(-0.05)),
+        ("eps-8", "DP synthetic (epsilon=8)", 8.0, 1e-3, 0.65, shifted(0.15)),
+        ("eps-4", "DP synthetic (epsilon=4)", 4.0, 1e-3, 0.55, shifted(0.05)),
+        ("direct-naive-eps-8", "direct naive (epsilon=8)", 8.0, 1e-3, 0.7, None)])
+    markdown = summary_markdown(rows, PipelineConfig(name="fake", dataset=tmp_path, epsilons=[8.0, 4.0]))
+    assert f"| MRR@10 | {BAR_HEADER} |" in markdown
+    lines = {line.split(" | ")[0].lstrip("| "): line for line in markdown.splitlines() if line.startswith("| ")}
+    assert lines["DP synthetic (epsilon=8)"].endswith("| +0.1000 [+0.1000, +0.1000] |")  # against prompted
+    assert lines["DP synthetic (epsilon=4)"].endswith("| +0.0000 [+0.0000, +0.0000] |")
+    assert lines["direct naive (epsilon=8)"].endswith("| +0.1500 [-] |")  # no per-query scores: no interval
+    assert lines["original pairs (non-private)"].endswith("| +0.2500 [+0.2500, +0.2500] |")
+    assert lines["no private data (prompted)"].endswith("| - |") and lines["zero-shot"].endswith("| - |")
+    assert "The epsilon = 0 bar is 'no private data (prompted)' (NDCG@10 0.5500)" in markdown
+    assert ("Not cleared by: DP synthetic (epsilon=4); direct naive (epsilon=8) (no gain a public recipe would "
+            "not give).") in markdown
+    console = Console(record=True, width=400)
+    console.print(summary_table(rows))
+    assert "Not cleared by: DP synthetic (epsilon=4)" in console.export_text().replace("\n", " ")
 
 
 def test_direct_dp_fingerprint_leaves_out_only_what_changes_nothing_trained():

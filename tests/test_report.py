@@ -181,6 +181,46 @@ def test_retention_and_interval_columns(fake_run):
     assert "ΔNDCG@10 vs zero-shot [95% CI]" in page and "<td class=\"num\">54.5%</td>" in page
 
 
+def test_rows_without_private_data_set_the_bar_every_dp_row_is_compared_with(fake_run, monkeypatch):
+    """public-prompted (epsilon 0) is a reference line in the plot and the bar of a column and a sentence."""
+    from matplotlib.axes import Axes
+
+    from privret.evaluate.statistics import BAR_HEADER
+    from privret.report.plot import privacy_utility_png
+
+    assert BAR_HEADER not in build_report(fake_run)[2]  # no row without private data: no bar
+    stage = fake_run / "public-prompted"
+    _metrics(stage / "metrics.json", 0.45)
+    _per_query(stage / "per_query.json", [0.35, 0.55, 0.35, 0.55])
+    PrivacyLedger.public("public-prompted", model="smollm2-135m", public_data_hash="cd" * 32,
+                         unit="query").save(_mk(stage / "generator"))
+    _, _, markdown = build_report(fake_run)
+    assert f"| MRR@10 | {BAR_HEADER} |" in markdown
+    lines = {line.split(" | ")[0].lstrip("| "): line for line in markdown.splitlines() if line.startswith("| ")}
+    assert lines["no private data (prompted)"].startswith("| no private data (prompted) | 0 | - | query | 0.4500 |")
+    # eps-8 minus the bar, per query: 0.07, 0.07, 0.10, 0.04
+    assert re.search(r"\| \+0\.0700 \[\+0\.0[4-7]\d\d, \+0\.(0[7-9]|10)\d\d\] \|$", lines["DP synthetic queries (ε=8)"])
+    assert lines["DP synthetic queries (ε=3)"].endswith("| +0.0200 [-] |")  # no per-query scores
+    assert lines["no private data (prompted)"].endswith("| - |")
+    assert ("The epsilon = 0 bar is 'no private data (prompted)' (NDCG@10 0.4500), the best row made without "
+            "private data") in markdown
+    cleared_not = markdown.split("Not cleared by: ")[1].split(" (no gain")[0].split("; ")
+    assert cleared_not == ["DP synthetic queries (ε=3)", "DP synthetic queries, round-trip filtered (ε=8)",
+                           "direct logit-dp (ε=16)", "direct logit-dp (ε=8)", "direct logit-dp (ε=3)"]
+    assert "Not cleared by: DP synthetic queries (ε=3)" in (fake_run / "report.html").read_text()
+
+    lines_drawn = []
+    real = Axes.axhline
+
+    def spy(self, y=0, **kwargs):
+        lines_drawn.append((kwargs.get("label"), y))
+        return real(self, y, **kwargs)
+
+    monkeypatch.setattr(Axes, "axhline", spy)
+    assert privacy_utility_png(collect(fake_run)) is not None
+    assert ("no private data (prompted): 0.450", 0.45) in lines_drawn  # a line, not a point at log(0)
+
+
 def test_plot_draws_the_interval_as_error_bars(fake_run, monkeypatch):
     from matplotlib.axes import Axes
 

@@ -68,3 +68,26 @@ def test_versus_zero_shot_rows():
     assert versus["eps-8"].delta_text() == "+0.2500 [+0.2500, +0.2500]" and versus["eps-8"].retention_text() == "50.0%"
     assert versus["eps-4"].delta_text() == "+0.1250 [-]" and versus["zero_shot"].delta_text() == "-"
     assert versus_zero_shot({"eps-8": (0.5, None)}) == {"eps-8": Versus(None, None, None)}  # no zero-shot row
+
+
+def test_versus_bar_takes_the_best_row_without_private_data_and_clears_needs_the_interval_above_0():
+    from privret.evaluate.statistics import clears, versus_bar
+
+    q = ["a", "b", "c"]
+
+    def table(values):
+        return dict(zip(q, values))
+
+    rows = {"zero_shot": (0.4, table([0.3, 0.4, 0.5])),
+            "prompted": (0.5, table([0.4, 0.5, 0.6])), "pairs": (0.3, table([0.2, 0.3, 0.4])),
+            "dp-above": (0.6, table([0.5, 0.6, 0.7])), "dp-level": (0.5, table([0.6, 0.5, 0.4])),
+            "dp-no-per-query": (0.9, None)}
+    bar, versus = versus_bar(rows, ["prompted", "pairs"])
+    assert bar == "prompted"  # the strictest bar
+    assert set(versus) == {"dp-above", "dp-level", "dp-no-per-query"}  # not the bars, not zero-shot
+    assert versus["dp-above"].delta == pytest.approx(0.1) and versus["dp-above"].ci == pytest.approx((0.1, 0.1))
+    assert clears(versus["dp-above"])
+    assert versus["dp-level"].delta == pytest.approx(0.0) and versus["dp-level"].ci[0] < 0 < versus["dp-level"].ci[1]
+    assert not clears(versus["dp-level"])
+    assert versus["dp-no-per-query"].ci is None and not clears(versus["dp-no-per-query"])  # never by its mean alone
+    assert versus_bar(rows, []) == (None, {}) and versus_bar(rows, ["absent"]) == (None, {})

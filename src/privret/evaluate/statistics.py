@@ -87,6 +87,13 @@ class Versus:
         return "-" if self.retention is None else f"{self.retention:.1%}"
 
 
+def _paired_ci(base: Mapping[str, float] | None, other: Mapping[str, float] | None) -> tuple[float, float] | None:
+    """:func:`paired_bootstrap_ci` of ``other - base`` over their queries; None unless both cover the same ones."""
+    if base is None or other is None or other.keys() != base.keys():
+        return None
+    return paired_bootstrap_ci([base[q] for q in other], list(other.values()))
+
+
 def versus_zero_shot(rows: Mapping[str, tuple[float, Mapping[str, float] | None]]) -> dict[str, Versus]:
     """Each row (key -> (NDCG@10, per-query NDCG@10 or None)) against the references :data:`ZERO_SHOT`
     and :data:`ORIGINAL` among them. The interval needs both per-query tables on the same queries."""
@@ -97,9 +104,42 @@ def versus_zero_shot(rows: Mapping[str, tuple[float, Mapping[str, float] | None]
         if zero is None or key == ZERO_SHOT:
             out[key] = Versus(None, None, None)
             continue
-        ci = None
-        if queries is not None and zero_queries is not None and queries.keys() == zero_queries.keys():
-            ci = paired_bootstrap_ci([zero_queries[q] for q in queries], list(queries.values()))
         kept = retention(score, zero, original) if original is not None and key != ORIGINAL else None
-        out[key] = Versus(score - zero, ci, kept)
+        out[key] = Versus(score - zero, _paired_ci(zero_queries, queries), kept)
     return out
+
+
+def versus_bar(rows: Mapping[str, tuple[float, Mapping[str, float] | None]],
+               bars: Sequence[str]) -> tuple[str | None, dict[str, Versus]]:
+    """Every other row against the *bar*: the row of ``bars`` (rows made without private data, epsilon 0)
+    with the highest NDCG@10, the strictest of them. Returns (the bar's key, key -> Versus with the
+    difference to the bar and its paired interval; retention None); (None, {}) without bars. A DP row
+    that does not clear the bar (:func:`clears`) gains nothing a public recipe would not."""
+    present = [key for key in bars if key in rows]
+    if not present:
+        return None, {}
+    bar = max(present, key=lambda key: rows[key][0])
+    score, queries = rows[bar]
+    return bar, {key: Versus(s - score, _paired_ci(queries, q), None) for key, (s, q) in rows.items()
+                 if key not in present and key != ZERO_SHOT}
+
+
+def clears(versus: Versus) -> bool:
+    """Above the reference with the paired interval's lower bound above 0 (no interval: never)."""
+    return versus.ci is not None and versus.ci[0] > 0
+
+
+BAR_HEADER = "ΔNDCG@10 vs the epsilon = 0 bar [95% CI]"  # the column of :func:`versus_bar`
+
+
+def bar_sentence(bar_label: str, bar_ndcg: float, dp_rows: Sequence[tuple[str, Versus]]) -> str:
+    """What a table with an epsilon = 0 bar says under it: the bar, and the DP rows (label, Versus against
+    the bar) that do not clear it (:func:`clears`)."""
+    head = (f"The epsilon = 0 bar is '{bar_label}' (NDCG@10 {bar_ndcg:.4f}), the best row made without private "
+            "data: a DP row clears it when its paired 95% interval against it lies above 0.")
+    short = [label for label, versus in dp_rows if not clears(versus)]
+    if not dp_rows:
+        return head
+    if not short:
+        return f"{head} Every DP row clears it."
+    return f"{head} Not cleared by: " + "; ".join(short) + " (no gain a public recipe would not give)."

@@ -1,14 +1,17 @@
 """The summary of a pipeline run: ``summary.json``, ``summary.md`` (the seed's Table 3 layout, with
-retention and the CI against zero-shot) and ``budget.json`` (what releasing every row together costs)."""
+retention and the CI against zero-shot, and, when the run has rows made without private data, the CI
+against the best of them: the epsilon = 0 bar a DP row must clear) and ``budget.json`` (what releasing
+every row together costs)."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from rich.table import Table
 
 from privret.config import PipelineConfig
-from privret.evaluate.statistics import EXPLANATION, versus_zero_shot
+from privret.evaluate.statistics import BAR_HEADER, EXPLANATION, bar_sentence, versus_bar, versus_zero_shot
 from privret.io import write_json_atomic, write_text_atomic
 from privret.run_layout import (BUDGET_FILE, CHOICE, DIRECT_ROW_PREFIX, DOCUMENTS, DP_ROW_PREFIX, GENERATOR,
                                      RETRIEVER, SELECTED_SUFFIX, SUMMARY_FILE, SUMMARY_MARKDOWN)
@@ -19,22 +22,51 @@ SUMMARY_COLUMNS = ("training data", "epsilon", "delta", "NDCG@10", "retention", 
                    "Recall@10", "Recall@100", "MRR@10")
 
 
+def _scores(rows: list[dict]) -> dict[str, tuple[float, dict | None]]:
+    return {r["stage"]: (r["ndcg@10"], r["per_query"]) for r in rows}
+
+
+def _bar(rows: list[dict]) -> tuple[dict | None, dict]:
+    """(the epsilon = 0 bar's row, stage -> Versus against it): :func:`versus_bar` over the rows without
+    private data (epsilon 0); (None, {}) when the run has none."""
+    key, versus = versus_bar(_scores(rows), [r["stage"] for r in rows if r["epsilon"] == 0])
+    return next((r for r in rows if r["stage"] == key), None), versus
+
+
+def _columns(rows: list[dict]) -> tuple[str, ...]:
+    return SUMMARY_COLUMNS + ((BAR_HEADER,) if _bar(rows)[0] is not None else ())
+
+
 def _summary_cells(rows: list[dict]) -> list[list[str]]:
-    """The cells of :data:`SUMMARY_COLUMNS` for each row of :func:`privret.pipeline.run.run_pipeline`."""
-    versus = versus_zero_shot({r["stage"]: (r["ndcg@10"], r["per_query"]) for r in rows})
+    """The cells of :func:`_columns` for each row of :func:`privret.pipeline.run.run_pipeline`."""
+    versus = versus_zero_shot(_scores(rows))
+    bar, against_bar = _bar(rows)
     cells = []
     for r in rows:
         against = versus[r["stage"]]
         cells.append([r["row"], format_epsilon(r["epsilon"], digits=3),
                       "-" if r["delta"] in (None, 0.0) else f"{r['delta']:.2g}", f"{r['ndcg@10']:.4f}",
                       against.retention_text(), against.delta_text(), f"{r['recall@10']:.4f}",
-                      f"{r['recall@100']:.4f}", f"{r['mrr@10']:.4f}"])
+                      f"{r['recall@100']:.4f}", f"{r['mrr@10']:.4f}"]
+                     + ([against_bar[r["stage"]].delta_text() if r["stage"] in against_bar else "-"] if bar else []))
     return cells
 
 
+def _bar_note(rows: list[dict]) -> str | None:
+    """:func:`~privret.evaluate.statistics.bar_sentence` for the run's DP rows; None without an epsilon = 0 row."""
+    bar, against_bar = _bar(rows)
+    if bar is None:
+        return None
+    dp = [(r["row"], against_bar[r["stage"]]) for r in rows
+          if r["epsilon"] is not None and 0 < r["epsilon"] < math.inf]
+    return bar_sentence(bar["row"], bar["ndcg@10"], dp)
+
+
 def summary_table(rows: list[dict]) -> Table:
-    table = Table(title="Retrieval on the evaluation split (seed Table 3 layout)", caption=EXPLANATION)
-    for column in SUMMARY_COLUMNS:
+    sentence = _bar_note(rows)
+    table = Table(title="Retrieval on the evaluation split (seed Table 3 layout)",
+                  caption=EXPLANATION + (f" {sentence}" if sentence else ""))
+    for column in _columns(rows):
         table.add_column(column, justify="left" if column == "training data" else "right")
     for cells in _summary_cells(rows):
         table.add_row(*cells)
@@ -42,10 +74,14 @@ def summary_table(rows: list[dict]) -> Table:
 
 
 def summary_markdown(rows: list[dict], cfg: PipelineConfig) -> str:
-    lines = [f"# {cfg.name}: retrieval on `{cfg.eval_split}`", "", "| " + " | ".join(SUMMARY_COLUMNS) + " |",
-             "|---|" + "---:|" * (len(SUMMARY_COLUMNS) - 1)]
+    columns = _columns(rows)
+    lines = [f"# {cfg.name}: retrieval on `{cfg.eval_split}`", "", "| " + " | ".join(columns) + " |",
+             "|---|" + "---:|" * (len(columns) - 1)]
     lines += ["| " + " | ".join(cells) + " |" for cells in _summary_cells(rows)]
-    lines += ["", EXPLANATION, "", "Each DP row's (epsilon, delta) holds for that row alone, per privacy unit "
+    lines += ["", EXPLANATION]
+    if (sentence := _bar_note(rows)) is not None:
+        lines += ["", sentence]
+    lines += ["", "Each DP row's (epsilon, delta) holds for that row alone, per privacy unit "
               f"'{cfg.unit.value}'; releasing several rows trained on the same data composes their budgets."]
     return "\n".join(lines) + "\n"
 

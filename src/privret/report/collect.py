@@ -26,10 +26,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from privret.errors import InputError
-from privret.evaluate.statistics import PER_QUERY_FILE, Versus, versus_zero_shot
+from privret.evaluate.statistics import PER_QUERY_FILE, Versus, versus_bar, versus_zero_shot
 from privret.run_layout import (CONFIG_FILE, DIRECT_ROW_PREFIX, DP_ROW_PREFIX, FILTERED_SUFFIX, GENERATOR, METRICS_FILE,
-                                     ORIGINAL, RETRIEVER, SELECTED_SUFFIX, SUMMARY_FILE, SYNTHETIC, TIMING_FILE,
-                                     ZERO_SHOT)
+                                     ORIGINAL, PUBLIC_ROWS, RETRIEVER, SELECTED_SUFFIX, SUMMARY_FILE, SYNTHETIC,
+                                     TIMING_FILE, ZERO_SHOT)
 from privret.privacy.ledger import LEDGER_FILE, format_epsilon
 
 _EPS_DIR = re.compile(rf"^{re.escape(DP_ROW_PREFIX)}(?P<eps>inf|[0-9.eE+-]+?)"
@@ -43,13 +43,19 @@ class Row:
 
     key: str  # directory name
     label: str
-    method: str  # "zero-shot", "original", "dp-synthetic", "direct-<method>"
-    epsilon: float | None  # None: no private data touched (zero-shot)
+    method: str  # "zero-shot", "original", "public-prompted", "public-pairs", "dp-synthetic", "direct-<method>"
+    epsilon: float | None  # None: the public encoder (zero-shot); 0: a row made without private data
     metrics: dict
     ledger: dict | None = None
     ledger_source: str | None = None
     timing: dict = field(default_factory=dict)
     per_query: dict[str, float] | None = None  # NDCG@10 per test query, when the run kept it
+
+    @property
+    def is_reference(self) -> bool:
+        """A line to compare with, not a point of a method: zero-shot, the original pairs, the rows without
+        private data."""
+        return self.method in ("zero-shot", "original", *PUBLIC_ROWS)
 
 
 @dataclass
@@ -74,6 +80,8 @@ class RunData:
     examples: Examples | None
     notes: list[str] = field(default_factory=list)
     versus: dict[str, Versus] = field(default_factory=dict)  # row key -> retention and CI against zero-shot
+    bar: str | None = None  # the key of the epsilon = 0 bar (the best row without private data), if any
+    versus_bar: dict[str, Versus] = field(default_factory=dict)  # row key -> difference and CI against the bar
 
 
 def read_json(path: Path):
@@ -144,6 +152,11 @@ def collect(run_dir: str | Path, *, show_private_queries: bool = False, examples
         ledger, source = _ledger(run_dir / ORIGINAL / RETRIEVER, run_dir / ORIGINAL)
         rows.append(Row(ORIGINAL, "original pairs (non-private)", "original", math.inf,
                         _metrics(run_dir / ORIGINAL / METRICS_FILE), ledger, source, _timing(run_dir / ORIGINAL)))
+    for key, label in PUBLIC_ROWS.items():
+        if (run_dir / key / METRICS_FILE).is_file():
+            ledger, source = _ledger(run_dir / key / GENERATOR, run_dir / key / SYNTHETIC, run_dir / key / RETRIEVER)
+            rows.append(Row(key, label, key, 0.0, _metrics(run_dir / key / METRICS_FILE), ledger, source,
+                            _timing(run_dir / key)))
     stages = []
     for child in sorted(run_dir.iterdir()):
         if not child.is_dir() or not (child / METRICS_FILE).is_file():
@@ -168,11 +181,13 @@ def collect(run_dir: str | Path, *, show_private_queries: bool = False, examples
             notes.append(f"{r.key}: no privacy ledger found")
     if not rows:
         raise InputError("no results (no */metrics.json): is this a privret run directory?", path=run_dir)
+    scores = {r.key: (r.metrics["ndcg@10"], r.per_query) for r in rows}
+    bar, against_bar = versus_bar(scores, [r.key for r in rows if r.epsilon == 0])
     return RunData(run_dir=run_dir, name=str(config.get("name") or run_dir.name), config=config, rows=rows,
                    similarity=_similarity(run_dir), canaries=_canaries(run_dir),
                    zero_shot_datasets=_zero_shot_datasets(run_dir),
                    examples=_examples(run_dir, config, stages, show_private_queries, examples), notes=notes,
-                   versus=versus_zero_shot({r.key: (r.metrics["ndcg@10"], r.per_query) for r in rows}))
+                   versus=versus_zero_shot(scores), bar=bar, versus_bar=against_bar)
 
 
 def _per_query(path: Path) -> dict[str, float] | None:

@@ -1,4 +1,6 @@
-"""The privacy-utility plot: NDCG@10 against epsilon, one line per method, references as lines.
+"""The privacy-utility plot: NDCG@10 against epsilon, one line per method, references as lines
+(zero-shot, the original pairs and the rows made without private data, epsilon 0, which a log axis
+cannot place).
 
 Rendered with matplotlib's Agg backend (no display) to PNG bytes, which the HTML inlines as a
 ``data:`` URI. epsilon is on a log axis; ``inf`` (a non-private run of a method) is drawn at a
@@ -49,14 +51,14 @@ def privacy_utility_png(run: RunData, *, metric: str = METRIC, width: float = 8.
 
     series: dict[str, list[tuple[float, float, tuple[float, float] | None]]] = {}  # (epsilon, value, bar)
     for r in run.rows:
-        if r.method in ("zero-shot", "original") or r.epsilon is None or metric not in r.metrics:
+        if r.is_reference or r.epsilon is None or metric not in r.metrics:
             continue
         value = float(r.metrics[metric])
         bar = _bar(run.versus[r.key], value) if metric == METRIC else None
         series.setdefault(r.method, []).append((r.epsilon, value, bar))
-    references = [(r.label, float(r.metrics[metric]), style) for r, style in
-                  ((r, ("--", "#555555") if r.method == "zero-shot" else (":", "#000000")) for r in run.rows)
-                  if r.method in ("zero-shot", "original") and metric in r.metrics]
+    styles = {"zero-shot": ("--", "#555555"), "original": (":", "#000000")}  # the rows without private data: -.
+    references = [(r.label, float(r.metrics[metric]), styles.get(r.method, ("-.", "#8c8c00"))) for r in run.rows
+                  if r.is_reference and metric in r.metrics]
     if not series and not references:
         return None
     finite = [e for pts in series.values() for e, _, _ in pts if math.isfinite(e)]

@@ -14,7 +14,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from privret.errors import InputError
-from privret.evaluate.statistics import EXPLANATION, ORIGINAL, ZERO_SHOT, mean_sd
+from privret.evaluate.statistics import BAR_HEADER, EXPLANATION, ORIGINAL, ZERO_SHOT, bar_sentence, mean_sd
 from privret.privacy.ledger import format_epsilon
 from privret.report.collect import Row, RunData
 from privret.report.plot import method_label, privacy_utility_png
@@ -77,14 +77,28 @@ def _table(headers: list[str], rows: list[list[str]], numeric: set[int] | None =
 
 
 # -- sections -----------------------------------------------------------------------------------
+def _retrieval_headers(run: RunData) -> list[str]:
+    return RETRIEVAL_HEADERS + ([BAR_HEADER] if run.bar is not None else [])
+
+
 def _retrieval_rows(run: RunData) -> list[list[str]]:
     out = []
     for r in run.rows:
         versus = run.versus[r.key]
+        against_bar = [run.versus_bar[r.key].delta_text() if r.key in run.versus_bar else "-"] if run.bar else []
         out.append([_e(r.label), _eps(r.epsilon), _delta(r), _e(_unit(r)), _num(r.metrics.get("ndcg@10")),
                     versus.retention_text(), versus.delta_text()]
-                   + [_num(r.metrics.get(m)) for m in ("recall@10", "recall@100", "mrr@10")])
+                   + [_num(r.metrics.get(m)) for m in ("recall@10", "recall@100", "mrr@10")] + against_bar)
     return out
+
+
+def _bar_note(run: RunData) -> str | None:
+    """:func:`~privret.evaluate.statistics.bar_sentence` for the run's DP rows; None without an epsilon = 0 row."""
+    if run.bar is None:
+        return None
+    bar = next(r for r in run.rows if r.key == run.bar)
+    dp = [(r.label, run.versus_bar[r.key]) for r in run.rows if r.epsilon is not None and 0 < r.epsilon < math.inf]
+    return bar_sentence(bar.label, float(bar.metrics["ndcg@10"]), dp)
 
 
 def _zero_shot_section(run: RunData) -> str:
@@ -233,9 +247,12 @@ def render_html(run: RunData) -> str:
                         f"src='data:image/png;base64,{data}'></figure>")
     else:
         sections.append("<p>No rows to plot.</p>")
+    headers = _retrieval_headers(run)
     sections += ["<h2 id='retrieval'>Retrieval (seed Table 3 layout)</h2>",
-                 _table(RETRIEVAL_HEADERS, _retrieval_rows(run), set(range(1, len(RETRIEVAL_HEADERS))) - {3}),
+                 _table(headers, _retrieval_rows(run), set(range(1, len(headers))) - {3}),
                  f"<p class='muted'>{_e(EXPLANATION)}</p>"]
+    if (note := _bar_note(run)) is not None:
+        sections.append(f"<p>{_e(note)}</p>")
     if run.zero_shot_datasets:
         sections += ["<h2 id='zero-shot'>Zero-shot across datasets (seed Table 5 layout)</h2>",
                      _zero_shot_section(run)]
@@ -258,10 +275,13 @@ def render_html(run: RunData) -> str:
 
 
 def render_markdown(run: RunData) -> str:
-    lines = [f"# privret report: {run.name}", "", "## Retrieval", "", "| " + " | ".join(RETRIEVAL_HEADERS) + " |",
-             "|---|---:|---:|---|" + "---:|" * (len(RETRIEVAL_HEADERS) - 4)]
+    headers = _retrieval_headers(run)
+    lines = [f"# privret report: {run.name}", "", "## Retrieval", "", "| " + " | ".join(headers) + " |",
+             "|---|---:|---:|---|" + "---:|" * (len(headers) - 4)]
     lines += ["| " + " | ".join(html.unescape(c) for c in row) + " |" for row in _retrieval_rows(run)]
     lines += ["", EXPLANATION]
+    if (note := _bar_note(run)) is not None:
+        lines += ["", note]
     for result in run.zero_shot_datasets:
         names = list(result["datasets"])
         lines += ["", f"## Zero-shot NDCG@10 across datasets ({result['file']})", "",
