@@ -152,6 +152,10 @@ def test_warm_start_is_recorded_and_a_private_one_is_refused(toy_beir, tiny_llam
     ("public_rows", {"public_pairs": 3}, "public_rows.public_pairs"),
     ("public_rows", {"public_examples": [{"doc": "d"}]}, "public_rows.public_examples.0.query"),
     ("public_rows", {"public_examples": [{"doc": "d", "query": ""}]}, "public_rows.public_examples.0.query"),
+    ("public_rows", {"public_examples": [{"query": "q"}]}, "public_rows.public_examples.0 Value error, give the "
+                                                           "document's text (doc) or its corpus id (doc_id)"),
+    ("public_rows", {"public_examples": [{"doc": "d", "doc_id": "x", "query": "q"}]}, "public_rows.public_examples.0"),
+    ("public_rows", {"public_examples": [{"doc_id": "", "query": "q"}]}, "public_rows.public_examples.0.doc_id"),
     ("public_rows", {"colour": 1}, "public_rows.colour"),
     ("generator", {"warm_start": "private"}, "generator.warm_start"),
     ("generator", {"warm_start": "public-pairs"}, "generator.warm_start"),
@@ -161,6 +165,22 @@ def test_public_row_settings_are_validated(section, value, field):
         PipelineConfig.model_validate({"name": "x", "dataset": "d", "epsilons": [1.0], section: value})
     first = err.value.errors()[0]
     assert field in ".".join(str(p) for p in first["loc"]) + " " + first["msg"]
+
+
+def test_a_public_example_may_name_a_corpus_document_by_id():
+    from privret.config import PublicRows
+    from privret.data.beir import Document
+
+    corpus = {"d1": Document("d1", "Aspirin", "aspirin lowers risk"), "d2": Document("d2", "", "no title here")}
+    rows = PublicRows(prompted=True, public_examples=[{"doc_id": "d1", "query": "does aspirin help"},
+                                                      {"doc": "inline text", "query": "q2"},
+                                                      {"doc_id": "d2", "query": "q3"}])
+    assert rows.few_shot(corpus) == [("Aspirin. aspirin lowers risk", "does aspirin help"), ("inline text", "q2"),
+                                     ("no title here", "q3")]  # as the generator reads every document
+    for missing in ({"d2": corpus["d2"]}, None):
+        with pytest.raises(InputError, match="'d1' is not in the dataset's corpus") as err:
+            rows.few_shot(missing)
+        assert err.value.field == "public_rows.public_examples.0.doc_id"
 
 
 def test_public_rows_refuse_dp_selected_documents():

@@ -186,6 +186,20 @@ def test_scifact_config_carries_the_squad_regime_as_its_rule():
     assert cfg.direct_dp.config("batch-clip", 8.0, cfg.unit).trainable != "bias-top:3"
 
 
+@pytest.mark.skipif(not (SHARED_DATA / "scifact").is_dir(), reason="../shared/data/scifact not present")
+def test_scifact_config_prompted_bar_shows_the_benchmarks_public_claims():
+    """configs/scifact.yaml's epsilon = 0 prompted row shows exactly the examples the benchmarks' prompted bar
+    showed (bench/scifact_public_claims.tsv: corpus id, claim), its documents read from the corpus by id."""
+    from privret.config import load_config
+
+    cfg = load_config(REPO / "configs" / "scifact.yaml")
+    corpus = load_beir(cfg.dataset, splits=[]).corpus
+    claims = [line.split("\t") for line in (REPO / "bench" / "scifact_public_claims.tsv").read_text().splitlines()]
+    assert cfg.public_rows.prompted
+    shots = cfg.public_rows.few_shot(corpus)
+    assert len(shots) == 3 and shots == [(corpus[doc_id].full_text, claim) for doc_id, claim in claims]
+
+
 @pytest.mark.integration
 @pytest.mark.slow
 @pytest.mark.skipif(not REAL_SQUAD.is_file(), reason="../shared/data/squad not present")

@@ -6,6 +6,7 @@ Relative paths in a config file are resolved against the directory that holds th
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
 
@@ -13,6 +14,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from privret.config_path import ConfigPath
+from privret.data.beir import Document
 from privret.data.pairs import PrivacyUnit, examples_from_pairs
 from privret.errors import InputError, invalid_input
 from privret.models.device_spec import DeviceSpec
@@ -32,12 +34,22 @@ class GeneratorStage(GeneratorTrainConfig):
 
 
 class PublicExample(BaseModel):
-    """One public (document, query) pair shown to the prompted generator."""
+    """One public (document, query) pair shown to the prompted generator: the document's text (``doc``), or the
+    id of a document of the dataset's public corpus (``doc_id``: its title and text, as the generator reads
+    every document), so that a config names a corpus document without copying it. The query must be public
+    too (written for the purpose, never taken from the private log)."""
 
     model_config = ConfigDict(extra="forbid")
 
-    doc: str = Field(min_length=1)
+    doc: str | None = Field(None, min_length=1, description="the document's text")
+    doc_id: str | None = Field(None, min_length=1, description="or the id of a document of the dataset's corpus")
     query: str = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _one_document(self):
+        if (self.doc is None) == (self.doc_id is None):
+            raise ValueError("give the document's text (doc) or its corpus id (doc_id), one of the two")
+        return self
 
 
 class PublicRows(BaseModel):
@@ -59,11 +71,18 @@ class PublicRows(BaseModel):
             raise ValueError("public_rows.prompted needs public_rows.public_examples or public_rows.public_pairs")
         return self
 
-    def few_shot(self) -> list[tuple[str, str]]:
-        """The prompted row's examples: ``public_examples``, else the first ``examples`` pairs of ``public_pairs``."""
-        if self.public_examples:
-            return [(e.doc, e.query) for e in self.public_examples]
-        return examples_from_pairs(self.public_pairs, self.examples)
+    def few_shot(self, corpus: Mapping[str, Document] | None = None) -> list[tuple[str, str]]:
+        """The prompted row's examples: ``public_examples`` (a ``doc_id`` read from the public ``corpus``), else
+        the first ``examples`` pairs of ``public_pairs``."""
+        if not self.public_examples:
+            return examples_from_pairs(self.public_pairs, self.examples)
+        shots = []
+        for i, example in enumerate(self.public_examples):
+            if example.doc_id is not None and (corpus is None or example.doc_id not in corpus):
+                raise InputError(f"document '{example.doc_id}' is not in the dataset's corpus",
+                                 field=f"public_rows.public_examples.{i}.doc_id")
+            shots.append((example.doc if example.doc_id is None else corpus[example.doc_id].full_text, example.query))
+        return shots
 
 
 class DirectDPGrid(BaseModel):

@@ -162,8 +162,9 @@ def _run_grid(cfg: PipelineConfig, run_dir: Path) -> list[dict]:
     pairs = pairs_from_beir(dataset, cfg.train_split)
     data_hash = dataset_hash(dataset, cfg.train_split)
     run = Run(cfg, run_dir, dataset, pairs, data_hash, dataset_id(pairs, cfg.budget.dataset_name), cfg.budget.policy())
+    few_shot = cfg.public_rows.few_shot(dataset.corpus) if cfg.public_rows.prompted else None
     plan = plan_stages(cfg, run_dir, data_hash=data_hash, evaluation=eval_hash(dataset, cfg.eval_split),
-                       corpus=file_sha256(dataset.root / "corpus.jsonl"))
+                       corpus=file_sha256(dataset.root / "corpus.jsonl"), few_shot=few_shot)
     check_stages(plan)  # nothing is written before every stage is checked
     write_json_atomic(run_dir / CONFIG_FILE, cfg.model_dump(mode="json"))
 
@@ -176,7 +177,7 @@ def _run_grid(cfg: PipelineConfig, run_dir: Path) -> list[dict]:
     public = cfg.public_rows
     if public.prompted:
         rows += _public_row(run, plan.public[PUBLIC_PROMPTED], lambda out: write_prompted_generator(
-            cfg.generator.model, public.few_shot(), out, unit=cfg.unit.value,
+            cfg.generator.model, few_shot, out, unit=cfg.unit.value,
             max_doc_tokens=cfg.generator.max_doc_tokens, max_query_tokens=cfg.generator.max_query_tokens), documents)
     if public.public_pairs is not None:
         rows += _public_row(run, plan.public[PUBLIC_PAIRS], lambda out: train_public_generator(
