@@ -6,6 +6,9 @@
     frozen activations, LM head only on query tokens, bf16, DP) over a straightforward LoRA
     fine-tune of all linear layers computing the full LM head on every position (fp32, non-DP).
 (c) batched generation (KV cache, one call per batch) over one document at a time.
+(d) few-shot generation (the prompted epsilon = 0 row: three public examples in every prompt) with the prompts'
+    shared prefix computed once per batch over the whole prompt for every row, interleaved batch by batch;
+    also the share of queries that come out identical (same seed: the two differ only by float noise).
 
     .venv/bin/python bench/bench_generator.py --data ../shared/data/scifact --out bench/results/generator.json
 """
@@ -117,6 +120,27 @@ def throughput(pairs, batches, defaults: GeneratorTrainConfig) -> dict:
             "epochs_for_cache": defaults.epochs, "rows_timed": rows_timed}
 
 
+def few_shot_prefix(dataset, batches: int, batch: int = 32, num_queries: int = 2) -> dict:
+    """(d): the prompted row's generation (``configs/scifact.yaml``: 2 queries per document, 32 documents per
+    call) with ``reuse_prefix`` on and off, alternating on the same batches and seeds."""
+    claims = [line.split("\t") for line in (Path(__file__).parent / "scifact_public_claims.tsv").read_text().splitlines()]
+    gen = load_generator("smollm2-135m")
+    gen.examples = [(dataset.corpus[doc_id].full_text, claim) for doc_id, claim in claims]
+    docs = [d.full_text for d in list(dataset.corpus.values())[1000: 1000 + batches * batch]]
+    gen.generate(docs[:2], max_new_tokens=4, seed=0)  # warm-up
+    seconds, queries = {True: 0.0, False: 0.0}, {True: [], False: []}
+    for lo in range(0, len(docs), batch):
+        for reuse in (True, False):
+            start = time.perf_counter()
+            queries[reuse] += gen.generate(docs[lo: lo + batch], num_queries=num_queries, top_p=0.8,
+                                           max_new_tokens=40, seed=lo, reuse_prefix=reuse)
+            seconds[reuse] += time.perf_counter() - start
+    same = sum(a == b for x, y in zip(queries[True], queries[False]) for a, b in zip(x, y))
+    return {"shared_prefix_s_per_doc": seconds[True] / len(docs), "whole_prompts_s_per_doc": seconds[False] / len(docs),
+            "speedup": seconds[False] / seconds[True], "identical_queries": same / (len(docs) * num_queries),
+            "documents": len(docs), "batch": batch, "num_queries": num_queries}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", type=Path, required=True)
@@ -126,7 +150,8 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=256, help="training pairs used (cache size)")
     parser.add_argument("--generate-docs", type=int, default=32)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
-    parser.add_argument("--only", default="a,b,c", help="comma list of the measurements to run")
+    parser.add_argument("--only", default="a,b,c", help="comma list of the measurements to run (a, b, c, d)")
+    parser.add_argument("--few-shot-batches", type=int, default=3, help="(d): timed batches of 32 documents each")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -177,6 +202,9 @@ def main() -> None:
         results["c_generation"] = {"batched_s_per_doc": batched, "single_s_per_doc": single, "speedup": single / batched,
                                    "batch": len(docs), "setting": setting}
         print(results["c_generation"], flush=True)
+    if "d" in only:
+        results["d_few_shot_prefix"] = {**few_shot_prefix(dataset, args.few_shot_batches), "setting": setting}
+        print(results["d_few_shot_prefix"], flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     tmp = args.out.with_suffix(".tmp")
     tmp.write_text(json.dumps(results, indent=2) + "\n")

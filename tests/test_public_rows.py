@@ -233,3 +233,45 @@ def test_prompted_and_public_pairs_rows_never_open_the_private_files(toy_beir, t
     assert generator["warm_start"] == "public-pairs" and "public-pairs/generator" in generator["after"]
     assert PrivacyLedger.load(run_dir / "eps-inf" / "generator").provenance["warm_start"]["mechanism"] == "public-pairs"
     assert json.loads((run_dir / "budget.json").read_text())["releases"] == []  # public rows spend nothing
+
+
+def test_prompt_batch_layout_shares_the_prefix_and_pads_after_it():
+    from privret.models.generator import left_pad_after_prefix, shared_prefix_length
+
+    prompts = [[5, 6, 7, 8, 9], [5, 6, 7, 1], [5, 6, 2, 3, 4, 4]]
+    assert shared_prefix_length(prompts) == 2
+    assert shared_prefix_length([[5, 6, 7], [5, 6, 7]]) == 2  # each row keeps a token of its own
+    assert shared_prefix_length([[1, 2], [3, 4]]) == 0
+    ids, mask = left_pad_after_prefix(prompts, 2, pad=0)
+    assert ids.tolist() == [[5, 6, 0, 7, 8, 9], [5, 6, 0, 0, 7, 1], [5, 6, 2, 3, 4, 4]]
+    assert mask.tolist() == [[1, 1, 0, 1, 1, 1], [1, 1, 0, 0, 1, 1], [1, 1, 1, 1, 1, 1]]
+    ids, mask = left_pad_after_prefix(prompts, 0, pad=0)  # plain left padding
+    assert ids.tolist()[1] == [0, 0, 5, 6, 7, 1] and mask.tolist()[1] == [0, 0, 1, 1, 1, 1]
+
+
+def test_generation_with_a_shared_prefix_writes_what_the_full_prompts_write(tiny_llama_dir):
+    """Few-shot prompts: keys and values of the shared prefix computed once give the same sampled queries as
+    every row's whole prompt; without examples the batch is the tokenizer's left-padded one, as before."""
+    from privret.models.generator import shared_prefix_length
+
+    generator = load_generator(str(tiny_llama_dir), bf16=False)
+    docs = [d for _, _, d in TOY_DOCS[:3]] + ["a much longer document " * 6]
+    plain = generator.generate(docs, num_queries=2, top_p=0.8, max_new_tokens=6, seed=3)
+    tok = generator.tokenizer
+    tok.padding_side = "left"  # the implementation before the shared prefix, as the reference
+    enc = tok([generator.prompt(d) for d in docs], return_tensors="pt", padding=True, add_special_tokens=False)
+    torch.manual_seed(3)
+    out = generator.model.generate(**enc, do_sample=True, top_p=0.8, top_k=0, temperature=1.0, max_new_tokens=6,
+                                   num_return_sequences=2, pad_token_id=tok.pad_token_id)
+    texts = [generator._decode(row) for row in out[:, enc["input_ids"].shape[1]:]]
+    assert plain == [texts[2 * i: 2 * i + 2] for i in range(len(docs))]
+
+    generator.examples = EXAMPLES
+    prompts = [tok(generator.prompt(d), add_special_tokens=False).input_ids for d in docs]
+    assert shared_prefix_length(prompts) > 10  # the instruction and the examples
+    # the same draws from the same distributions give the same queries (float noise aside: the layouts
+    # compute the prefix in other shapes); a wrong position or mask would change the distributions
+    sampled = {"num_queries": 2, "top_p": 0.8, "max_new_tokens": 8, "seed": 0}
+    shared = generator.generate(docs, **sampled)
+    assert shared == generator.generate(docs, reuse_prefix=False, **sampled)
+    assert len({q for queries in shared for q in queries}) == 2 * len(docs)  # not one degenerate answer

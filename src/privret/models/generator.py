@@ -10,7 +10,9 @@ Two model families sit behind one interface, :class:`QueryGenerator`:
 A causal generator may carry *few-shot examples* (``examples``: public (document, query) pairs)
 that are put in every prompt before the document: earlier user/assistant turns under a chat
 template, else ``Document: ... Query: ...`` lines. They are saved with the generator. Without
-examples (every fine-tuned generator) the prompt is exactly the zero-shot one.
+examples (every fine-tuned generator) the prompt is exactly the zero-shot one. Sampling with
+examples computes the keys and values of the prompts' shared prefix (instruction and examples)
+once per call instead of once per row (:meth:`CausalQueryGenerator.generate`).
 
 A generator fine-tuned from a *warm start* (another saved generator, see
 :func:`privret.train.generator.train_generator`) keeps a copy of it in ``warm_start/``; loading
@@ -321,20 +323,60 @@ class CausalQueryGenerator(QueryGenerator):
         return module.train()  # Opacus records activations only in training mode
 
     @torch.no_grad()
-    def generate(self, docs, *, num_queries=1, top_p=0.8, temperature=1.0, max_new_tokens=48, seed=None):
+    def generate(self, docs, *, num_queries=1, top_p=0.8, temperature=1.0, max_new_tokens=48, seed=None,
+                 reuse_prefix=True):
+        """``num_queries`` sampled queries for each of ``docs``. With few-shot examples every prompt starts with
+        the same tokens (instruction and examples): with ``reuse_prefix`` their keys and values are computed
+        once per call and shared by every row (``[prefix][left padding][rest of the prompt]``: the padding
+        is masked, positions count unmasked tokens, so each row sees its own prompt). Without examples the
+        batch is the plain left-padded one."""
+        if not docs:
+            return []
         if seed is not None:
             torch.manual_seed(seed)
-        self.tokenizer.padding_side = "left"
-        enc = self.tokenizer([self.prompt(d) for d in docs], return_tensors="pt", padding=True,
-                             add_special_tokens=False).to(self.device)
+        prompts = [self.tokenizer(self.prompt(d), add_special_tokens=False).input_ids for d in docs]
+        shared = shared_prefix_length(prompts) if self.examples and reuse_prefix else 0
+        ids, mask = left_pad_after_prefix(prompts, shared, self.tokenizer.pad_token_id)
+        ids = ids.repeat_interleave(num_queries, dim=0).to(self.device)
+        mask = mask.repeat_interleave(num_queries, dim=0).to(self.device)
         self.model.eval()
         with self.autocast():
-            out = self.model.generate(**enc, do_sample=True, top_p=top_p, top_k=0, temperature=temperature,
-                                      max_new_tokens=max_new_tokens, num_return_sequences=num_queries,
-                                      pad_token_id=self.tokenizer.pad_token_id)
-        new = out[:, enc["input_ids"].shape[1]:]
+            cache = {}
+            if shared:
+                from transformers import DynamicCache
+
+                cache["past_key_values"] = DynamicCache()
+                self.model(input_ids=ids[:1, :shared], past_key_values=cache["past_key_values"], use_cache=True)
+                cache["past_key_values"].batch_repeat_interleave(len(ids))
+            out = self.model.generate(input_ids=ids, attention_mask=mask, do_sample=True, top_p=top_p, top_k=0,
+                                      temperature=temperature, max_new_tokens=max_new_tokens,
+                                      pad_token_id=self.tokenizer.pad_token_id, **cache)
+        new = out[:, ids.shape[1]:]
         texts = [self._decode(row) for row in new]
         return [texts[i * num_queries: (i + 1) * num_queries] for i in range(len(docs))]
+
+
+def shared_prefix_length(prompts: list[list[int]]) -> int:
+    """Tokens every prompt starts with, less one, so that each row keeps at least one token of its own."""
+    shortest = min(len(p) for p in prompts)
+    n = 0
+    while n < shortest and all(p[n] == prompts[0][n] for p in prompts):
+        n += 1
+    return max(0, min(n, shortest - 1))
+
+
+def left_pad_after_prefix(prompts: list[list[int]], shared: int, pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids, attention mask) of ``[the first shared tokens][padding][the rest]`` for each prompt, every row as
+    long as the longest; ``shared = 0`` is plain left padding (what a tokenizer with ``padding_side = "left"``
+    builds)."""
+    length = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), length), pad, dtype=torch.long)
+    mask = torch.zeros(len(prompts), length, dtype=torch.long)
+    for row, p in enumerate(prompts):
+        ids[row, :shared], mask[row, :shared] = torch.tensor(p[:shared], dtype=torch.long), 1
+        rest = p[shared:]
+        ids[row, length - len(rest):], mask[row, length - len(rest):] = torch.tensor(rest, dtype=torch.long), 1
+    return ids, mask
 
 
 def right_pad(seqs: list[torch.Tensor], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
