@@ -138,7 +138,32 @@ def few_shot_prefix(dataset, batches: int, batch: int = 32, num_queries: int = 2
     same = sum(a == b for x, y in zip(queries[True], queries[False]) for a, b in zip(x, y))
     return {"shared_prefix_s_per_doc": seconds[True] / len(docs), "whole_prompts_s_per_doc": seconds[False] / len(docs),
             "speedup": seconds[False] / seconds[True], "identical_queries": same / (len(docs) * num_queries),
-            "documents": len(docs), "batch": batch, "num_queries": num_queries}
+            **next_token_logits_gap(gen, docs[:batch]), "documents": len(docs), "batch": batch,
+            "num_queries": num_queries}
+
+
+@torch.no_grad()
+def next_token_logits_gap(gen, docs: list[str]) -> dict:
+    """The largest difference between the two layouts' next-token logits after each prompt (and the logits'
+    largest magnitude): sampling draws the same token from both unless the gap moves a draw across a boundary."""
+    from transformers import DynamicCache
+
+    from privret.models.generator import left_pad_after_prefix, shared_prefix_length
+
+    prompts = [gen.tokenizer(gen.prompt(d), add_special_tokens=False).input_ids for d in docs]
+    shared, pad = shared_prefix_length(prompts), gen.tokenizer.pad_token_id
+    gen.model.eval()
+    ids, mask = left_pad_after_prefix(prompts, 0, pad)
+    whole = gen.model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0)).logits[:, -1]
+    ids, mask = left_pad_after_prefix(prompts, shared, pad)
+    cache = DynamicCache()
+    gen.model(input_ids=ids[:1, :shared], past_key_values=cache, use_cache=True)
+    cache.batch_repeat_interleave(len(ids))
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, shared:]
+    split = gen.model(input_ids=ids[:, shared:], attention_mask=mask, position_ids=positions,
+                      past_key_values=cache).logits[:, -1]
+    return {"shared_prefix_tokens": shared, "max_abs_logit_gap": (whole - split).abs().max().item(),
+            "max_abs_logit": whole.abs().max().item()}
 
 
 def main() -> None:
