@@ -132,13 +132,14 @@ def clears(versus: Versus) -> bool:
 BAR_HEADER = "ΔNDCG@10 vs the epsilon = 0 bar [95% CI]"  # the column of :func:`versus_bar`
 
 
-def bar_sentence(bar_label: str, bar_ndcg: float, dp_rows: Sequence[tuple[str, Versus]]) -> str:
-    """What a table with an epsilon = 0 bar says under it: the bar, and the DP rows (label, Versus against
-    the bar) that do not clear it (:func:`clears`)."""
+def bar_sentence(bar_label: str, bar_ndcg: float, rows: Sequence[tuple[str, float | None, Versus | None]]) -> str:
+    """What a table with an epsilon = 0 bar says under it: the bar, and which DP rows, of ``rows`` (label,
+    epsilon, Versus against the bar), do not clear it (:func:`clears`). A DP row has 0 < epsilon < inf."""
     head = (f"The epsilon = 0 bar is '{bar_label}' (NDCG@10 {bar_ndcg:.4f}), the best row made without private "
             "data: a DP row clears it when its paired 95% interval against it lies above 0.")
-    short = [label for label, versus in dp_rows if not clears(versus)]
-    if not dp_rows:
+    dp = [(label, versus) for label, epsilon, versus in rows if epsilon is not None and 0 < epsilon < math.inf]
+    short = [label for label, versus in dp if versus is None or not clears(versus)]
+    if not dp:
         return head
     if not short:
         return f"{head} Every DP row clears it."

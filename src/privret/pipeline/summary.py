@@ -5,13 +5,13 @@ every row together costs)."""
 
 from __future__ import annotations
 
-import math
+from dataclasses import dataclass
 from pathlib import Path
 
 from rich.table import Table
 
 from privret.config import PipelineConfig
-from privret.evaluate.statistics import BAR_HEADER, EXPLANATION, bar_sentence, versus_bar, versus_zero_shot
+from privret.evaluate.statistics import BAR_HEADER, EXPLANATION, Versus, bar_sentence, versus_bar, versus_zero_shot
 from privret.io import write_json_atomic, write_text_atomic
 from privret.run_layout import (BUDGET_FILE, CHOICE, DIRECT_ROW_PREFIX, DOCUMENTS, DP_ROW_PREFIX, GENERATOR,
                                      RETRIEVER, SELECTED_SUFFIX, SUMMARY_FILE, SUMMARY_MARKDOWN)
@@ -22,64 +22,66 @@ SUMMARY_COLUMNS = ("training data", "epsilon", "delta", "NDCG@10", "retention", 
                    "Recall@10", "Recall@100", "MRR@10")
 
 
-def _scores(rows: list[dict]) -> dict[str, tuple[float, dict | None]]:
-    return {r["stage"]: (r["ndcg@10"], r["per_query"]) for r in rows}
+@dataclass(frozen=True)
+class _Comparisons:
+    """Every row against zero-shot and against the epsilon = 0 bar (the best row made without private data,
+    :func:`versus_bar`; ``bar`` None when the run has none), computed once per table: each is a bootstrap."""
+
+    versus: dict[str, Versus]
+    bar: dict | None
+    against_bar: dict[str, Versus]
+
+    @classmethod
+    def of(cls, rows: list[dict]) -> _Comparisons:
+        scores = {r["stage"]: (r["ndcg@10"], r["per_query"]) for r in rows}
+        key, against_bar = versus_bar(scores, [r["stage"] for r in rows if r["epsilon"] == 0])
+        return cls(versus_zero_shot(scores), next((r for r in rows if r["stage"] == key), None), against_bar)
+
+    def columns(self) -> tuple[str, ...]:
+        return SUMMARY_COLUMNS + ((BAR_HEADER,) if self.bar is not None else ())
+
+    def note(self, rows: list[dict]) -> str | None:
+        """:func:`~privret.evaluate.statistics.bar_sentence` for the run; None without an epsilon = 0 row."""
+        if self.bar is None:
+            return None
+        return bar_sentence(self.bar["row"], self.bar["ndcg@10"],
+                            [(r["row"], r["epsilon"], self.against_bar.get(r["stage"])) for r in rows])
 
 
-def _bar(rows: list[dict]) -> tuple[dict | None, dict]:
-    """(the epsilon = 0 bar's row, stage -> Versus against it): :func:`versus_bar` over the rows without
-    private data (epsilon 0); (None, {}) when the run has none."""
-    key, versus = versus_bar(_scores(rows), [r["stage"] for r in rows if r["epsilon"] == 0])
-    return next((r for r in rows if r["stage"] == key), None), versus
-
-
-def _columns(rows: list[dict]) -> tuple[str, ...]:
-    return SUMMARY_COLUMNS + ((BAR_HEADER,) if _bar(rows)[0] is not None else ())
-
-
-def _summary_cells(rows: list[dict]) -> list[list[str]]:
-    """The cells of :func:`_columns` for each row of :func:`privret.pipeline.run.run_pipeline`."""
-    versus = versus_zero_shot(_scores(rows))
-    bar, against_bar = _bar(rows)
+def _summary_cells(rows: list[dict], compared: _Comparisons) -> list[list[str]]:
+    """The cells of :meth:`_Comparisons.columns` for each row of :func:`privret.pipeline.run.run_pipeline`."""
     cells = []
     for r in rows:
-        against = versus[r["stage"]]
+        against = compared.versus[r["stage"]]
+        against_bar = compared.against_bar.get(r["stage"])
         cells.append([r["row"], format_epsilon(r["epsilon"], digits=3),
                       "-" if r["delta"] in (None, 0.0) else f"{r['delta']:.2g}", f"{r['ndcg@10']:.4f}",
                       against.retention_text(), against.delta_text(), f"{r['recall@10']:.4f}",
                       f"{r['recall@100']:.4f}", f"{r['mrr@10']:.4f}"]
-                     + ([against_bar[r["stage"]].delta_text() if r["stage"] in against_bar else "-"] if bar else []))
+                     + ([against_bar.delta_text() if against_bar else "-"] if compared.bar else []))
     return cells
 
 
-def _bar_note(rows: list[dict]) -> str | None:
-    """:func:`~privret.evaluate.statistics.bar_sentence` for the run's DP rows; None without an epsilon = 0 row."""
-    bar, against_bar = _bar(rows)
-    if bar is None:
-        return None
-    dp = [(r["row"], against_bar[r["stage"]]) for r in rows
-          if r["epsilon"] is not None and 0 < r["epsilon"] < math.inf]
-    return bar_sentence(bar["row"], bar["ndcg@10"], dp)
-
-
 def summary_table(rows: list[dict]) -> Table:
-    sentence = _bar_note(rows)
+    compared = _Comparisons.of(rows)
+    sentence = compared.note(rows)
     table = Table(title="Retrieval on the evaluation split (seed Table 3 layout)",
                   caption=EXPLANATION + (f" {sentence}" if sentence else ""))
-    for column in _columns(rows):
+    for column in compared.columns():
         table.add_column(column, justify="left" if column == "training data" else "right")
-    for cells in _summary_cells(rows):
+    for cells in _summary_cells(rows, compared):
         table.add_row(*cells)
     return table
 
 
 def summary_markdown(rows: list[dict], cfg: PipelineConfig) -> str:
-    columns = _columns(rows)
+    compared = _Comparisons.of(rows)
+    columns = compared.columns()
     lines = [f"# {cfg.name}: retrieval on `{cfg.eval_split}`", "", "| " + " | ".join(columns) + " |",
              "|---|" + "---:|" * (len(columns) - 1)]
-    lines += ["| " + " | ".join(cells) + " |" for cells in _summary_cells(rows)]
+    lines += ["| " + " | ".join(cells) + " |" for cells in _summary_cells(rows, compared)]
     lines += ["", EXPLANATION]
-    if (sentence := _bar_note(rows)) is not None:
+    if (sentence := compared.note(rows)) is not None:
         lines += ["", sentence]
     lines += ["", "Each DP row's (epsilon, delta) holds for that row alone, per privacy unit "
               f"'{cfg.unit.value}'; releasing several rows trained on the same data composes their budgets."]

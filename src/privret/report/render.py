@@ -97,8 +97,8 @@ def _bar_note(run: RunData) -> str | None:
     if run.bar is None:
         return None
     bar = next(r for r in run.rows if r.key == run.bar)
-    dp = [(r.label, run.versus_bar[r.key]) for r in run.rows if r.epsilon is not None and 0 < r.epsilon < math.inf]
-    return bar_sentence(bar.label, float(bar.metrics["ndcg@10"]), dp)
+    return bar_sentence(bar.label, float(bar.metrics["ndcg@10"]),
+                        [(r.label, r.epsilon, run.versus_bar.get(r.key)) for r in run.rows])
 
 
 def _zero_shot_section(run: RunData) -> str:
