@@ -146,24 +146,15 @@ def few_shot_prefix(dataset, batches: int, batch: int = 32, num_queries: int = 2
 def next_token_logits_gap(gen, docs: list[str]) -> dict:
     """The largest difference between the two layouts' next-token logits after each prompt (and the logits'
     largest magnitude): sampling draws the same token from both unless the gap moves a draw across a boundary."""
-    from transformers import DynamicCache
-
-    from privret.models.generator import left_pad_after_prefix, shared_prefix_length
-
-    prompts = [gen.tokenizer(gen.prompt(d), add_special_tokens=False).input_ids for d in docs]
-    shared, pad = shared_prefix_length(prompts), gen.tokenizer.pad_token_id
     gen.model.eval()
-    ids, mask = left_pad_after_prefix(prompts, 0, pad)
-    whole = gen.model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0)).logits[:, -1]
-    ids, mask = left_pad_after_prefix(prompts, shared, pad)
-    cache = DynamicCache()
-    gen.model(input_ids=ids[:1, :shared], past_key_values=cache, use_cache=True)
-    cache.batch_repeat_interleave(len(ids))
-    positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, shared:]
-    split = gen.model(input_ids=ids[:, shared:], attention_mask=mask, position_ids=positions,
-                      past_key_values=cache).logits[:, -1]
-    return {"shared_prefix_tokens": shared, "max_abs_logit_gap": (whole - split).abs().max().item(),
-            "max_abs_logit": whole.abs().max().item()}
+    whole = gen.prompt_batch(docs, reuse_prefix=False)
+    whole_logits = gen.model(input_ids=whole.ids, attention_mask=whole.mask, position_ids=whole.positions).logits[:, -1]
+    split = gen.prompt_batch(docs)
+    rest = slice(split.shared, None)
+    split_logits = gen.model(input_ids=split.ids[:, rest], attention_mask=split.mask,
+                             position_ids=split.positions[:, rest], **split.prefix_cache(gen.model)).logits[:, -1]
+    return {"shared_prefix_tokens": split.shared, "max_abs_logit_gap": (whole_logits - split_logits).abs().max().item(),
+            "max_abs_logit": whole_logits.abs().max().item()}
 
 
 def main() -> None:

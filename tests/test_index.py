@@ -94,7 +94,7 @@ def test_pipeline_metrics_fingerprint_names_an_approximate_index_only(tmp_path):
 
     def fingerprint(**fields):
         cfg = PipelineConfig(name="x", dataset=tmp_path, epsilons=[8.0], **fields)
-        plan = plan_stages(cfg, tmp_path / "run", data_hash="h", evaluation="e", corpus="c")
+        plan = plan_stages(cfg, tmp_path / "run", data_hash="h", evaluation="e", corpus="c", few_shot=None)
         return plan.stages["zero_shot/metrics.json"].fingerprint
 
     exact = fingerprint()

@@ -206,7 +206,7 @@ def test_default_documents_do_not_depend_on_the_private_log(tiny_config, tmp_pat
         pairs = TrainingPairs(pairs=[QueryDocPair(f"query {k}", doc) for k in range(3)], corpus=corpus)
         for cfg in (tiny_config, tiny_config.model_copy(update={"synthetic_documents": DocumentChoice(sample=3)})):
             run_dir = tmp_path / name / str(cfg.synthetic_documents.sample)
-            plan = plan_stages(cfg, run_dir, data_hash=name, evaluation="e", corpus="c")
+            plan = plan_stages(cfg, run_dir, data_hash=name, evaluation="e", corpus="c", few_shot=None)
             run = pipeline.Run(cfg, run_dir, dataset, pairs, name, name, cfg.budget.policy())
             docs, selection = pipeline._synthetic_documents(plan.documents, run)
             assert selection is None
@@ -234,7 +234,7 @@ def test_dp_document_choice_is_a_recorded_release_and_an_empty_one_is_refused(ti
     def choose(name, voted):
         pairs = TrainingPairs(pairs=[QueryDocPair(f"query {k}", doc) for k, doc in enumerate(voted)],
                               corpus=dataset.corpus)
-        plan = plan_stages(cfg, tmp_path / name, data_hash=name, evaluation="e", corpus="c")
+        plan = plan_stages(cfg, tmp_path / name, data_hash=name, evaluation="e", corpus="c", few_shot=None)
         run = pipeline.Run(cfg, tmp_path / name, dataset, pairs, name, name, cfg.budget.policy())
         return plan.documents, lambda: pipeline._synthetic_documents(plan.documents, run)
 

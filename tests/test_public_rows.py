@@ -275,3 +275,31 @@ def test_generation_with_a_shared_prefix_writes_what_the_full_prompts_write(tiny
     shared = generator.generate(docs, **sampled)
     assert shared == generator.generate(docs, reuse_prefix=False, **sampled)
     assert len({q for queries in shared for q in queries}) == 2 * len(docs)  # not one degenerate answer
+
+
+def test_the_shared_prefix_layout_gives_the_whole_prompts_next_token_logits(tiny_llama_dir):
+    """The platform-independent form of the check above, through the code the bench measures the gap with
+    (bench/bench_generator.py, next_token_logits_gap): both layouts' next-token logits agree to float rounding,
+    and a cache that skips the padding mask would not (the rows' prompts differ in length)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_generator", Path(__file__).resolve().parents[1] / "bench"
+                                                  / "bench_generator.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    generator = load_generator(str(tiny_llama_dir), bf16=False)
+    generator.examples = EXAMPLES
+    docs = [d for _, _, d in TOY_DOCS[:3]] + ["a much longer document " * 6]
+    batch = generator.prompt_batch(docs)
+    assert batch.shared > 10 and generator.prompt_batch(docs, reuse_prefix=False).shared == 0
+    gap = bench.next_token_logits_gap(generator, docs)
+    assert gap["shared_prefix_tokens"] == batch.shared
+    assert gap["max_abs_logit_gap"] < 1e-4 * max(1.0, gap["max_abs_logit"])
+    with torch.no_grad():  # the mutation: padding left unmasked changes what the short rows see
+        unmasked = generator.model(input_ids=batch.ids[:, batch.shared:], attention_mask=torch.ones_like(batch.mask),
+                                   position_ids=batch.positions[:, batch.shared:],
+                                   **batch.prefix_cache(generator.model)).logits[:, -1]
+        whole = generator.prompt_batch(docs, reuse_prefix=False)
+        reference = generator.model(input_ids=whole.ids, attention_mask=whole.mask,
+                                    position_ids=whole.positions).logits[:, -1]
+    assert (unmasked - reference).abs().max() > 1e-3

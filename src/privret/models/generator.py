@@ -327,33 +327,65 @@ class CausalQueryGenerator(QueryGenerator):
                  reuse_prefix=True):
         """``num_queries`` sampled queries for each of ``docs``. With few-shot examples every prompt starts with
         the same tokens (instruction and examples): with ``reuse_prefix`` their keys and values are computed
-        once per call and shared by every row (``[prefix][left padding][rest of the prompt]``: the padding
-        is masked, positions count unmasked tokens, so each row sees its own prompt). Without examples the
-        batch is the plain left-padded one."""
+        once per call and shared by every row (:meth:`prompt_batch`). Without examples the batch is the plain
+        left-padded one."""
         if not docs:
             return []
         if seed is not None:
             torch.manual_seed(seed)
+        batch = self.prompt_batch(docs, reuse_prefix=reuse_prefix).repeat(num_queries).to(self.device)
+        self.model.eval()
+        with self.autocast():
+            out = self.model.generate(input_ids=batch.ids, attention_mask=batch.mask, do_sample=True, top_p=top_p,
+                                      top_k=0, temperature=temperature, max_new_tokens=max_new_tokens,
+                                      pad_token_id=self.tokenizer.pad_token_id, **batch.prefix_cache(self.model))
+        new = out[:, batch.ids.shape[1]:]
+        texts = [self._decode(row) for row in new]
+        return [texts[i * num_queries: (i + 1) * num_queries] for i in range(len(docs))]
+
+    def prompt_batch(self, docs: list[str], *, reuse_prefix: bool = True) -> PromptBatch:
+        """The prompts of ``docs`` as one batch; with few-shot examples and ``reuse_prefix`` their common start
+        is shared (:class:`PromptBatch`), else plain left padding."""
         prompts = [self.tokenizer(self.prompt(d), add_special_tokens=False).input_ids for d in docs]
         shared = shared_prefix_length(prompts) if self.examples and reuse_prefix else 0
         ids, mask = left_pad_after_prefix(prompts, shared, self.tokenizer.pad_token_id)
-        ids = ids.repeat_interleave(num_queries, dim=0).to(self.device)
-        mask = mask.repeat_interleave(num_queries, dim=0).to(self.device)
-        self.model.eval()
-        with self.autocast():
-            cache = {}
-            if shared:
-                from transformers import DynamicCache
+        return PromptBatch(ids=ids, mask=mask, shared=shared)
 
-                cache["past_key_values"] = DynamicCache()
-                self.model(input_ids=ids[:1, :shared], past_key_values=cache["past_key_values"], use_cache=True)
-                cache["past_key_values"].batch_repeat_interleave(len(ids))
-            out = self.model.generate(input_ids=ids, attention_mask=mask, do_sample=True, top_p=top_p, top_k=0,
-                                      temperature=temperature, max_new_tokens=max_new_tokens,
-                                      pad_token_id=self.tokenizer.pad_token_id, **cache)
-        new = out[:, ids.shape[1]:]
-        texts = [self._decode(row) for row in new]
-        return [texts[i * num_queries: (i + 1) * num_queries] for i in range(len(docs))]
+
+@dataclass(frozen=True)
+class PromptBatch:
+    """Prompts laid out ``[the first shared tokens][left padding][the rest]`` (:func:`left_pad_after_prefix`):
+    the padding is masked and positions count unmasked tokens, so each row sees its own prompt; ``shared = 0`` is
+    plain left padding."""
+
+    ids: torch.Tensor
+    mask: torch.Tensor
+    shared: int
+
+    @property
+    def positions(self) -> torch.Tensor:
+        return (self.mask.cumsum(-1) - 1).clamp(min=0)
+
+    def repeat(self, copies: int) -> "PromptBatch":
+        """Each row ``copies`` times in a row (one per sampled query)."""
+        return PromptBatch(self.ids.repeat_interleave(copies, dim=0), self.mask.repeat_interleave(copies, dim=0),
+                           self.shared)
+
+    def to(self, device) -> "PromptBatch":
+        return PromptBatch(self.ids.to(device), self.mask.to(device), self.shared)
+
+    def prefix_cache(self, model) -> dict:
+        """``{"past_key_values": cache}`` with the shared prefix's keys and values computed once and repeated for
+        every row (what ``model.generate`` or a forward of ``ids[:, shared:]`` continues from); ``{}`` when nothing
+        is shared."""
+        if not self.shared:
+            return {}
+        from transformers import DynamicCache
+
+        cache = DynamicCache()
+        model(input_ids=self.ids[:1, :self.shared], past_key_values=cache, use_cache=True)
+        cache.batch_repeat_interleave(len(self.ids))
+        return {"past_key_values": cache}
 
 
 def shared_prefix_length(prompts: list[list[int]]) -> int:

@@ -143,10 +143,12 @@ class StagePlan:
 
 
 def plan_stages(cfg: PipelineConfig, run_dir: Path, *, data_hash: str, evaluation: str, corpus: str,
-                few_shot: list[tuple[str, str]] | None = None) -> StagePlan:
+                few_shot: list[tuple[str, str]] | None) -> StagePlan:
     """Every stage of ``cfg``'s grid, in the order the pipeline runs them, with its fingerprint. ``few_shot``:
-    the prompted row's examples as read (:meth:`~privret.config.PublicRows.few_shot`; computed here when not
-    given, which needs no corpus unless an example names a corpus document)."""
+    the prompted row's examples as read (:meth:`~privret.config.PublicRows.few_shot`, with the dataset's corpus);
+    None when ``cfg`` has no prompted row."""
+    if cfg.public_rows.prompted and few_shot is None:
+        raise ValueError("the prompted row's examples must be read (PublicRows.few_shot) before planning")
     plan = StagePlan(run_dir)
     # fingerprints are written beside the outputs: the digests as commitments (privret.privacy.commitment); the
     # evaluation digest too, since a BEIR queries.jsonl holds the private training queries as well
@@ -166,7 +168,7 @@ def plan_stages(cfg: PipelineConfig, run_dir: Path, *, data_hash: str, evaluatio
     if public.prompted:
         generator = plan.add(f"{PUBLIC_PROMPTED}/{GENERATOR}", {"prompted": cfg.generator.model_dump(
             mode="json", include={"model", "max_doc_tokens", "max_query_tokens"}), "unit": cfg.unit.value,
-            "public_data_hash": examples_hash(public.few_shot() if few_shot is None else few_shot)}, done=GENERATOR_FILE)
+            "public_data_hash": examples_hash(few_shot)}, done=GENERATOR_FILE)
         plan.public[PUBLIC_PROMPTED] = _synthetic_row(plan, PUBLIC_PROMPTED, generator, cfg, {}, metrics)
     warm_start = None
     if public.public_pairs is not None:
