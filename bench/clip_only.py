@@ -4,7 +4,9 @@ Everything a DP run does (Poisson sampling, per-unit clipping, the division by t
 happens, but the Gaussian noise has standard deviation 0, so the output shows what clipping and the step schedule
 alone do to the objective; the difference to the DP run is what the noise costs. The output directory still gets
 the DP run's ledger (the accountant's figures for the noise that was *not* added): it is marked by a file
-``NOT_DP.txt`` and must never be released or compared as a DP row.
+``NOT_DP.txt`` and must never be released or compared as a DP row. The marker is written when training has
+finished (bench/direct_regimes.sh takes it as "done"); an interrupted run is continued by the same command with
+``--resume`` (a marker in an unfinished directory would make privret refuse to resume it).
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/clip_only.py retriever train --dp public-negatives ... --out DIR
 """
@@ -27,11 +29,8 @@ def main() -> None:
     from privret.cli import app
 
     out = Path(sys.argv[sys.argv.index("--out") + 1])
-    try:
-        app(sys.argv[1:], standalone_mode=False)
-    finally:
-        if out.is_dir():
-            (out / "NOT_DP.txt").write_text("trained with the DP noise switched off (bench/clip_only.py): not DP\n")
+    app(sys.argv[1:], standalone_mode=False)
+    (out / "NOT_DP.txt").write_text("trained with the DP noise switched off (bench/clip_only.py): not DP\n")
 
 
 if __name__ == "__main__":

@@ -13,8 +13,9 @@ assumes). The released model would be asymmetric (trained query tower, public do
 
 This is a probe, not a product path: it evaluates on a BEIR directory's validation split (queries by the
 trained tower, documents by the public one) and prints NDCG@10 every --eval-every steps and at the end;
---epsilon 0 switches the noise off (NOT DP: the clipped steps alone, a diagnosis). Results and commands:
-docs/benchmarks.md, "The query tower alone".
+--epsilon 0 switches the noise off (NOT DP: the clipped steps alone, a diagnosis). What it prints each step (the
+sampled batch size, the batch's loss and clipped fraction) is computed from the private batch without noise: NOT
+DP, for a public proxy log only. Results and commands: docs/benchmarks.md, "The query tower alone".
 """
 import argparse
 import time
@@ -41,7 +42,7 @@ ap.add_argument("--steps", type=int, default=48)
 ap.add_argument("--batch", type=float, default=512, help="expected units per step (q = batch / n)")
 ap.add_argument("--clip", type=float, default=1.0, help="C per unit")
 ap.add_argument("--lr", type=float, default=2e-3, help="Adam")
-ap.add_argument("--trainable", default="bias-top:3", help="of the query tower (privret.models.trainable)")
+ap.add_argument("--trainable", default="bias-top:3", help="of the query tower: top:K or bias-top:K")
 ap.add_argument("--tau", type=float, default=0.05, help="softmax temperature")
 ap.add_argument("--seed", type=int, default=0)
 ap.add_argument("--eval-every", type=int, default=0)
@@ -78,9 +79,11 @@ def evaluate(split):
     s, h = top_k(idx, Q, 100)
     run = {x: {doc_ids[j]: float(v) for v, j in zip(s[i], h[i]) if j >= 0} for i, x in enumerate(qids)}
     model.train()
-    return mean_metrics(per_query_metrics(run, qrels))["ndcg@10"], per_query_metrics(run, qrels)
+    return mean_metrics(per_query_metrics(run, qrels))["ndcg@10"]
 
-print("start", evaluate(a.eval_split)[0], flush=True)
+if frozen_prefix(model) is None:
+    ap.error("--trainable must freeze the embeddings and lower layers (top:K or bias-top:K)")
+print("start", evaluate(a.eval_split), flush=True)
 model.train()
 for step in range(a.steps):
     t = time.time()
@@ -112,9 +115,9 @@ for step in range(a.steps):
     for p, s in zip(plist, total):
         p.grad = (s + sigma * a.clip * torch.randn_like(s)) / (q * n)
     opt.step(); opt.zero_grad()
-    msg = f"step {step+1} |B|={len(chosen)} loss={torch.cat(losses).mean():.3f} clipped={nclip/len(chosen):.2f} {time.time()-t:.1f}s"
+    loss = torch.cat(losses).mean().item() if losses else float("nan")
+    msg = f"step {step+1} |B|={len(chosen)} loss={loss:.3f} clipped={nclip/max(1, len(chosen)):.2f} {time.time()-t:.1f}s"
     if a.eval_every and (step + 1) % a.eval_every == 0:
-        msg += f" val={evaluate(a.eval_split)[0]:.4f}"
+        msg += f" val={evaluate(a.eval_split):.4f}"
     print(msg, flush=True)
-nd, pq = evaluate(a.eval_split)
-print("final", a.eval_split, nd, flush=True)
+print("final", a.eval_split, evaluate(a.eval_split), flush=True)

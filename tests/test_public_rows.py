@@ -183,6 +183,23 @@ def test_a_public_example_may_name_a_corpus_document_by_id():
         assert err.value.field == "public_rows.public_examples.0.doc_id"
 
 
+def test_a_prompted_grid_is_planned_only_with_its_examples_as_read(tmp_path):
+    """The prompted row's fingerprint holds the hash of the examples the pipeline read (a corpus document's text
+    included): planning one without them is refused, and other examples give another fingerprint."""
+    from privret.pipeline.stages import PUBLIC_PROMPTED, GENERATOR, plan_stages
+
+    cfg = PipelineConfig(name="x", dataset=tmp_path, epsilons=[8.0], public_rows={
+        "prompted": True, "public_examples": [{"doc_id": "d1", "query": "q"}]})
+    with pytest.raises(ValueError, match="examples must be read"):
+        plan_stages(cfg, tmp_path / "run", data_hash="h", evaluation="e", corpus="c", few_shot=None)
+
+    def fingerprint(shots):
+        plan = plan_stages(cfg, tmp_path / "run", data_hash="h", evaluation="e", corpus="c", few_shot=shots)
+        return plan.stages[f"{PUBLIC_PROMPTED}/{GENERATOR}"].fingerprint
+
+    assert fingerprint([("doc one", "q")]) == fingerprint([("doc one", "q")]) != fingerprint([("doc two", "q")])
+
+
 def test_public_rows_refuse_dp_selected_documents():
     with pytest.raises(ValidationError, match="public_rows need public documents"):
         PipelineConfig(name="x", dataset="d", epsilons=[1.0], synthetic_documents="dp-select",

@@ -352,7 +352,7 @@ class CausalQueryGenerator(QueryGenerator):
         return PromptBatch(ids=ids, mask=mask, shared=shared)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class PromptBatch:
     """Prompts laid out ``[the first shared tokens][left padding][the rest]`` (:func:`left_pad_after_prefix`):
     the padding is masked and positions count unmasked tokens, so each row sees its own prompt; ``shared = 0`` is
