@@ -32,7 +32,7 @@ P=.venv/bin/privret
 SQUAD=../shared/data/squad/squad-v1.1-dev-40.json
 D=$work/squad-val
 BASE="--dp public-negatives --data $D --hard-negatives 2 --max-doc-tokens 256 --physical-batch ${PB:-32} --seed 0 \
-      --allow-over-budget --resume --checkpoint-every 2"
+      --allow-over-budget --resume --checkpoint-every 2 --cache-dir $work/cache"
 declare -A REGIMES=(
   [top2-b512-c1]="--trainable bias-top:2 --batch-size 512 --epochs 1 --clip-norm 1 --lr 2e-3"
   [top2-b512-c1-lr4]="--trainable bias-top:2 --batch-size 512 --epochs 1 --clip-norm 1 --lr 4e-3"

@@ -762,7 +762,8 @@ def test_cli_checkpoint_every(tmp_path, tiny_bert_dir, monkeypatch):
     assert res.exit_code == 2 and "--checkpoint-every" in res.output
 
 
-@pytest.mark.parametrize("flag", [["--optimizer", "sgd"], ["--resume"], ["--secure-rng"], ["--hard-negatives", "2"]])
+@pytest.mark.parametrize("flag", [["--optimizer", "sgd"], ["--resume"], ["--secure-rng"], ["--hard-negatives", "2"],
+                                  ["--cache-dir", "embeddings"]])
 def test_cli_dp_only_flags_are_refused_without_dp(flag, tmp_path, toy_beir, tiny_bert_dir):
     from helpers import run_cli
 

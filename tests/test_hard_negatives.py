@@ -147,6 +147,30 @@ def test_mined_candidates_leave_out_the_units_positives_and_depend_on_the_unit_o
     assert other[[p.query_id for p in pairs.pairs].index("q4")] != cands[[p.query_id for p in pairs.pairs].index("q4")]
 
 
+def test_mining_keeps_only_the_public_pools_embeddings_and_reads_them_back(model_params, tmp_path, monkeypatch):
+    """With a cache the candidates are the same; the one entry kept is the pool's embeddings (no query, no inline
+    document: one row per pool document), and a second mining (a later run, a resume) does not encode the pool."""
+    import numpy as np
+
+    import privret.retrieval.embedding as embedding
+
+    model, _ = model_params
+    pairs = _pairs()
+    units = pairs.units("query")
+    pool = negative_pool(pairs, pairs.corpus)
+    fresh = mine_candidates(model, pairs, units, pool, depth=5)
+    assert mine_candidates(model, pairs, units, pool, depth=5, cache_dir=tmp_path) == fresh
+    [entry] = list(tmp_path.glob("*.npy"))
+    expected = embedding.encode(model, [d.full_text for d in pool], bf16=False)
+    assert np.array_equal(np.load(entry), expected)
+
+    def no_pool_encoding(*args, **kwargs):
+        raise AssertionError("the pool was encoded again")
+
+    monkeypatch.setattr(embedding, "encode", no_pool_encoding)  # the queries' encoding is hard_negatives' own import
+    assert mine_candidates(model, pairs, units, pool, depth=5, cache_dir=tmp_path) == fresh
+
+
 def test_build_batch_draws_each_rows_hard_negatives_from_its_own_candidates(tiny_bert_dir):
     pairs = _pairs()
     units = pairs.units("query")
@@ -175,8 +199,10 @@ def test_hard_negatives_are_refused_for_other_methods():
 def test_train_with_hard_negatives_end_to_end(tmp_path, tiny_bert_dir):
     pairs = _pairs()
     cfg = _cfg(tiny_bert_dir, epsilon=8.0, batch_size=3, learning_rate=1e-3, trainable="top:1", hard_negative_depth=4)
-    ledger = train_dp_retriever(pairs, tmp_path / "r", cfg, data_hash="h", public_corpus=pairs.corpus)
+    ledger = train_dp_retriever(pairs, tmp_path / "r", cfg, data_hash="h", public_corpus=pairs.corpus,
+                                embedding_cache=tmp_path / "cache")
     assert ledger.mechanism == "direct-public-negatives" and ledger.epsilon <= 8.0 + 0.05
+    assert len(list((tmp_path / "cache").glob("*.npy"))) == 1  # the pool's embeddings by the public model
     assert ledger.steps == math.ceil(1 / (3 / 6)) and PrivacyLedger.load(tmp_path / "r").n_units == 6
 
 

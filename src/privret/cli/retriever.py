@@ -65,6 +65,9 @@ def retriever_train(
              "of --data's corpus that the initial encoder ranks for its query (with gradient; Delta = C still)")] = 0,
     hard_negative_depth: Annotated[int, typer.Option(help="--dp public-negatives: candidates per row for "
                                                           "--hard-negatives")] = 30,
+    cache_dir: Annotated[Optional[Path], typer.Option(
+        help="--dp public-negatives --hard-negatives: keep the public initial encoder's embeddings of --data's "
+             "corpus here (no private query is in them), so that later runs and resumes skip that encoding")] = None,
     spreadout_weight: Annotated[float, typer.Option(help="--dp logit-dp: spreadout regulariser weight")] = 0.0,
     accountant: Annotated[str, typer.Option(help=f"--dp: {ACCOUNTANT_HELP}")] = "prv",
     resume: ResumeOpt = False,
@@ -107,12 +110,13 @@ def retriever_train(
         # --data's corpus plus any documents inline in --pairs: train_dp_retriever leaves the inline ones out
         ledger = train_dp_retriever(training, out_dir, dp_cfg, data_hash=data_hash,
                                     dataset_id=dataset_id(training, dataset_name), public_corpus=training.corpus,
-                                    budget=policy, resume=resume)
+                                    budget=policy, resume=resume, embedding_cache=cache_dir)
         out.print(f"retriever written to {out_dir} ({ledger.summary()}, {dp})")
         return
     for flag_name, given, why in (("--resume", resume, "is not checkpointed"), ("--secure-rng", secure_rng,
                                   "draws no noise"), ("--optimizer", optimizer != "adam", "uses AdamW"),
-                                  ("--hard-negatives", hard_negatives > 0, "uses in-batch negatives")):
+                                  ("--hard-negatives", hard_negatives > 0, "uses in-batch negatives"),
+                                  ("--cache-dir", cache_dir is not None, "mines no hard negatives")):
         if given:
             raise InputError(f"applies to DP training (--dp) only; non-private training {why}", field=flag_name)
     cfg = build_config(RetrieverTrainConfig, model=model, epochs=epochs, batch_size=batch_size,

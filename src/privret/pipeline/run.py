@@ -304,7 +304,7 @@ def _direct_row(run: Run, row: DirectRow) -> dict:
         write_record(stage)  # pins an interrupted run to these settings
         train_dp_retriever(run.pairs, stage.output, run.cfg.direct_dp.config(row.method, row.epsilon, run.cfg.unit),
                            data_hash=run.data_hash, dataset_id=run.charged_to, public_corpus=run.dataset.corpus,
-                           budget=run.budget, resume=True)
+                           budget=run.budget, resume=True, embedding_cache=run.cache)
         write_record(stage)  # the finished directory replaced the one holding it
         write_json_atomic(row.directory / TIMING_FILE, {"retriever_seconds": round(time.time() - started, 1)})
         release_memory()

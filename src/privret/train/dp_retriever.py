@@ -218,7 +218,8 @@ def dp_step(model, params: list[torch.Tensor], batch: StepBatch, cfg: DPRetrieve
 
 def train_dp_retriever(pairs: TrainingPairs, out_dir: str | Path, cfg: DPRetrieverConfig, *, data_hash: str,
                        dataset_id: str = "", public_corpus: dict[str, Document] | None = None,
-                       budget: budget_registry.BudgetPolicy | None = None, resume: bool = False) -> PrivacyLedger:
+                       budget: budget_registry.BudgetPolicy | None = None, resume: bool = False,
+                       embedding_cache: str | Path | None = None) -> PrivacyLedger:
     """Train ``cfg.model`` on ``pairs`` with ``cfg.method``; save a SentenceTransformer + ledger (atomic).
 
     ``public_corpus`` (required for public-negatives) is where public-negatives draws its negatives,
@@ -227,6 +228,8 @@ def train_dp_retriever(pairs: TrainingPairs, out_dir: str | Path, cfg: DPRetriev
     ``budget``) of ``dataset_id`` (default: that of ``pairs``) with all its planned steps before any
     update can reach disk, and again when done. ``resume``: continue an interrupted run in
     ``out_dir`` (see the module docstring); a finished one is returned as it is, spending nothing more.
+    ``embedding_cache``: where the hard-negative mining keeps the public encoder's embeddings of the public pool
+    (:func:`~privret.train.hard_negatives.mine_candidates`); changes nothing trained.
     """
     dataset_id = dataset_id or budget_registry.dataset_id(pairs)
     if distributed.launched().distributed and cfg.method not in PARALLEL_METHODS:
@@ -235,7 +238,8 @@ def train_dp_retriever(pairs: TrainingPairs, out_dir: str | Path, cfg: DPRetriev
                          f"{' or '.join(PARALLEL_METHODS)}", field="method")
     with distributed.main_lock(Path(out_dir), what="retriever directory"):
         return _train_dp_retriever(pairs, Path(out_dir), cfg, data_hash=data_hash, dataset_id=dataset_id,
-                                   public_corpus=public_corpus, budget=budget, resume=resume)
+                                   public_corpus=public_corpus, budget=budget, resume=resume,
+                                   embedding_cache=embedding_cache)
 
 
 def negative_pool(pairs: TrainingPairs, public_corpus: dict[str, Document] | None) -> list[Document]:
@@ -263,7 +267,7 @@ def resume_settings(cfg: DPRetrieverConfig) -> dict:
 
 
 def _train_dp_retriever(pairs: TrainingPairs, out_dir: Path, cfg: DPRetrieverConfig, *, data_hash: str,
-                        dataset_id: str, public_corpus, budget, resume: bool) -> PrivacyLedger:
+                        dataset_id: str, public_corpus, budget, resume: bool, embedding_cache) -> PrivacyLedger:
     units = pairs.units(cfg.unit)
     run_plan = plan_run(cfg, len(units))
     mech = mechanism(cfg, run_plan.sigma)
@@ -281,7 +285,8 @@ def _train_dp_retriever(pairs: TrainingPairs, out_dir: Path, cfg: DPRetrieverCon
         model = load_encoder(cfg.model, max_seq_length=cfg.max_doc_tokens)
         hard = None
         if cfg.hard_negatives:  # ranked by the initial (public) encoder, before any update
-            hard = (public, mine_candidates(model, pairs, units, public, cfg.hard_negative_depth))
+            hard = (public, mine_candidates(model, pairs, units, public, cfg.hard_negative_depth,
+                                            cache_dir=embedding_cache))
         named = make_trainable(model, cfg.trainable, lora_rank=cfg.lora_rank)
         optimizer = OPTIMIZERS[cfg.optimizer](named.values(), lr=cfg.learning_rate)
         return _RetrieverTrainer(model=model, params=named, optimizer=optimizer,

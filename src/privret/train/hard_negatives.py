@@ -11,28 +11,35 @@ public pool and the public initial encoder, nothing else; the draw uses randomne
 hard negatives' gradient flows through the encoder only in the unit's own rows, so it is part of the unit's
 clipped term and the loss still decomposes per unit: Delta = C, as without them. The candidates are computed in
 memory on every (re)start from the same public model, never written to disk (they are derived from private
-queries).
+queries). Only the public encoder's embeddings of the public pool may be kept, in a corpus-embedding cache
+(``cache_dir``, :func:`privret.retrieval.embedding.corpus_embeddings`): they depend on no private query and on
+no inline private document (those are never in the pool), and a later run or a resume reads them instead of
+encoding the pool again.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import torch
 
 from privret.data.beir import Document
 from privret.data.pairs import TrainingPairs
-from privret.retrieval.embedding import encode
+from privret.retrieval.embedding import corpus_embeddings, encode
 
 
-def mine_candidates(model, pairs: TrainingPairs, units: list[list[int]], pool: list[Document], depth: int,
-                    ) -> list[list[int]]:
+def mine_candidates(model, pairs: TrainingPairs, units: list[list[int]], pool: list[Document], depth: int, *,
+                    cache_dir: str | Path | None = None) -> list[list[int]]:
     """For every row of ``pairs``: positions in ``pool`` of the ``depth`` pool documents ``model`` ranks
-    highest for the row's query, its unit's positive documents (ids and texts) left out, best first."""
+    highest for the row's query, its unit's positive documents (ids and texts) left out, best first.
+    ``cache_dir``: read or keep ``model``'s embeddings of ``pool`` there (``model`` must be the public initial
+    encoder; see the module docstring)."""
     unit_of_row = {r: u for u, rows in enumerate(units) for r in rows}
     gold_ids = [{pairs.pairs[r].doc_id for r in rows} for rows in units]
     gold_texts = [{pairs.corpus[i].full_text for i in ids if i in pairs.corpus} for ids in gold_ids]
     was_training = model.training
     model.eval()
-    docs = torch.from_numpy(encode(model, [d.full_text for d in pool], bf16=False))
+    docs = torch.from_numpy(corpus_embeddings(model, {d.id: d for d in pool}, bf16=False, cache_dir=cache_dir))
     queries = torch.from_numpy(encode(model, [p.query for p in pairs.pairs], bf16=False))
     model.train(was_training)
     most_gold = max(len(g) for g in gold_ids)
