@@ -145,6 +145,11 @@ def test_mined_candidates_leave_out_the_units_positives_and_depend_on_the_unit_o
     other = mine_candidates(model, _pairs({"q4": "completely different words here"}), units, pool, depth=5)
     assert all(other[r] == cands[r] for r, p in enumerate(pairs.pairs) if p.query_id != "q4")
     assert other[[p.query_id for p in pairs.pairs].index("q4")] != cands[[p.query_id for p in pairs.pairs].index("q4")]
+    # removing the unit with the most positives (q3: two) changes no other row's candidates, also for the row whose
+    # positive's text has a copy in the pool (d1 and "copy": two exclusions for one positive)
+    fewer = TrainingPairs(pairs=[p for p in pairs.pairs if p.query_id != "q3"], corpus=pairs.corpus)
+    assert mine_candidates(model, fewer, fewer.units("query"), pool, depth=5) == [
+        cands[r] for r, p in enumerate(pairs.pairs) if p.query_id != "q3"]
 
 
 def test_mining_keeps_only_the_public_pools_embeddings_and_reads_them_back(model_params, tmp_path, monkeypatch):

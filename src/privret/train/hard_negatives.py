@@ -31,22 +31,30 @@ from privret.retrieval.embedding import corpus_embeddings, encode
 def mine_candidates(model, pairs: TrainingPairs, units: list[list[int]], pool: list[Document], depth: int, *,
                     cache_dir: str | Path | None = None) -> list[list[int]]:
     """For every row of ``pairs``: positions in ``pool`` of the ``depth`` pool documents ``model`` ranks
-    highest for the row's query, its unit's positive documents (ids and texts) left out, best first.
+    highest for the row's query, its unit's positive documents (ids and texts) left out, best first: exactly
+    ``min(depth, len(pool) - excluded)`` of them, whatever the other units.
     ``cache_dir``: read or keep ``model``'s embeddings of ``pool`` there (``model`` must be the public initial
     encoder; see the module docstring)."""
     unit_of_row = {r: u for u, rows in enumerate(units) for r in rows}
     gold_ids = [{pairs.pairs[r].doc_id for r in rows} for rows in units]
     gold_texts = [{pairs.corpus[i].full_text for i in ids if i in pairs.corpus} for ids in gold_ids]
+    by_id, by_text = {}, {}
+    for j, doc in enumerate(pool):
+        by_id.setdefault(doc.id, []).append(j)
+        by_text.setdefault(doc.full_text, []).append(j)
+    # the pool positions each unit's positives occupy (its ids, and every copy of their texts): a function of the
+    # unit alone, so each row ranks exactly as deep as its own exclusions need
+    excluded = [{j for i in ids for j in by_id.get(i, ())} | {j for t in texts for j in by_text.get(t, ())}
+                for ids, texts in zip(gold_ids, gold_texts)]
     was_training = model.training
     model.eval()
     docs = torch.from_numpy(corpus_embeddings(model, {d.id: d for d in pool}, bf16=False, cache_dir=cache_dir))
     queries = torch.from_numpy(encode(model, [p.query for p in pairs.pairs], bf16=False))
     model.train(was_training)
-    most_gold = max(len(g) for g in gold_ids)
-    top = (queries @ docs.T).topk(min(len(pool), depth + most_gold), dim=1).indices.tolist()
+    scores = queries @ docs.T
     out = []
-    for r, ranked in enumerate(top):
+    for r in range(len(pairs.pairs)):
         u = unit_of_row[r]
-        kept = [j for j in ranked if pool[j].id not in gold_ids[u] and pool[j].full_text not in gold_texts[u]]
-        out.append(kept[:depth])
+        ranked = scores[r].topk(min(len(pool), depth + len(excluded[u]))).indices.tolist()
+        out.append([j for j in ranked if j not in excluded[u]][:depth])
     return out
