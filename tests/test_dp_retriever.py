@@ -771,3 +771,44 @@ def test_cli_dp_only_flags_are_refused_without_dp(flag, tmp_path, toy_beir, tiny
                      str(tmp_path / "r"), *flag)
     assert result.returncode == 2 and flag[0] in result.stderr and "--dp" in result.stderr
     assert not (tmp_path / "r").exists()
+
+
+def test_a_private_runs_global_randomness_is_fresh_and_a_non_private_ones_is_seeded(monkeypatch, tmp_path,
+                                                                                  tiny_bert_dir):
+    """Dropout and a rank's hard-negative draws come from torch's global generator: a private run seeds it from
+    os.urandom on every start (a known seed would tie each unit's masks to which units were sampled before it),
+    a non-private run with its seed."""
+    from privret.train import dp_run
+
+    private = dp_run.plan_run(DPRetrieverConfig(method="public-negatives", epsilon=8.0, batch_size=4, seed=0), 100)
+    draws = {dp_run._global_seed(private, 0) for _ in range(3)}
+    assert len(draws) == 3 and 0 not in draws
+    monkeypatch.setattr(dp_run.os, "urandom", lambda n: b"\x07" * n)
+    assert dp_run._global_seed(private, 0) == int.from_bytes(b"\x07" * 8, "little")
+    public = dp_run.RunPlan(**{**private.__dict__, "epsilon": math.inf, "sigma": 0.0})
+    assert not public.private and dp_run._global_seed(public, 5) == 5
+    seeded = []  # what a private training run seeds torch's global generator with
+    manual_seed = torch.manual_seed
+    monkeypatch.setattr(torch, "manual_seed", lambda value: seeded.append(value) or manual_seed(value))
+    train_dp_retriever(_pairs(), tmp_path / "r", _cfg("public-negatives", tiny_bert_dir, epochs=1.0, batch_size=4,
+                                                       trainable="top:1", seed=0),
+                       data_hash="h", public_corpus=_pairs().corpus)
+    assert seeded[0] == int.from_bytes(b"\x07" * 8, "little") and 0 not in seeded
+
+
+def test_a_privately_trained_encoder_is_refused_as_the_starting_point(tmp_path, tiny_bert_dir):
+    """Hard negatives ranked by, embeddings cached from, and a guarantee composed on a model trained on private
+    data would all depend on that data: a starting model with a private ledger is refused before anything runs."""
+    import shutil
+
+    from privret.errors import InputError
+
+    start = shutil.copytree(tiny_bert_dir, tmp_path / "trained")
+    PrivacyLedger(mechanism="direct-public-negatives", epsilon=8.0, delta=1e-3, noise_multiplier=1.0, sample_rate=0.5,
+                  steps=2, planned_steps=2, accountant="prv", unit="query", n_units=6, n_pairs=None, clip_norm=1.0,
+                  model="tiny", trainable="top:1", data_hash="h").save(start)
+    cfg = _cfg("public-negatives", tiny_bert_dir, model=str(start), batch_size=4, trainable="top:1", hard_negatives=1)
+    with pytest.raises(InputError, match="public encoder") as err:
+        train_dp_retriever(_pairs(), tmp_path / "r", cfg, data_hash="h", public_corpus=_pairs().corpus,
+                           embedding_cache=tmp_path / "cache")
+    assert err.value.field == "model" and not (tmp_path / "r").exists() and not (tmp_path / "cache").exists()

@@ -77,7 +77,7 @@ from privret.io import write_json_atomic
 from privret.models.encoder import load_encoder
 from privret.models.model_card import write_model_card
 from privret.privacy import budget as budget_registry
-from privret.privacy.ledger import PrivacyLedger
+from privret.privacy.ledger import PrivacyLedger, has_ledger
 from privret.privacy.logit_dp import logit_dp_factor
 from privret.privacy.secure_rng import SecureRandom
 from privret.progress import Progress
@@ -229,9 +229,14 @@ def train_dp_retriever(pairs: TrainingPairs, out_dir: str | Path, cfg: DPRetriev
     update can reach disk, and again when done. ``resume``: continue an interrupted run in
     ``out_dir`` (see the module docstring); a finished one is returned as it is, spending nothing more.
     ``embedding_cache``: where the hard-negative mining keeps the public encoder's embeddings of the public pool
-    (:func:`~privret.train.hard_negatives.mine_candidates`); changes nothing trained.
+    (:func:`~privret.train.hard_negatives.mine_candidates`); changes nothing trained. ``cfg.model`` must be public:
+    one with a privacy ledger that is not an epsilon = 0 one is refused.
     """
     dataset_id = dataset_id or budget_registry.dataset_id(pairs)
+    if has_ledger(cfg.model) and not PrivacyLedger.load(Path(cfg.model).expanduser()).is_public:
+        raise InputError("direct DP training starts from a public encoder; this one was trained on private data (it "
+                         "has a privacy ledger): the run's guarantee, its hard negatives and the embeddings it may "
+                         "cache would all depend on that data", path=cfg.model, field="model")
     if distributed.launched().distributed and cfg.method not in PARALLEL_METHODS:
         raise InputError(f"{cfg.method} couples the units of a batch (in-batch negatives or a batch-wide clip), so "
                          f"its clipped sum cannot be split across processes; under torchrun use "

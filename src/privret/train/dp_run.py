@@ -23,7 +23,7 @@ checkpoints and resumption, and the atomic save.
   update may have been released. Before every write of updated parameters (a checkpoint or the final
   model) the step log durably announces it (:mod:`privret.train.checkpointing`), and S counts every
   announced update of every process, including updates lost to a kill after their announcement. A
-  resume continues from the last checkpoint with fresh randomness (noise and sampling are never
+  resume continues from the last checkpoint with fresh randomness (noise, sampling and dropout are never
   replayed) under the run's one release id, so the budget registry holds one release: recorded
   ``planned`` (its steps: S at the end of the plan) before the first noisy update and ``final`` once
   the model is in place. A checkpoint the step log does not account for, or one made under another
@@ -156,7 +156,7 @@ class DPRun:
     finished_marker: str  # a file only a finished output holds
     label: str  # of the progress bar
     train_config: dict  # saved as train_config.json with the artefact
-    seed: int  # torch's seed while loading the model; a non-private run's sampler seed
+    seed: int  # a non-private run's seed (torch's global generator, the sampler); a private run: fresh entropy
     checkpoint_every: int
     secure_rng: bool  # noise and sampling from the OS CSPRNG (private runs)
     settings: dict | None = None  # saved with each checkpoint; a resume with others is refused
@@ -188,7 +188,7 @@ def run_training(run: DPRun, load: Callable[[], Trainer], *, resume: bool) -> Pr
     finished = group.from_main(lambda: _finished(run, resume=resume))
     if finished is not None:  # nothing to resume, spend nothing more
         return finished
-    torch.manual_seed(run.seed)
+    torch.manual_seed(_global_seed(plan, run.seed))
     trainer = load()
     opened: dict = {}  # rank 0's step account and checkpoint; the other ranks learn only the step to start at
 
@@ -297,6 +297,17 @@ def _check_settings(saved: dict | None, settings: dict, ckpt_dir: Path) -> None:
         if saved.get(key) != settings.get(key):
             raise InputError(f"checkpoint was made with {key}={saved.get(key)!r}, this run has "
                              f"{settings.get(key)!r}; cannot resume", path=ckpt_dir)
+
+
+def _global_seed(plan: RunPlan, seed: int) -> int:
+    """torch's global seed for the run (this process). Besides the run's random source, a step draws from
+    torch's global generator: dropout in the trained layers, and a hard-negative draw on a rank other than 0. In
+    a private run that randomness must be secret: with a known seed each unit's dropout masks would be a fixed
+    function of which other units were sampled before it, so adding a unit would change the others' clipped
+    terms. Secret and i.i.d., every unit's masks have the same distribution whatever the others, and Delta holds.
+    So a private run seeds it from ``os.urandom`` on every start (each rank its own); a non-private run with
+    ``seed`` (reproducible)."""
+    return int.from_bytes(os.urandom(8), "little") if plan.private else seed
 
 
 def _random_source(plan: RunPlan, *, secure: bool, seed: int, state: torch.Tensor | None,
