@@ -72,8 +72,9 @@ def _keys(value) -> set[str]:
 
 def _loss_patterns(losses: list[float]) -> list[re.Pattern]:
     """Each loss as displayed (3 decimals, as a whole number) and as repr; clipped fractions (0, 0.5, 1, ...)
-    are too common as numbers to search for, their keys are checked instead."""
-    finite = [v for v in losses if math.isfinite(v)]
+    are too common as numbers to search for, their keys are checked instead, and so is a loss of exactly 0 (a
+    batch whose positives win by far underflows to 0.0, which every config file holds: "lora_dropout": 0.0)."""
+    finite = [v for v in losses if math.isfinite(v) and v != 0.0]
     return [re.compile(rf"(?<![\d.]){re.escape(text)}(?!\d)") for v in finite for text in (f"{v:.3f}", repr(v))]
 
 
