@@ -32,6 +32,8 @@ from privret.retrieval.index import build_index, top_k
 from privret.privacy.ghost_norms import GhostNorms
 from privret.privacy.accounting import calibrate_noise, default_delta
 from privret.train.clipped_sums import _encode, public_negative_losses
+from privret.train.dp_parallel import set_noisy_mean
+from privret.distributed import SINGLE
 from privret.models.frozen_prefix import frozen_prefix
 
 ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -49,7 +51,8 @@ ap.add_argument("--eval-every", type=int, default=0)
 ap.add_argument("--pb", type=int, default=128, help="units per forward pass (memory only)")
 ap.add_argument("--cache-dir", default=None, help="the public encoder's corpus embeddings (privret.retrieval.embedding)")
 a = ap.parse_args()
-torch.manual_seed(a.seed)
+torch.manual_seed(a.seed)  # Poisson sampling (torch.rand below); the noise has its own generator
+noise_rng = torch.Generator().manual_seed(a.seed + 1)
 ds = load_beir(a.data)
 pairs = pairs_from_beir(ds, "train")
 units = pairs.units("query")
@@ -112,8 +115,7 @@ for step in range(a.steps):
         finally:
             tr.remove()
         total = [x + y for x, y in zip(total, out)]; nclip += int((norms > a.clip).sum()); losses.append(l.detach())
-    for p, s in zip(plist, total):
-        p.grad = (s + sigma * a.clip * torch.randn_like(s)) / (q * n)
+    set_noisy_mean(plist, total, std=sigma * a.clip, expected_batch=q * n, rng=noise_rng, group=SINGLE)
     opt.step(); opt.zero_grad()
     loss = torch.cat(losses).mean().item() if losses else float("nan")
     msg = f"step {step+1} |B|={len(chosen)} loss={loss:.3f} clipped={nclip/max(1, len(chosen)):.2f} {time.time()-t:.1f}s"

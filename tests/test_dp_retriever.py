@@ -808,7 +808,7 @@ def test_a_privately_trained_encoder_is_refused_as_the_starting_point(tmp_path, 
                   steps=2, planned_steps=2, accountant="prv", unit="query", n_units=6, n_pairs=None, clip_norm=1.0,
                   model="tiny", trainable="top:1", data_hash="h").save(start)
     cfg = _cfg("public-negatives", tiny_bert_dir, model=str(start), batch_size=4, trainable="top:1", hard_negatives=1)
-    with pytest.raises(InputError, match="public encoder") as err:
+    with pytest.raises(InputError, match="needs a public model") as err:
         train_dp_retriever(_pairs(), tmp_path / "r", cfg, data_hash="h", public_corpus=_pairs().corpus,
                            embedding_cache=tmp_path / "cache")
     assert err.value.field == "model" and not (tmp_path / "r").exists() and not (tmp_path / "cache").exists()

@@ -140,7 +140,7 @@ def test_warm_start_is_recorded_and_a_private_one_is_refused(toy_beir, tiny_llam
     assert not torch.equal(loaded[name], base[name]) and not torch.equal(loaded[name], warm[name])  # ... and DP too
     name = next(n for n in base if "layers.0.mlp.down_proj" in n)  # below the trained layer: the warm start's
     assert torch.equal(loaded[name], warm[name])
-    with pytest.raises(InputError, match="void the guarantee") as err:  # a generator trained on the private log
+    with pytest.raises(InputError, match="needs a public model") as err:  # a generator trained on the private log
         train_generator(private, tmp_path / "dp2", _fast(tiny_llama_dir), data_hash="h", warm_start=tmp_path / "dp")
     assert len(str(err.value).splitlines()) == 1 and "warm_start" in str(err.value)
 

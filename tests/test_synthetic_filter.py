@@ -93,15 +93,23 @@ def test_filter_output_is_the_same_with_and_without_the_cache(synthetic_dir, tin
 
 
 def test_filter_refuses_a_privately_trained_encoder(synthetic_dir, tmp_path, tiny_bert_dir):
+    """An encoder with a DP ledger is refused before anything is written; one whose ledger says it saw public data
+    only (epsilon = 0) is still public, and filters as the same weights without a ledger do."""
     import shutil
 
+    corpus = load_corpus(synthetic_dir / "corpus.jsonl")
     encoder = shutil.copytree(tiny_bert_dir, tmp_path / "trained")
     LEDGER.save(encoder)
     assert (encoder / LEDGER_FILE).is_file()
-    with pytest.raises(InputError, match="public encoder"):
-        filter_round_trip(synthetic_dir, load_corpus(synthetic_dir / "corpus.jsonl"), tmp_path / "out",
-                          RoundTripFilterConfig(encoder=str(encoder)))
-    assert not (tmp_path / "out").exists()
+    with pytest.raises(InputError, match="needs a public model") as err:
+        filter_round_trip(synthetic_dir, corpus, tmp_path / "out", RoundTripFilterConfig(encoder=str(encoder)))
+    assert err.value.field == "encoder" and not (tmp_path / "out").exists()
+
+    PrivacyLedger.public("public-pairs", model="tiny", public_data_hash="p", unit="query").save(encoder)
+    public = filter_round_trip(synthetic_dir, corpus, tmp_path / "public", RoundTripFilterConfig(encoder=str(encoder)))
+    plain = filter_round_trip(synthetic_dir, corpus, tmp_path / "plain", RoundTripFilterConfig(encoder=str(tiny_bert_dir)))
+    assert public["kept"] == plain["kept"] and (tmp_path / "public" / "qrels" / "train.tsv").read_text() == \
+        (tmp_path / "plain" / "qrels" / "train.tsv").read_text()
 
 
 def test_cli_filter(synthetic_dir, tmp_path, tiny_bert_dir):

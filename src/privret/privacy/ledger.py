@@ -39,6 +39,19 @@ def has_ledger(location: str | Path) -> bool:
     return (Path(location).expanduser() / LEDGER_FILE).is_file()
 
 
+def require_public(location: str | Path, *, field: str, use: str) -> None:
+    """Refuse ``location`` (a model directory) for ``use`` when privret made it from private data.
+
+    A model without a ledger (a registry name, a hub id, a plain directory) or with a public one
+    (epsilon = delta = 0, :attr:`PrivacyLedger.is_public`) passes. One with any other ledger raises
+    :class:`~privret.errors.InputError` naming ``field``: the guarantee of what ``use`` derives from
+    it would depend on the private data that model saw (its own ledger does not carry over)."""
+    if has_ledger(location) and not PrivacyLedger.load(Path(location).expanduser()).is_public:
+        raise InputError(f"{use} needs a public model; this one was trained on private data (it has a privacy "
+                         "ledger that is not epsilon = 0), so the result's guarantee would depend on that data",
+                         path=location, field=field)
+
+
 class PrivacyLedger(BaseModel):
     """(epsilon, delta)-DP with respect to one privacy ``unit`` of the dataset ``data_hash``.
 

@@ -28,7 +28,7 @@ from privret.errors import InputError
 from privret.retrieval.search import search
 from privret.io import atomic_path
 from privret.models.encoder import load_encoder
-from privret.privacy.ledger import PrivacyLedger, has_ledger
+from privret.privacy.ledger import PrivacyLedger, require_public
 from privret.synth.settings import RoundTripFilterConfig
 
 
@@ -40,10 +40,7 @@ def filter_round_trip(synthetic_dir: str | Path, corpus: dict[str, Document], ou
     where the public encoder's corpus embeddings are reused or stored (none: encode every time).
     """
     synthetic_dir, out_dir = Path(synthetic_dir), Path(out_dir)
-    if has_ledger(cfg.encoder):
-        raise InputError("the round-trip filter needs a public encoder; this one was trained on private data "
-                         "(it has a privacy ledger), so its output would not be post-processing",
-                         path=cfg.encoder, field="encoder")
+    require_public(cfg.encoder, field="encoder", use="the round-trip filter (post-processing)")
     ledger = PrivacyLedger.load(synthetic_dir)
     synthetic = load_beir(synthetic_dir, splits=["train"])
     missing = sorted(set(synthetic.corpus) - set(corpus))

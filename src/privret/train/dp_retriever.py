@@ -77,7 +77,7 @@ from privret.io import write_json_atomic
 from privret.models.encoder import load_encoder
 from privret.models.model_card import write_model_card
 from privret.privacy import budget as budget_registry
-from privret.privacy.ledger import PrivacyLedger, has_ledger
+from privret.privacy.ledger import PrivacyLedger, require_public
 from privret.privacy.logit_dp import logit_dp_factor
 from privret.privacy.secure_rng import SecureRandom
 from privret.progress import Progress
@@ -233,10 +233,7 @@ def train_dp_retriever(pairs: TrainingPairs, out_dir: str | Path, cfg: DPRetriev
     one with a privacy ledger that is not an epsilon = 0 one is refused.
     """
     dataset_id = dataset_id or budget_registry.dataset_id(pairs)
-    if has_ledger(cfg.model) and not PrivacyLedger.load(Path(cfg.model).expanduser()).is_public:
-        raise InputError("direct DP training starts from a public encoder; this one was trained on private data (it "
-                         "has a privacy ledger): the run's guarantee, its hard negatives and the embeddings it may "
-                         "cache would all depend on that data", path=cfg.model, field="model")
+    require_public(cfg.model, field="model", use="direct DP training (its hard negatives and cached embeddings)")
     if distributed.launched().distributed and cfg.method not in PARALLEL_METHODS:
         raise InputError(f"{cfg.method} couples the units of a batch (in-batch negatives or a batch-wide clip), so "
                          f"its clipped sum cannot be split across processes; under torchrun use "

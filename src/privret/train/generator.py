@@ -50,7 +50,7 @@ from privret.models.generator import (GENERATOR_FILE, WARM_START_DIR, QueryGener
                                       load_trained_generator)
 from privret.privacy import budget as budget_registry
 from privret.privacy.clipping import clip_units
-from privret.privacy.ledger import PrivacyLedger
+from privret.privacy.ledger import PrivacyLedger, require_public
 from privret.distributed import SINGLE, Group
 from privret.privacy.secure_rng import SecureRandom
 from privret.progress import Progress
@@ -83,11 +83,8 @@ def micro_batches(units: list[list[int]], chosen: list[int], max_rows: int) -> l
 def warm_start_provenance(directory: str | Path, model: str) -> dict:
     """What a DP ledger records of a warm start; refuses one that is not public (see the module docstring)."""
     directory = Path(directory)
-    ledger = PrivacyLedger.load(directory)
-    if not ledger.is_public:
-        raise InputError(f"the warm start's ledger is not public ({ledger.mechanism}, epsilon = {ledger.epsilon:g}): "
-                         "starting DP training from a model trained on the private data would void the guarantee",
-                         path=directory, field="warm_start")
+    require_public(directory, field="warm_start", use="a DP generator's warm start")
+    ledger = PrivacyLedger.load(directory)  # required: it names the public data the warm start was made from
     if ledger.model != model:
         raise InputError(f"the warm start was made from {ledger.model}, not from the model {model}", path=directory,
                          field="warm_start")

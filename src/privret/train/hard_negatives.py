@@ -38,13 +38,13 @@ def mine_candidates(model, pairs: TrainingPairs, units: list[list[int]], pool: l
     unit_of_row = {r: u for u, rows in enumerate(units) for r in rows}
     gold_ids = [{pairs.pairs[r].doc_id for r in rows} for rows in units]
     gold_texts = [{pairs.corpus[i].full_text for i in ids if i in pairs.corpus} for ids in gold_ids]
-    by_id, by_text = {}, {}
+    by_id = {doc.id: j for j, doc in enumerate(pool)}  # the pool comes from a corpus dict: ids are unique
+    by_text = {}
     for j, doc in enumerate(pool):
-        by_id.setdefault(doc.id, []).append(j)
         by_text.setdefault(doc.full_text, []).append(j)
     # the pool positions each unit's positives occupy (its ids, and every copy of their texts): a function of the
     # unit alone, so each row ranks exactly as deep as its own exclusions need
-    excluded = [{j for i in ids for j in by_id.get(i, ())} | {j for t in texts for j in by_text.get(t, ())}
+    excluded = [{by_id[i] for i in ids if i in by_id} | {j for t in texts for j in by_text.get(t, ())}
                 for ids, texts in zip(gold_ids, gold_texts)]
     was_training = model.training
     model.eval()
