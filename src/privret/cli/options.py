@@ -38,7 +38,8 @@ DatasetNameOpt = Annotated[Optional[str], typer.Option(
 # training
 EpochsOpt = Annotated[float, typer.Option()]
 LearningRateOpt = Annotated[float, typer.Option("--lr")]
-SeedOpt = Annotated[int, typer.Option()]
+SeedOpt = Annotated[int, typer.Option(help="seed of the randomness that is not a DP mechanism's (a DP training run "
+                                       "draws its sampling, noise and dropout from os.urandom on every start)")]
 # crash safety and DP randomness of the DP trainers (generator train, retriever train --dp)
 ResumeOpt = Annotated[bool, typer.Option(help="continue an interrupted run in --out")]
 SecureRngOpt = Annotated[bool, typer.Option(help="DP noise and sampling from the OS CSPRNG (os.urandom)")]
