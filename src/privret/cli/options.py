@@ -38,8 +38,9 @@ DatasetNameOpt = Annotated[Optional[str], typer.Option(
 # training
 EpochsOpt = Annotated[float, typer.Option()]
 LearningRateOpt = Annotated[float, typer.Option("--lr")]
-SeedOpt = Annotated[int, typer.Option(help="seed of the randomness that is not a DP mechanism's (a DP training run "
-                                       "draws its sampling, noise and dropout from os.urandom on every start)")]
+SeedOpt = Annotated[int, typer.Option(help="seed of the randomness that is not a DP mechanism's; a DP training run "
+                                       "ignores it (sampling, noise and dropout seeded from os.urandom on every "
+                                       "start; with --secure-rng, sampling and noise drawn from it)")]
 # crash safety and DP randomness of the DP trainers (generator train, retriever train --dp)
 ResumeOpt = Annotated[bool, typer.Option(help="continue an interrupted run in --out")]
 SecureRngOpt = Annotated[bool, typer.Option(help="DP noise and sampling from the OS CSPRNG (os.urandom)")]

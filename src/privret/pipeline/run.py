@@ -48,7 +48,7 @@ from privret.pipeline.stages import (DirectRow, FilteredRow, Stage, SyntheticRow
                                      plan_stages, write_record)
 from privret.pipeline.summary import write_summary
 from privret.privacy.budget import BudgetPolicy, dataset_id
-from privret.privacy.ledger import LEDGER_FILE, PrivacyLedger, format_epsilon, has_ledger
+from privret.privacy.ledger import LEDGER_FILE, PrivacyLedger, format_epsilon, has_ledger, require_public
 from privret.privacy.partition_selection import selection_threshold
 from privret.privacy.private_selection import MECHANISM as CHOICE_MECHANISM
 from privret.runlock import RunLock, recover_tree
@@ -157,6 +157,8 @@ def run_pipeline(cfg: PipelineConfig, run_dir: str | Path) -> list[dict]:
 
 
 def _run_grid(cfg: PipelineConfig, run_dir: Path) -> list[dict]:
+    # every DP and synthetic row starts from this encoder and carries only its own release's ledger
+    require_public(cfg.retriever.model, field="retriever.model", use="the pipeline's encoder")
     run_dir.mkdir(parents=True, exist_ok=True)
     dataset = load_beir(cfg.dataset, splits=[cfg.train_split, cfg.eval_split])
     pairs = pairs_from_beir(dataset, cfg.train_split)

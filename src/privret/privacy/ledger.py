@@ -47,8 +47,8 @@ def require_public(location: str | Path, *, field: str, use: str) -> None:
     :class:`~privret.errors.InputError` naming ``field``: the guarantee of what ``use`` derives from
     it would depend on the private data that model saw (its own ledger does not carry over)."""
     if has_ledger(location) and not PrivacyLedger.load(Path(location).expanduser()).is_public:
-        raise InputError(f"{use} needs a public model; this one was trained on private data (it has a privacy "
-                         "ledger that is not epsilon = 0), so the result's guarantee would depend on that data",
+        raise InputError(f"{use} needs a public model; this one was trained on private data (its privacy ledger "
+                         "is not a public, epsilon-0 one), so the result's guarantee would depend on that data",
                          path=location, field=field)
 
 

@@ -19,7 +19,7 @@ from privret.errors import InputError
 from privret.io import atomic_path, write_json_atomic
 from privret.models.interpolation import load_interpolated
 from privret.models.model_card import SETTINGS_FILES, write_model_card
-from privret.privacy.ledger import PrivacyLedger, has_ledger
+from privret.privacy.ledger import PrivacyLedger, has_ledger, require_public
 from privret.runlock import RunLock
 
 INTERPOLATION_FILE = "interpolation.json"
@@ -35,6 +35,7 @@ def save_interpolated(source: str | Path, out_dir: str | Path, *, base: str, wei
         raise InputError("has no privacy_ledger.json: not a retriever privret trained", path=source)
     if not 0.0 < weight <= 1.0:
         raise InputError(f"{weight:g} is not in (0, 1] (0 is the base model itself)", field="weight")
+    require_public(base, field="base", use="interpolation (the output carries only the source's ledger)")
     ledger = PrivacyLedger.load(source)
     mixed = load_interpolated(str(source), weight, base=base, max_seq_length=max_seq_length)
     with RunLock(out_dir, what="retriever directory"), atomic_path(out_dir) as staged:

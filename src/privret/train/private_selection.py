@@ -32,7 +32,7 @@ from privret.models.interpolation import load_interpolated
 from privret.models.model_card import write_model_card
 from privret.privacy import budget as budget_registry
 from privret.privacy import private_selection as mechanism
-from privret.privacy.ledger import PrivacyLedger, has_ledger
+from privret.privacy.ledger import PrivacyLedger, has_ledger, require_public
 from privret.retrieval.metrics import per_query_metrics
 from privret.retrieval.search import search
 from privret.runlock import RunLock
@@ -124,6 +124,7 @@ def select_retriever(pairs: TrainingPairs, out_dir: str | Path, cfg: PrivateSele
         raise InputError("already exists (remove it or choose another output)", path=out_dir)
     if not cfg.candidates:
         raise InputError("give at least one fine-tuned retriever to choose from", field="candidates")
+    require_public(cfg.base, field="base", use="a DP choice (the base is a candidate whose ledger is not composed)")
     candidates = build_candidates(cfg)
     units = pairs.units(cfg.unit)
     selection = mechanism.selection_ledger(epsilon=cfg.epsilon, n_units=len(units), unit=cfg.unit.value,

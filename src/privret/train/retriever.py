@@ -34,7 +34,7 @@ from privret.io import atomic_path, write_json_atomic
 from privret.models.device import bf16_autocast
 from privret.models.encoder import embed, in_batch_softmax_loss, load_encoder
 from privret.models.model_card import write_model_card
-from privret.privacy.ledger import PrivacyLedger
+from privret.privacy.ledger import PrivacyLedger, require_public
 from privret.progress import Progress
 from privret.train.dp_parallel import sum_gradients
 from privret.train.settings import RetrieverTrainConfig
@@ -128,6 +128,10 @@ def train_retriever(pairs: TrainingPairs, out_dir: str | Path, cfg: RetrieverTra
                     ledger: PrivacyLedger) -> Path:
     """Train and save a SentenceTransformer to ``out_dir`` (atomic), with ``ledger`` beside it.
 
+    A ``ledger`` with a guarantee (finite epsilon: a synthetic set's, carried by post-processing, or a public
+    one) holds only when ``cfg.model`` read no private data: a starting model with a private ledger is refused
+    (:func:`~privret.privacy.ledger.require_public`). A non-private ledger (epsilon inf) claims nothing.
+
     With ``cfg.selection`` the recipe is first chosen on a validation split carved from ``pairs``
     (:func:`privret.train.recipe.select_recipe`; its record, ``recipe_selection.json``, is saved
     beside the model) and the chosen recipe is then trained on all of ``pairs``.
@@ -135,6 +139,8 @@ def train_retriever(pairs: TrainingPairs, out_dir: str | Path, cfg: RetrieverTra
     out_dir = Path(out_dir)
     if out_dir.exists():
         raise InputError("already exists (remove it or choose another output)", path=out_dir)
+    if ledger.is_private:  # it claims a guarantee (a synthetic set's, by post-processing): only if cfg.model read
+        require_public(cfg.model, field="model", use="training that carries its data's ledger")  # no private data
     selection = None
     if cfg.selection is not None and distributed.launched().distributed:
         raise InputError("recipe selection runs in one process; run it without torchrun",

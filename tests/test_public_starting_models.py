@@ -1,0 +1,80 @@
+"""A model trained on private data never passes for a public one where its output would carry another ledger.
+
+Wherever privret writes a model with a ledger it did not compute from that model's own history (training on a
+synthetic set carries the set's ledger; an interpolation carries its source's; a DP choice composes only its
+candidates'), the starting model must have read no private data: no ledger, or a public (epsilon 0) one
+(``privret.privacy.ledger.require_public``). Otherwise a DP-trained encoder, fine-tuned on a public-prompted
+synthetic set, would come out with an epsilon-0 ledger."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from privret.config import PipelineConfig
+from privret.data.beir import Document
+from privret.data.pairs import QueryDocPair, TrainingPairs
+from privret.errors import InputError
+from privret.privacy.ledger import LEDGER_FILE, PrivacyLedger
+from privret.train.interpolated import save_interpolated
+from privret.train.private_selection import select_retriever
+from privret.train.retriever import non_private_ledger, train_retriever
+from privret.train.settings import PrivateSelectionConfig, RetrieverTrainConfig
+
+PRIVATE = PrivacyLedger(mechanism="direct-public-negatives", epsilon=8.0, delta=1e-3, noise_multiplier=1.0,
+                        sample_rate=0.5, steps=2, planned_steps=2, accountant="prv", unit="query", n_units=6,
+                        n_pairs=None, clip_norm=1.0, model="tiny", trainable="bias", data_hash="h")
+PUBLIC = PrivacyLedger.public("public-prompted", model="gen", public_data_hash="p", unit="query")
+
+
+def _pairs() -> TrainingPairs:
+    corpus = {f"d{i}": Document(f"d{i}", "", f"document {i} about topic {i % 3}") for i in range(6)}
+    rows = [QueryDocPair(f"query on topic {i % 3} number {i}", f"d{i}", f"q{i}", f"u{i}") for i in range(6)]
+    return TrainingPairs(pairs=rows, corpus=corpus)
+
+
+@pytest.fixture()
+def private_encoder(tiny_bert_dir, tmp_path):
+    """The tiny encoder's weights with a DP ledger: as if trained on the private log."""
+    out = shutil.copytree(tiny_bert_dir, tmp_path / "dp-trained")
+    PRIVATE.save(out)
+    return out
+
+
+def test_training_that_carries_a_guarantee_refuses_a_private_starting_model(private_encoder, tiny_bert_dir, tmp_path):
+    cfg = RetrieverTrainConfig(model=str(private_encoder), epochs=1, batch_size=2, bf16=False)
+    with pytest.raises(InputError, match="needs a public model") as err:  # a synthetic set's (public) ledger
+        train_retriever(_pairs(), tmp_path / "r", cfg, ledger=PUBLIC)
+    assert err.value.field == "model" and not (tmp_path / "r").exists()
+    # without a guarantee to carry (non-private training: epsilon inf) any starting model is fine ...
+    out = train_retriever(_pairs(), tmp_path / "plain", cfg, ledger=non_private_ledger(_pairs(), "m", "h", "query"))
+    assert not PrivacyLedger.load(out).is_private
+    # ... and a public starting model carries the set's ledger
+    cfg = RetrieverTrainConfig(model=str(tiny_bert_dir), epochs=1, batch_size=2, bf16=False)
+    carried = PrivacyLedger.load(train_retriever(_pairs(), tmp_path / "public", cfg, ledger=PUBLIC))
+    assert carried.is_public and carried.mechanism == PUBLIC.mechanism
+
+
+def test_interpolation_and_a_dp_choice_refuse_a_private_base(private_encoder, tiny_bert_dir, tmp_path):
+    source = shutil.copytree(tiny_bert_dir, tmp_path / "source")
+    PUBLIC.save(source)
+    with pytest.raises(InputError, match="needs a public model") as err:
+        save_interpolated(source, tmp_path / "mixed", base=str(private_encoder), weight=0.5)
+    assert err.value.field == "base" and not (tmp_path / "mixed").exists()
+    cfg = PrivateSelectionConfig(epsilon=1.0, base=str(private_encoder), candidates=[str(source)], weights=[0.5, 1],
+                                 max_seq_length=32)
+    with pytest.raises(InputError, match="needs a public model") as err:
+        select_retriever(_pairs(), tmp_path / "chosen", cfg, data_hash="h", dataset_id="d")
+    assert err.value.field == "base" and not (tmp_path / "chosen").exists()
+    assert (private_encoder / LEDGER_FILE).is_file()  # refused for its ledger, not for a missing file
+
+
+def test_the_pipeline_refuses_a_private_encoder_before_writing_anything(private_encoder, toy_beir, tmp_path):
+    from privret.pipeline.run import run_pipeline
+
+    cfg = PipelineConfig(name="toy", dataset=toy_beir, epsilons=[8.0],
+                         retriever=RetrieverTrainConfig(model=str(private_encoder)))
+    with pytest.raises(InputError, match="needs a public model") as err:
+        run_pipeline(cfg, tmp_path / "run")
+    assert err.value.field == "retriever.model" and not (tmp_path / "run").exists()
