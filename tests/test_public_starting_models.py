@@ -78,3 +78,24 @@ def test_the_pipeline_refuses_a_private_encoder_before_writing_anything(private_
     with pytest.raises(InputError, match="needs a public model") as err:
         run_pipeline(cfg, tmp_path / "run")
     assert err.value.field == "retriever.model" and not (tmp_path / "run").exists()
+
+
+def test_a_warm_start_needs_a_public_ledger_of_the_same_base_model(tmp_path):
+    """A DP generator's warm start must say which public data and which base model made it: no ledger, a private
+    one, or another base model is refused; a matching public ledger gives the provenance the DP ledger records."""
+    from privret.train.generator import warm_start_provenance
+
+    start = tmp_path / "warm"
+    start.mkdir()
+    with pytest.raises(InputError, match="no privacy ledger"):
+        warm_start_provenance(start, "gen")
+    PRIVATE.save(start)
+    with pytest.raises(InputError, match="needs a public model") as err:
+        warm_start_provenance(start, "tiny")
+    assert err.value.field == "warm_start"
+    PUBLIC.save(start)
+    with pytest.raises(InputError, match="made from gen") as err:
+        warm_start_provenance(start, "another-model")
+    assert err.value.field == "warm_start"
+    assert warm_start_provenance(start, "gen") == {"mechanism": "public-prompted", "model": "gen",
+                                                    "trainable": "none", "public_data_hash": "p"}
