@@ -99,3 +99,14 @@ def test_a_warm_start_needs_a_public_ledger_of_the_same_base_model(tmp_path):
     assert err.value.field == "warm_start"
     assert warm_start_provenance(start, "gen") == {"mechanism": "public-prompted", "model": "gen",
                                                     "trainable": "none", "public_data_hash": "p"}
+
+
+def test_generator_training_refuses_a_private_base_model(tmp_path, tiny_llama_dir):
+    from privret.train.generator import train_generator
+    from privret.train.settings import GeneratorTrainConfig
+
+    base = shutil.copytree(tiny_llama_dir, tmp_path / "dp-generator")
+    PRIVATE.save(base)
+    with pytest.raises(InputError, match="needs a public model") as err:
+        train_generator(_pairs(), tmp_path / "g", GeneratorTrainConfig(model=str(base), epsilon=8.0), data_hash="h")
+    assert err.value.field == "model" and not (tmp_path / "g").exists()

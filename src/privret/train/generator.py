@@ -106,6 +106,7 @@ def train_generator(pairs: TrainingPairs, out_dir: str | Path, cfg: GeneratorTra
     """
     if public and math.isfinite(cfg.epsilon):
         raise InputError("public pairs are trained on without DP; the epsilon must be inf", field="epsilon")
+    require_public(cfg.model, field="model", use="generator training (its ledger covers this run only)")
     dataset_id = dataset_id or budget_registry.dataset_id(pairs)
     with distributed.main_lock(Path(out_dir), what="generator directory"):
         return _train_generator(pairs, Path(out_dir), cfg, data_hash=data_hash, dataset_id=dataset_id, resume=resume,
