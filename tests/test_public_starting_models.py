@@ -70,14 +70,23 @@ def test_interpolation_and_a_dp_choice_refuse_a_private_base(private_encoder, ti
     assert (private_encoder / LEDGER_FILE).is_file()  # refused for its ledger, not for a missing file
 
 
-def test_the_pipeline_refuses_a_private_encoder_before_writing_anything(private_encoder, toy_beir, tmp_path):
+@pytest.mark.parametrize("field", ["retriever.model", "generator.model", "synthetic_filter.encoder",
+                                   "direct_dp.settings.model", "direct_dp.per_method.public-negatives.model"])
+def test_the_pipeline_refuses_a_private_starting_model_before_writing_anything(field, private_encoder, toy_beir,
+                                                                              tmp_path):
+    """Every model a row starts from is checked before the first stage, not when its stage starts hours later."""
     from privret.pipeline.run import run_pipeline
 
-    cfg = PipelineConfig(name="toy", dataset=toy_beir, epsilons=[8.0],
-                         retriever=RetrieverTrainConfig(model=str(private_encoder)))
+    raw = {"name": "toy", "dataset": str(toy_beir), "epsilons": [8.0], "synthetic_filter": {},
+           "direct_dp": {"methods": ["public-negatives"], "epsilons": [8.0], "settings": {}, "per_method": {}}}
+    *parents, leaf = field.split(".")
+    section = raw
+    for key in parents:
+        section = section.setdefault(key, {})
+    section[leaf] = str(private_encoder)
     with pytest.raises(InputError, match="needs a public model") as err:
-        run_pipeline(cfg, tmp_path / "run")
-    assert err.value.field == "retriever.model" and not (tmp_path / "run").exists()
+        run_pipeline(PipelineConfig.model_validate(raw), tmp_path / "run")
+    assert err.value.field == field and not (tmp_path / "run").exists()
 
 
 def test_a_warm_start_needs_a_public_ledger_of_the_same_base_model(tmp_path):

@@ -156,9 +156,23 @@ def run_pipeline(cfg: PipelineConfig, run_dir: str | Path) -> list[dict]:
         return _run_grid(cfg, Path(run_dir))
 
 
-def _run_grid(cfg: PipelineConfig, run_dir: Path) -> list[dict]:
-    # every DP and synthetic row starts from this encoder and carries only its own release's ledger
+def _require_public_models(cfg: PipelineConfig) -> None:
+    """Refuse, before any stage runs, a starting model that read private data: every row carries only its own
+    release's ledger, so each model a row starts from must be public (each stage checks again when it starts)."""
     require_public(cfg.retriever.model, field="retriever.model", use="the pipeline's encoder")
+    require_public(cfg.generator.model, field="generator.model", use="generator training")
+    if cfg.synthetic_filter is not None:
+        require_public(cfg.synthetic_filter.encoder, field="synthetic_filter.encoder", use="the round-trip filter")
+    grid = cfg.direct_dp
+    for method in grid.methods if grid.epsilons else []:
+        model = grid.config(method, grid.epsilons[0], cfg.unit).model
+        own = "model" in grid.per_method.get(method, {})
+        require_public(model, field=f"direct_dp.{f'per_method.{method}' if own else 'settings'}.model",
+                       use="direct DP training")
+
+
+def _run_grid(cfg: PipelineConfig, run_dir: Path) -> list[dict]:
+    _require_public_models(cfg)
     run_dir.mkdir(parents=True, exist_ok=True)
     dataset = load_beir(cfg.dataset, splits=[cfg.train_split, cfg.eval_split])
     pairs = pairs_from_beir(dataset, cfg.train_split)
