@@ -20,10 +20,12 @@
 #   seed:<name>:<seed>      the regime at epsilon 8 with another seed (sampling, noise, negatives), both splits
 #   scifact:<name>:<eps>[:<seed>]
 #                           the regime carried to SciFact's log (807 units) as a rule: its trainable parameters,
-#                           clip, learning rate, hard negatives and its 12 steps, each step taking every unit
+#                           clip, learning rate, hard negatives and 12 steps per epoch it takes on SQuAD (12 for
+#                           --epochs 1, 48 for --epochs 4), each step taking every unit
 #                           (q = 1: a smaller log gets the largest batch); evaluated on SciFact test; seed 0 unless
 #                           given (another seed: noise and negatives drawn; WORK/scifact/<name>-eps<eps>-seed<seed>)
-# One thread per job; two jobs fit the 2-core machine side by side.
+# One thread per job; two jobs fit the 2-core machine side by side. Where CUDA is available the runs use it (privret's
+# device auto; PB=128 units per pass fit an H200 easily): a SciFact run of 48 steps took about 2 minutes there.
 #   usage: bench/direct_regimes.sh WORK_DIR STEP...
 set -euo pipefail
 work=$1; shift
@@ -105,8 +107,9 @@ EOF
       IFS=: read -r n e s <<<"${step#scifact:}"; s=${s:-0}; S=../shared/data/scifact
       out=$work/scifact/$n-eps$e; [ "$s" = 0 ] || out=$out-seed$s
       D=$S ev minilm-l6 test "$work/scifact/zero-shot-test"
+      re='--epochs ([0-9]+)'; [[ ${REGIMES[$n]} =~ $re ]]; steps=$((12 * BASH_REMATCH[1]))  # 12 per SQuAD epoch
       [ -f "$out/privacy_ledger.json" ] || $P retriever train ${BASE/--data $D/--data $S} ${REGIMES[$n]} \
-          --batch-size 807 --epochs 12 --epsilon "$e" --seed "$s" --out "$out"
+          --batch-size 807 --epochs $steps --epsilon "$e" --seed "$s" --out "$out"
       D=$S ev "$out" test "$out-test"; echo "SciFact $n at epsilon $e, seed $s: test $(ndcg "$out-test")" ;;
     *) echo "unknown step $step" >&2; exit 2 ;;
   esac

@@ -172,7 +172,7 @@ def test_squad_config_loads_once_the_dataset_exists(tmp_path):
 def test_scifact_config_carries_the_squad_regime_as_its_rule():
     """configs/scifact.yaml's public-negatives row is the regime chosen on SQuAD's validation split, carried
     unchanged in what it trains and how it steps, with every step taking all 807 units (q = 1) for the
-    12 steps the rule fixed; the other methods keep the shared settings."""
+    12 steps per SQuAD epoch the rule fixed; the other methods keep the shared settings."""
     import yaml
 
     from privret.config import load_config
@@ -182,7 +182,7 @@ def test_scifact_config_carries_the_squad_regime_as_its_rule():
     squad = yaml.safe_load((REPO / "configs" / "squad.yaml").read_text())["direct_dp"]["settings"]
     for field in ("trainable", "learning_rate", "clip_norm", "hard_negatives", "public_negatives", "max_doc_tokens"):
         assert getattr(row, field) == squad[field], field
-    assert (row.batch_size, row.epochs) == (807, 12)
+    assert (row.batch_size, row.epochs) == (807, 12 * squad["epochs"])
     assert cfg.direct_dp.config("batch-clip", 8.0, cfg.unit).trainable != "bias-top:3"
 
 
