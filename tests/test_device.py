@@ -34,6 +34,37 @@ def test_generator_uses_bf16_only_where_native(monkeypatch, tiny_llama_dir):
         assert generator.load_generator(str(tiny_llama_dir), bf16=False).bf16 is False
 
 
+def test_search_without_bf16_is_float32_where_bf16_is_native(monkeypatch, tiny_bert_dir):
+    """``bf16=False`` (``privret evaluate --no-bf16``) encodes in float32 even where bf16 autocast would run: the
+    same scores as on a device without native bf16, while the default's scores move (bf16 keeps ~3 digits)."""
+    from privret.data.beir import Document
+    from privret.models.encoder import load_encoder
+    from privret.retrieval.search import search
+
+    corpus = {f"d{i}": Document(f"d{i}", "", " ".join(WORDS[i: i + 8])) for i in range(0, 40, 4)}
+    queries = {f"q{i}": " ".join(WORDS[i + 1: i + 4]) for i in range(0, 40, 8)}
+    model = load_encoder(str(tiny_bert_dir), max_seq_length=32, device="cpu")
+    monkeypatch.setattr(device, "native_bf16", lambda _device: False)  # a CPU without native bf16: float32
+    float32 = search(model, corpus, queries, k=3)
+    monkeypatch.setattr(device, "native_bf16", lambda _device: True)
+    assert search(model, corpus, queries, k=3, bf16=False) == float32
+    assert search(model, corpus, queries, k=3) != float32
+
+
+def test_evaluate_no_bf16_reaches_the_search(monkeypatch, tiny_bert_dir, toy_beir):
+    from typer.testing import CliRunner
+
+    from privret.cli import app
+    from privret.retrieval import metrics
+
+    seen, real = [], metrics.evaluate_per_query
+    monkeypatch.setattr(metrics, "evaluate_per_query", lambda *a, **kw: seen.append(kw["bf16"]) or real(*a, **kw))
+    for flag in ([], ["--no-bf16"]):
+        result = CliRunner().invoke(app, ["evaluate", "--model", str(tiny_bert_dir), "--data", str(toy_beir), *flag])
+        assert result.exit_code == 0, result.output
+    assert seen == [True, False]
+
+
 def test_native_bf16_on_cpu_is_onednn_support():
     assert device.native_bf16("cpu") is bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 

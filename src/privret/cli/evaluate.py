@@ -42,6 +42,10 @@ def evaluate(
     ivf_nlist: Annotated[Optional[int], typer.Option(
         help="--index ivf: k-means cells (default 4 sqrt(N), at most N/39)")] = None,
     ivf_nprobe: Annotated[int, typer.Option(help="--index ivf: cells scanned per query")] = 32,
+    bf16: Annotated[bool, typer.Option(
+        "--bf16/--no-bf16", help="encode under bf16 autocast where the device runs it natively (a GPU's figures "
+                                 "then differ from float32 ones by about 0.001); --no-bf16: float32 everywhere, "
+                                 "comparable across devices")] = True,
 ) -> None:
     """FAISS search over the corpus (exact by default); NDCG@10, Recall@10/100, MRR@10 (pytrec_eval).
 
@@ -67,7 +71,7 @@ def evaluate(
 
         paths = resolve_datasets(datasets.split(","), data_root)
         result = evaluate_many(list(model), paths, split, labels=list(label) if label else None, cache_dir=cache_dir,
-                               index=searched)
+                               index=searched, bf16=bf16)
         for table in rich_tables(result):
             out.print(table)
         if json_out is not None:
@@ -84,7 +88,7 @@ def evaluate(
 
     dataset = load_beir(data, splits=[split])
     per_query = evaluate_per_query(load_encoder(model[0]), dataset.corpus, dataset.queries, dataset.split(split),
-                                   cache_dir=cache_dir, index=searched)
+                                   cache_dir=cache_dir, index=searched, bf16=bf16)
     metrics = mean_metrics(per_query)
     record_evaluation(model[0], data=data.resolve().name, split=split, metrics=metrics)
     table = Table(title=f"{model[0]} on {data.name}/{split} ({metrics['queries']} queries)")

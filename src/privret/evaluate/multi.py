@@ -55,15 +55,16 @@ def _parts(path: Path) -> list[Path]:
     return subs
 
 
-def evaluate_dataset(model, path: Path, split: str, *, cache_dir: Path | None = None, index=None) -> dict:
+def evaluate_dataset(model, path: Path, split: str, *, cache_dir: Path | None = None, index=None,
+                     bf16: bool = True) -> dict:
     """Metrics of ``model`` on one dataset (mean over sub-datasets for a CQADupStack-style folder);
-    ``cache_dir``: corpus embeddings reused or stored there, ``index``: the FAISS index searched
-    (:func:`~privret.retrieval.search.search`)."""
+    ``cache_dir``: corpus embeddings reused or stored there, ``index``: the FAISS index searched, ``bf16``:
+    autocast where native (:func:`~privret.retrieval.search.search`)."""
     per_part = []
     for part in _parts(path):
         dataset = load_beir(part, splits=[split])
         per_part.append(evaluate_retriever(model, dataset.corpus, dataset.queries, dataset.split(split),
-                                           cache_dir=cache_dir, index=index))
+                                           cache_dir=cache_dir, index=index, bf16=bf16))
     if len(per_part) == 1:
         return per_part[0]
     mean = {m: sum(r[m] for r in per_part) / len(per_part) for m in METRICS}
@@ -82,7 +83,8 @@ def retriever_epsilon(model_name: str) -> float | None:
 
 
 def evaluate_many(models: list[str], datasets: dict[str, Path], split: str, *,
-                  labels: list[str] | None = None, cache_dir: Path | None = None, index=None) -> dict:
+                  labels: list[str] | None = None, cache_dir: Path | None = None, index=None,
+                  bf16: bool = True) -> dict:
     """Every model on every dataset; the rows of the Table 5 layout as JSON-ready dicts."""
     from privret.models.encoder import load_encoder
 
@@ -92,7 +94,7 @@ def evaluate_many(models: list[str], datasets: dict[str, Path], split: str, *,
     rows = []
     for i, name in enumerate(models):
         model = load_encoder(name)
-        metrics = {label: evaluate_dataset(model, path, split, cache_dir=cache_dir, index=index)
+        metrics = {label: evaluate_dataset(model, path, split, cache_dir=cache_dir, index=index, bf16=bf16)
                    for label, path in datasets.items()}
         rows.append({"source": labels[i] if labels else Path(name).name or name, "model": name,
                      "epsilon": retriever_epsilon(name), "metrics": metrics})

@@ -43,19 +43,19 @@ def retrieval_metrics(run: dict[str, dict[str, float]], qrels: Qrels) -> dict[st
 
 def evaluate_per_query(model, corpus: dict[str, Document], queries: dict[str, str], qrels: Qrels,
                        *, batch_size: int = 64, cache_dir: str | Path | None = None,
-                       index: SearchIndex | None = None) -> dict[str, dict[str, float]]:
-    """:func:`per_query_metrics` of the top 100 per judged query; ``cache_dir`` and ``index`` as in
+                       index: SearchIndex | None = None, bf16: bool = True) -> dict[str, dict[str, float]]:
+    """:func:`per_query_metrics` of the top 100 per judged query; ``cache_dir``, ``index`` and ``bf16`` as in
     :func:`privret.retrieval.search.search`."""
     judged_queries = {q: queries[q] for q in qrels if q in queries}
     run = searching.search(model, corpus, judged_queries, k=100, batch_size=batch_size, cache_dir=cache_dir,
-                           index=index)
+                           index=index, bf16=bf16)
     return per_query_metrics(run, qrels)
 
 
 def evaluate_retriever(model, corpus: dict[str, Document], queries: dict[str, str], qrels: Qrels,
                        *, batch_size: int = 64, cache_dir: str | Path | None = None,
-                       index: SearchIndex | None = None) -> dict[str, float]:
-    """:func:`retrieval_metrics` of the top 100 per judged query; ``cache_dir`` and ``index`` as in
+                       index: SearchIndex | None = None, bf16: bool = True) -> dict[str, float]:
+    """:func:`retrieval_metrics` of the top 100 per judged query; ``cache_dir``, ``index`` and ``bf16`` as in
     :func:`privret.retrieval.search.search`."""
     return mean_metrics(evaluate_per_query(model, corpus, queries, qrels, batch_size=batch_size,
-                                           cache_dir=cache_dir, index=index))
+                                           cache_dir=cache_dir, index=index, bf16=bf16))
