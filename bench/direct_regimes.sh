@@ -46,6 +46,13 @@ declare -A REGIMES=(
   # before (lr 2e-3 of the 3-seed row), or 4x smaller ones at the non-private BitFit run's lr 1e-3 (180 steps)
   [top3-b512-c1-e4]="--trainable bias-top:3 --batch-size 512 --epochs 4 --clip-norm 1 --lr 2e-3"
   [top3-b128-c1-e4]="--trainable bias-top:3 --batch-size 128 --epochs 4 --clip-norm 1 --lr 1e-3"
+  # added 2026-11-27 (validation first; fixed before any ran): at 45 steps the lr was never varied, and BitFit of the
+  # top 3 layers may be the bound (non-private BitFit of every layer gained +0.046): twice the lr; BitFit of every
+  # bias; LoRA of rank 4 on every layer's query/key/value (merged before saving). Evaluated in float32 (--no-bf16
+  # where bf16 is native) like the 45-step rows they are compared with
+  [top3-b512-c1-e4-lr4]="--trainable bias-top:3 --batch-size 512 --epochs 4 --clip-norm 1 --lr 4e-3"
+  [bias-b512-c1-e4]="--trainable bias --batch-size 512 --epochs 4 --clip-norm 1 --lr 2e-3"
+  [lora4-b512-c1-e4]="--trainable lora --lora-rank 4 --batch-size 512 --epochs 4 --clip-norm 1 --lr 2e-3"
 )
 ev() {  # $1 model, $2 split, $3 out dir
   [ -f "$3/per_query.json" ] || { mkdir -p "$3"; $P evaluate --model "$1" --data "$D" --split "$2" \
