@@ -65,6 +65,25 @@ def test_evaluate_no_bf16_reaches_the_search(monkeypatch, tiny_bert_dir, toy_bei
     assert seen == [True, False]
 
 
+def test_evaluate_records_the_number_format_it_encoded_in(monkeypatch, tiny_bert_dir, toy_beir, tmp_path):
+    """``--json`` says whether the encodings ran under bf16 autocast: the same command differs between machines."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from privret.cli import app
+
+    seen = []
+    for native, flag in [(True, []), (True, ["--no-bf16"]), (False, [])]:
+        monkeypatch.setattr(device, "native_bf16", lambda _device, native=native: native)
+        out = tmp_path / f"{native}{flag}.json"
+        result = CliRunner().invoke(app, ["evaluate", "--model", str(tiny_bert_dir), "--data", str(toy_beir),
+                                          "--json", str(out), *flag])
+        assert result.exit_code == 0, result.output
+        seen.append(json.loads(out.read_text())["precision"])
+    assert seen == ["bf16-autocast", "float32", "float32"]
+
+
 def test_native_bf16_on_cpu_is_onednn_support():
     assert device.native_bf16("cpu") is bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 

@@ -68,16 +68,17 @@ def test_evaluations_are_added_replaced_per_split_and_never_written_for_public_m
     _dp_ledger().save(tmp_path)
     write_model_card(tmp_path)
     assert "## Evaluation" not in (tmp_path / "README.md").read_text()
-    record_evaluation(tmp_path, data="scifact", split="test", metrics=METRICS)
-    record_evaluation(tmp_path, data="scifact", split="test", metrics={**METRICS, "ndcg@10": 0.7})
-    record_evaluation(tmp_path, data="squad-beir", split="test", metrics=METRICS)
+    record_evaluation(tmp_path, data="scifact", split="test", metrics=METRICS, precision="bf16-autocast")
+    record_evaluation(tmp_path, data="scifact", split="test", metrics={**METRICS, "ndcg@10": 0.7}, precision="float32")
+    record_evaluation(tmp_path, data="squad-beir", split="test", metrics=METRICS, precision="bf16-autocast")
     card = (tmp_path / "README.md").read_text()
-    assert "| scifact | test | 300 | 0.7000 | 0.9346 | 0.5789 |" in card and "0.6123 |" not in card.split("scifact")[-2]
-    assert "| squad-beir | test | 300 | 0.6123 |" in card
-    assert len(json.loads((tmp_path / EVALUATIONS_FILE).read_text())) == 2
+    assert "| scifact | test | float32 | 300 | 0.7000 | 0.9346 | 0.5789 |" in card
+    assert "0.6123 |" not in card.split("scifact")[-2]
+    assert "| squad-beir | test | bf16-autocast | 300 | 0.6123 |" in card
+    assert [e["precision"] for e in json.loads((tmp_path / EVALUATIONS_FILE).read_text())] == ["float32", "bf16-autocast"]
     public = tmp_path / "public-model"
     public.mkdir()
-    record_evaluation(public, data="scifact", split="test", metrics=METRICS)
+    record_evaluation(public, data="scifact", split="test", metrics=METRICS, precision="float32")
     assert list(public.iterdir()) == []
 
 

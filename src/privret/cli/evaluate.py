@@ -83,21 +83,24 @@ def evaluate(
 
     from privret.data.beir import load_beir
     from privret.retrieval.metrics import METRICS, evaluate_per_query, mean_metrics
+    from privret.models.device import precision_label
     from privret.models.encoder import load_encoder
     from privret.models.model_card import record_evaluation
 
     dataset = load_beir(data, splits=[split])
-    per_query = evaluate_per_query(load_encoder(model[0]), dataset.corpus, dataset.queries, dataset.split(split),
+    encoder = load_encoder(model[0])
+    precision = precision_label(encoder.device, bf16)
+    per_query = evaluate_per_query(encoder, dataset.corpus, dataset.queries, dataset.split(split),
                                    cache_dir=cache_dir, index=searched, bf16=bf16)
     metrics = mean_metrics(per_query)
-    record_evaluation(model[0], data=data.resolve().name, split=split, metrics=metrics)
-    table = Table(title=f"{model[0]} on {data.name}/{split} ({metrics['queries']} queries)")
+    record_evaluation(model[0], data=data.resolve().name, split=split, metrics=metrics, precision=precision)
+    table = Table(title=f"{model[0]} on {data.name}/{split} ({metrics['queries']} queries, {precision})")
     for m in METRICS:
         table.add_column(m, justify="right")
     table.add_row(*(f"{metrics[m]:.4f}" for m in METRICS))
     out.print(table)
     if json_out is not None:
-        write_json_atomic(json_out, metrics)
+        write_json_atomic(json_out, {**metrics, "precision": precision})
     if per_query_out is not None:
         write_json_atomic(per_query_out, per_query)
 

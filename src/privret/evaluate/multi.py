@@ -86,6 +86,7 @@ def evaluate_many(models: list[str], datasets: dict[str, Path], split: str, *,
                   labels: list[str] | None = None, cache_dir: Path | None = None, index=None,
                   bf16: bool = True) -> dict:
     """Every model on every dataset; the rows of the Table 5 layout as JSON-ready dicts."""
+    from privret.models.device import precision_label
     from privret.models.encoder import load_encoder
 
     if labels and len(labels) != len(models):
@@ -97,7 +98,8 @@ def evaluate_many(models: list[str], datasets: dict[str, Path], split: str, *,
         metrics = {label: evaluate_dataset(model, path, split, cache_dir=cache_dir, index=index, bf16=bf16)
                    for label, path in datasets.items()}
         rows.append({"source": labels[i] if labels else Path(name).name or name, "model": name,
-                     "epsilon": retriever_epsilon(name), "metrics": metrics})
+                     "epsilon": retriever_epsilon(name), "precision": precision_label(model.device, bf16),
+                     "metrics": metrics})
     return {"split": split, "datasets": {k: str(v) for k, v in datasets.items()}, "rows": rows}
 
 

@@ -95,6 +95,12 @@ def native_bf16(device: str | torch.device) -> bool:
     return False
 
 
+def precision_label(device: str | torch.device, bf16: bool = True) -> str:
+    """What a computation asked for with ``bf16`` runs in on ``device``: ``"bf16-autocast"`` where bf16 is native,
+    else ``"float32"``. Recorded beside evaluations, since the same command gives either on different machines."""
+    return "bf16-autocast" if bf16 and native_bf16(device) else "float32"
+
+
 def bf16_autocast(device: str | torch.device, requested: bool = True):
     """``torch.autocast`` to bfloat16 on ``device`` when ``requested`` and native there, else a no-op context."""
     device = torch.device(device)

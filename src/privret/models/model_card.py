@@ -91,9 +91,9 @@ def render_model_card(directory: Path) -> str:
             sections += ["", f"## {heading}", "", _table([(k, f"`{v}`") for k, v in settings.items()])]
     evaluations = _evaluations(directory)
     if evaluations:
-        sections += ["", "## Evaluation", "", "| data | split | queries | NDCG@10 | Recall@100 | MRR@10 |",
-                     "|---|---|---|---|---|---|"]
-        sections += [f"| {e['data']} | {e['split']} | {e['metrics'].get('queries', '-')} | "
+        sections += ["", "## Evaluation", "", "| data | split | encoded in | queries | NDCG@10 | Recall@100 | MRR@10 |",
+                     "|---|---|---|---|---|---|---|"]
+        sections += [f"| {e['data']} | {e['split']} | {e.get('precision', '-')} | {e['metrics'].get('queries', '-')} | "
                      f"{e['metrics']['ndcg@10']:.4f} | {e['metrics']['recall@100']:.4f} | "
                      f"{e['metrics']['mrr@10']:.4f} |" for e in evaluations]
     return "\n".join(sections) + "\n"
@@ -111,8 +111,10 @@ def write_model_card(directory: str | Path) -> Path:
     return directory / CARD_FILE
 
 
-def record_evaluation(directory: str | Path, *, data: str, split: str, metrics: dict[str, float]) -> None:
-    """Add (or replace) the figures of one evaluation to a privret retriever's card.
+def record_evaluation(directory: str | Path, *, data: str, split: str, metrics: dict[str, float],
+                      precision: str) -> None:
+    """Add (or replace) the figures of one evaluation to a privret retriever's card, with the number format the
+    encodings ran in (``precision``: :func:`privret.models.device.precision_label`).
 
     Evaluations are keyed by (data, split); a directory without a privret ledger (a public model)
     is left untouched."""
@@ -120,5 +122,6 @@ def record_evaluation(directory: str | Path, *, data: str, split: str, metrics: 
     if not has_ledger(directory):
         return
     kept = [e for e in _evaluations(directory) if (e["data"], e["split"]) != (data, split)]
-    write_json_atomic(directory / EVALUATIONS_FILE, [*kept, {"data": data, "split": split, "metrics": metrics}])
+    write_json_atomic(directory / EVALUATIONS_FILE,
+                      [*kept, {"data": data, "split": split, "precision": precision, "metrics": metrics}])
     write_model_card(directory)

@@ -40,7 +40,7 @@ from privret.errors import InputError
 from privret.retrieval.metrics import evaluate_per_query, mean_metrics
 from privret.evaluate.statistics import PER_QUERY_FILE
 from privret.io import file_sha256, write_json_atomic
-from privret.models.device import use_device
+from privret.models.device import precision_label, use_device
 from privret.models.encoder import load_encoder
 from privret.models.model_card import record_evaluation
 from privret.run_layout import CHOICE, CONFIG_FILE, EMBEDDING_CACHE, PUBLIC_PAIRS, PUBLIC_PROMPTED, TIMING_FILE
@@ -122,13 +122,15 @@ def evaluate_stage(stage: Stage, model_name: str, dataset: BeirDataset, split: s
     else:
         started = time.time()
         model = load_encoder(model_name)
+        precision = precision_label(model.device)
         per_query = evaluate_per_query(model, dataset.corpus, dataset.queries, dataset.split(split),
                                        cache_dir=cache_dir, index=search)
         del model
-        result = {**extra, **mean_metrics(per_query), "eval_seconds": round(time.time() - started, 1)}
+        result = {**extra, **mean_metrics(per_query), "precision": precision,
+                  "eval_seconds": round(time.time() - started, 1)}
         write_json_atomic(per_query_path, per_query)  # before metrics.json, which marks the stage done
         record_evaluation(model_name, data=dataset.root.name if dataset.root else "data", split=split,
-                          metrics=mean_metrics(per_query))
+                          metrics=mean_metrics(per_query), precision=precision)
         write_record(stage)  # before metrics.json too: a finished evaluation always has its record
         write_json_atomic(path, result)
         release_memory()
