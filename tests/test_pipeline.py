@@ -548,17 +548,6 @@ def test_summary_shows_retention_and_the_interval(tmp_path):
     assert "| 50.0% |" in (run_dir / "summary.md").read_text()
 
 
-def test_summary_says_which_number_format_the_rows_were_encoded_in():
-    """One format: said once; several (a run resumed on another machine): a warning naming each row's format."""
-    from privret.pipeline.summary import precision_sentence
-
-    rows = [{"row": "zero-shot", "precision": "float32"}, {"row": "original", "precision": "float32"}]
-    assert precision_sentence(rows) == "Every row was encoded in float32 for evaluation."
-    mixed = precision_sentence([*rows, {"row": "DP (epsilon=8)", "precision": "bf16-autocast"}, {"row": "old"}])
-    assert mixed.startswith("**The rows were encoded in different number formats** (float32: zero-shot, original; "
-                            "bf16-autocast: DP (epsilon=8); unrecorded: old)")
-
-
 def test_summary_compares_every_row_with_the_best_epsilon_0_row(tmp_path):
     """The bar is the best row made without private data; a DP row clears it only with its interval above 0."""
     from rich.console import Console

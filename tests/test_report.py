@@ -166,6 +166,21 @@ def test_html_is_self_contained_and_private_by_default(fake_run, tmp_path):
     assert PRIVATE_QUERY in page and "synthetic query epsinf about aspirin" in page
 
 
+def test_the_report_says_which_number_format_the_rows_were_encoded_in(fake_run):
+    """Rows with no recorded format say so; one row in another format than the rest gets the warning."""
+    _, _, markdown = build_report(fake_run)
+    assert "The number format of the rows' evaluations was not recorded" in markdown
+    for path in fake_run.glob("*/metrics.json"):
+        path.write_text(json.dumps({**json.loads(path.read_text()), "precision": "float32"}))
+    _, _, markdown = build_report(fake_run)
+    assert "Every row was encoded in float32 for evaluation." in markdown
+    zero_shot = fake_run / "zero_shot" / "metrics.json"
+    zero_shot.write_text(json.dumps({**json.loads(zero_shot.read_text()), "precision": "bf16-autocast"}))
+    _, _, markdown = build_report(fake_run)
+    assert "different number formats** (bf16-autocast: zero-shot (public encoder); float32: original pairs" in markdown
+    assert "different number formats" in (fake_run / "report.html").read_text()
+
+
 def test_retention_and_interval_columns(fake_run):
     """Retention = (row - zero-shot) / (original - zero-shot); the interval only where per_query.json exists."""
     _, _, markdown = build_report(fake_run)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from privret.evaluate.statistics import Versus, mean_sd, paired_bootstrap_ci, retention, versus_zero_shot
+from privret.evaluate.statistics import Versus, mean_sd, paired_bootstrap_ci, precision_sentence, retention, versus_zero_shot
 
 
 def test_retention_by_hand():
@@ -91,3 +91,12 @@ def test_versus_bar_takes_the_best_row_without_private_data_and_clears_needs_the
     assert not clears(versus["dp-level"])
     assert versus["dp-no-per-query"].ci is None and not clears(versus["dp-no-per-query"])  # never by its mean alone
     assert versus_bar(rows, []) == (None, {}) and versus_bar(rows, ["absent"]) == (None, {})
+
+
+def test_precision_sentence_names_one_format_or_warns_about_several():
+    assert precision_sentence([("zero-shot", "float32"), ("original", "float32")]) == \
+        "Every row was encoded in float32 for evaluation."
+    assert "not recorded" in precision_sentence([("zero-shot", None)])
+    mixed = precision_sentence([("zero-shot", "float32"), ("original", "float32"), ("DP", "bf16-autocast"), ("old", None)])
+    assert mixed.startswith("**The rows were encoded in different number formats** (float32: zero-shot, original; "
+                            "bf16-autocast: DP; unrecorded: old)")

@@ -132,6 +132,23 @@ def clears(versus: Versus) -> bool:
 BAR_HEADER = "ΔNDCG@10 vs the epsilon = 0 bar [95% CI]"  # the column of :func:`versus_bar`
 
 
+def precision_sentence(rows: Sequence[tuple[str, str | None]]) -> str:
+    """Which number format the rows' evaluations encoded in (``(label, precision)``; ``precision`` as recorded by
+    :func:`privret.models.device.precision_label`, None where an older privret recorded none). bf16 autocast and
+    float32 differ by about 0.001 NDCG@10, so rows in different formats (a run resumed on another machine) get a
+    warning."""
+    formats: dict[str, list[str]] = {}
+    for label, precision in rows:
+        formats.setdefault(precision or "unrecorded", []).append(label)
+    if list(formats) == ["unrecorded"]:
+        return "The number format of the rows' evaluations was not recorded (evaluated by an older privret)."
+    if len(formats) == 1:
+        return f"Every row was encoded in {next(iter(formats))} for evaluation."
+    parts = "; ".join(f"{fmt}: {', '.join(labels)}" for fmt, labels in formats.items())
+    return (f"**The rows were encoded in different number formats** ({parts}), so their differences include about "
+            "0.001 NDCG@10 of rounding; evaluate them again on one machine (`privret evaluate --no-bf16`) to compare.")
+
+
 def bar_sentence(bar_label: str, bar_ndcg: float, rows: Sequence[tuple[str, float | None, Versus | None]]) -> str:
     """What a table with an epsilon = 0 bar says under it: the bar, and which DP rows, of ``rows`` (label,
     epsilon, Versus against the bar), do not clear it (:func:`clears`). A DP row has 0 < epsilon < inf."""

@@ -11,7 +11,8 @@ from pathlib import Path
 from rich.table import Table
 
 from privret.config import PipelineConfig
-from privret.evaluate.statistics import BAR_HEADER, EXPLANATION, Versus, bar_sentence, versus_bar, versus_zero_shot
+from privret.evaluate.statistics import (BAR_HEADER, EXPLANATION, Versus, bar_sentence, precision_sentence, versus_bar,
+                                        versus_zero_shot)
 from privret.io import write_json_atomic, write_text_atomic
 from privret.run_layout import (BUDGET_FILE, CHOICE, DIRECT_ROW_PREFIX, DOCUMENTS, DP_ROW_PREFIX, GENERATOR,
                                      RETRIEVER, SELECTED_SUFFIX, SUMMARY_FILE, SUMMARY_MARKDOWN)
@@ -83,23 +84,10 @@ def summary_markdown(rows: list[dict], cfg: PipelineConfig) -> str:
     lines += ["", EXPLANATION]
     if (sentence := compared.note(rows)) is not None:
         lines += ["", sentence]
-    lines += ["", precision_sentence(rows)]
+    lines += ["", precision_sentence([(r["row"], r.get("precision")) for r in rows])]
     lines += ["", "Each DP row's (epsilon, delta) holds for that row alone, per privacy unit "
               f"'{cfg.unit.value}'; releasing several rows trained on the same data composes their budgets."]
     return "\n".join(lines) + "\n"
-
-
-def precision_sentence(rows: list[dict]) -> str:
-    """The number format the rows' evaluations encoded in (bf16 autocast where native, else float32: about 0.001
-    NDCG@10 apart), and a warning when the rows differ, as when a run resumes on another machine."""
-    formats: dict[str, list[str]] = {}
-    for r in rows:
-        formats.setdefault(r.get("precision") or "unrecorded", []).append(r["row"])
-    if len(formats) == 1:
-        return f"Every row was encoded in {next(iter(formats))} for evaluation."
-    parts = "; ".join(f"{fmt}: {', '.join(names)}" for fmt, names in formats.items())
-    return (f"**The rows were encoded in different number formats** ({parts}), so their differences include about "
-            "0.001 NDCG@10 of rounding; evaluate them again on one machine (`privret evaluate --no-bf16`) to compare.")
 
 
 def run_releases(run_dir: Path) -> list[tuple[str, Path]]:

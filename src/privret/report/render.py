@@ -14,7 +14,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from privret.errors import InputError
-from privret.evaluate.statistics import BAR_HEADER, EXPLANATION, ORIGINAL, ZERO_SHOT, bar_sentence, mean_sd
+from privret.evaluate.statistics import (BAR_HEADER, EXPLANATION, ORIGINAL, ZERO_SHOT, bar_sentence, mean_sd,
+                                        precision_sentence)
 from privret.privacy.ledger import format_epsilon
 from privret.report.collect import Row, RunData
 from privret.report.plot import method_label, privacy_utility_png
@@ -90,6 +91,10 @@ def _retrieval_rows(run: RunData) -> list[list[str]]:
                     versus.retention_text(), versus.delta_text()]
                    + [_num(r.metrics.get(m)) for m in ("recall@10", "recall@100", "mrr@10")] + against_bar)
     return out
+
+
+def _precision_note(run: RunData) -> str:
+    return precision_sentence([(r.label, r.metrics.get("precision")) for r in run.rows])
 
 
 def _bar_note(run: RunData) -> str | None:
@@ -250,7 +255,7 @@ def render_html(run: RunData) -> str:
     headers = _retrieval_headers(run)
     sections += ["<h2 id='retrieval'>Retrieval (seed Table 3 layout)</h2>",
                  _table(headers, _retrieval_rows(run), set(range(1, len(headers))) - {3}),
-                 f"<p class='muted'>{_e(EXPLANATION)}</p>"]
+                 f"<p class='muted'>{_e(EXPLANATION)} {_e(_precision_note(run).replace('**', ''))}</p>"]
     if (note := _bar_note(run)) is not None:
         sections.append(f"<p>{_e(note)}</p>")
     if run.zero_shot_datasets:
@@ -279,7 +284,7 @@ def render_markdown(run: RunData) -> str:
     lines = [f"# privret report: {run.name}", "", "## Retrieval", "", "| " + " | ".join(headers) + " |",
              "|---|---:|---:|---|" + "---:|" * (len(headers) - 4)]
     lines += ["| " + " | ".join(html.unescape(c) for c in row) + " |" for row in _retrieval_rows(run)]
-    lines += ["", EXPLANATION]
+    lines += ["", EXPLANATION, "", _precision_note(run)]
     if (note := _bar_note(run)) is not None:
         lines += ["", note]
     for result in run.zero_shot_datasets:
