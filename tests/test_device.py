@@ -84,6 +84,35 @@ def test_evaluate_records_the_number_format_it_encoded_in(monkeypatch, tiny_bert
     assert seen == ["bf16-autocast", "float32", "float32"]
 
 
+def test_trained_models_record_the_number_format_their_bf16_setting_resolved_to(monkeypatch, tiny_bert_dir,
+                                                                                tiny_llama_dir, tmp_path):
+    """``bf16: true`` trains under bf16 autocast on one machine and in float32 on another: train_config.json says
+    which (retriever and generator)."""
+    import json
+
+    from privret.data.beir import Document
+    from privret.data.pairs import QueryDocPair, TrainingPairs
+    from privret.train.generator import train_generator
+    from privret.train.retriever import non_private_ledger, train_retriever
+    from privret.train.settings import GeneratorTrainConfig, RetrieverTrainConfig
+
+    pairs = TrainingPairs([QueryDocPair(f"gene {w}", f"d{i}") for i, w in enumerate(WORDS[:4])],
+                          {f"d{i}": Document(f"d{i}", "", f"{w} study") for i, w in enumerate(WORDS[:4])})
+    ledger = non_private_ledger(pairs, str(tiny_bert_dir), "h" * 64, "query")
+    seen = []
+    for native, bf16 in [(True, True), (True, False), (False, True)]:
+        monkeypatch.setattr(device, "native_bf16", lambda _device, native=native: native)
+        out = train_retriever(pairs, tmp_path / f"r-{native}-{bf16}", ledger=ledger,
+                              cfg=RetrieverTrainConfig(model=str(tiny_bert_dir), batch_size=2, bf16=bf16))
+        seen.append(json.loads((out / "train_config.json").read_text())["precision"])
+    assert seen == ["bf16-autocast", "float32", "float32"]
+    cfg = GeneratorTrainConfig(model=str(tiny_llama_dir), epsilon=math.inf, batch_size=4, epochs=1, trained_layers=1,
+                               lora_rank=2, bf16=False)
+    monkeypatch.setattr(device, "native_bf16", lambda _device: True)
+    train_generator(pairs, tmp_path / "gen", cfg, data_hash="abc")
+    assert json.loads((tmp_path / "gen" / "train_config.json").read_text())["precision"] == "float32"
+
+
 def test_native_bf16_on_cpu_is_onednn_support():
     assert device.native_bf16("cpu") is bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 

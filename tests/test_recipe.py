@@ -104,6 +104,8 @@ def test_selection_takes_the_best_epoch_of_the_best_candidate_and_resumes(monkey
 
 
 class _Saved:
+    device = "cpu"
+
     def save(self, path, safe_serialization):
         Path(path).mkdir(parents=True)
         (Path(path) / "weights").write_text("w")

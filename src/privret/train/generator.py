@@ -46,6 +46,7 @@ import torch
 from privret import distributed
 from privret.data.pairs import UNIT_DEFINITIONS, TrainingPairs
 from privret.errors import InputError
+from privret.models.device import precision_label, resolve_device
 from privret.models.generator import (GENERATOR_FILE, WARM_START_DIR, QueryGenerator, load_generator,
                                       load_trained_generator)
 from privret.privacy import budget as budget_registry
@@ -154,7 +155,8 @@ def _train_generator(pairs: TrainingPairs, out_dir: Path, cfg: GeneratorTrainCon
                                  group=distributed.current())
 
     run = DPRun(out_dir=out_dir, plan=run_plan, describe=describe, what="generator", finished_marker=GENERATOR_FILE,
-                label=f"training generator (epsilon={cfg.epsilon:g})", train_config=cfg.model_dump(mode="json"),
+                label=f"training generator (epsilon={cfg.epsilon:g})",
+                train_config={**cfg.model_dump(mode="json"), "precision": precision_label(resolve_device(), cfg.bf16)},
                 seed=cfg.seed, checkpoint_every=cfg.checkpoint_every, secure_rng=cfg.secure_rng, budget=budget)
     return run_training(run, load, resume=resume)
 

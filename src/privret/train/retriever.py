@@ -31,7 +31,7 @@ from privret import distributed
 from privret.data.pairs import UNIT_DEFINITIONS, PrivacyUnit, TrainingPairs
 from privret.errors import InputError
 from privret.io import atomic_path, write_json_atomic
-from privret.models.device import bf16_autocast
+from privret.models.device import bf16_autocast, precision_label
 from privret.models.encoder import embed, in_batch_softmax_loss, load_encoder
 from privret.models.model_card import write_model_card
 from privret.privacy.ledger import PrivacyLedger, require_public
@@ -156,7 +156,8 @@ def train_retriever(pairs: TrainingPairs, out_dir: str | Path, cfg: RetrieverTra
     with atomic_path(out_dir) as staged:
         model.save(str(staged), safe_serialization=True)
         ledger.save(staged)
-        write_json_atomic(staged / "train_config.json", cfg.model_dump(mode="json"))
+        write_json_atomic(staged / "train_config.json",  # with the format bf16 resolved to on this machine
+                          {**cfg.model_dump(mode="json"), "precision": precision_label(model.device, cfg.bf16)})
         if selection is not None:
             write_json_atomic(staged / "recipe_selection.json", selection)
         write_model_card(staged)
