@@ -110,7 +110,13 @@ def test_trained_models_record_the_number_format_their_bf16_setting_resolved_to(
                                lora_rank=2, bf16=False)
     monkeypatch.setattr(device, "native_bf16", lambda _device: True)
     train_generator(pairs, tmp_path / "gen", cfg, data_hash="abc")
-    assert json.loads((tmp_path / "gen" / "train_config.json").read_text())["precision"] == "float32"
+    released = json.loads((tmp_path / "gen" / "train_config.json").read_text())
+    assert released["precision"] == "float32"
+    # it depends on the machine and the settings only: another private log gives the same released file
+    other = TrainingPairs([QueryDocPair(f"why {w}", f"d{i}") for i, w in enumerate(WORDS[10:16])],
+                          {f"d{i}": Document(f"d{i}", "", f"{w} trial") for i, w in enumerate(WORDS[10:16])})
+    train_generator(other, tmp_path / "gen-other", cfg, data_hash="def")
+    assert json.loads((tmp_path / "gen-other" / "train_config.json").read_text()) == released
 
 
 def test_native_bf16_on_cpu_is_onednn_support():
