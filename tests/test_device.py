@@ -28,7 +28,7 @@ def test_generator_uses_bf16_only_where_native(monkeypatch, tiny_llama_dir):
     from privret.models import generator
 
     for native in (True, False):
-        monkeypatch.setattr(generator, "native_bf16", lambda _device, native=native: native)
+        monkeypatch.setattr(device, "native_bf16", lambda _device, native=native: native)
         gen = generator.load_generator(str(tiny_llama_dir), bf16=True)
         assert gen.bf16 is native
         assert generator.load_generator(str(tiny_llama_dir), bf16=False).bf16 is False

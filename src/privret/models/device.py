@@ -95,13 +95,19 @@ def native_bf16(device: str | torch.device) -> bool:
     return False
 
 
+def uses_bf16(device: str | torch.device, requested: bool = True) -> bool:
+    """Whether a computation that asked for bf16 (``requested``) runs under bf16 autocast on ``device``: only where
+    bf16 is native. The one place privret resolves a ``bf16`` setting; everything else asks here."""
+    return bool(requested) and native_bf16(device)
+
+
 def precision_label(device: str | torch.device, bf16: bool = True) -> str:
     """What a computation asked for with ``bf16`` runs in on ``device``: ``"bf16-autocast"`` where bf16 is native,
     else ``"float32"``. Recorded beside evaluations, since the same command gives either on different machines."""
-    return "bf16-autocast" if bf16 and native_bf16(device) else "float32"
+    return "bf16-autocast" if uses_bf16(device, bf16) else "float32"
 
 
 def bf16_autocast(device: str | torch.device, requested: bool = True):
     """``torch.autocast`` to bfloat16 on ``device`` when ``requested`` and native there, else a no-op context."""
     device = torch.device(device)
-    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=requested and native_bf16(device))
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=uses_bf16(device, requested))

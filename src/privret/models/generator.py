@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from privret.models.device import native_bf16, resolve_device
+from privret.models.device import bf16_autocast, resolve_device, uses_bf16
 from privret.models.loading import load_pretrained
 
 INSTRUCTION = "Write a short search query that this document answers."
@@ -70,13 +70,13 @@ class QueryGenerator:
         self.examples: list[tuple[str, str]] = []  # few-shot (document, query) pairs shown in every prompt
         self.device = resolve_device(device)  # None: the command's --device
         # bf16 autocast (and bf16 activation cache) where native: ~2-3x faster on AMX CPUs and GPUs, far slower elsewhere
-        self.bf16 = bf16 and native_bf16(self.device)
+        self.bf16 = uses_bf16(self.device, bf16)
         self.model.to(self.device)
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
 
     def autocast(self):
-        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16)
+        return bf16_autocast(self.device, self.bf16)
 
     # -- trainable parameters -------------------------------------------------------------
     def make_trainable(self, mode: str, *, lora_rank: int = 16, lora_alpha: int = 32) -> None:

@@ -22,7 +22,7 @@ import torch
 
 from privret.data.beir import Document
 from privret.io import atomic_path
-from privret.models.device import native_bf16
+from privret.models.device import uses_bf16
 
 CACHE_FORMAT = 1  # bump when what encode() computes changes, so older files are never read
 
@@ -41,7 +41,7 @@ def corpus_cache_key(model, corpus: dict[str, Document], *, bf16: bool) -> str:
     """Name of the cache entry of ``model``'s embeddings of ``corpus`` (see the module docstring).
 
     ``bf16`` enters as the format the embeddings are computed in: requested and native on the device."""
-    bf16 = bf16 and native_bf16(model.device)
+    bf16 = uses_bf16(model.device, bf16)
     digest = hashlib.sha256()
     _update(digest, f"privret corpus embeddings {CACHE_FORMAT}", model_digest(model), repr(model),
             str(model.max_seq_length), model.device.type, f"bf16={bool(bf16)}", str(len(corpus)))
