@@ -714,6 +714,26 @@ def test_secure_rng_direct_dp_draws_noise_and_sampling_from_the_csprng(tmp_path,
     assert draws.min() == 0 and draws.max() == 2 and abs(draws.float().mean().item() - 1.0) < 0.1
 
 
+def test_secure_rng_covers_every_draw_of_a_public_negatives_step(tmp_path, tiny_bert_dir, monkeypatch):
+    """With hard negatives, a step draws its shared public negatives and each row's hard negatives as well as the
+    sample and the noise: under ``secure_rng`` every one of those integer draws comes from the CSPRNG."""
+    from privret.privacy.secure_rng import SecureRandom
+
+    sources, randint = [], dptrain._randint
+
+    def recording_randint(high, size, rng):
+        sources.append(type(rng))
+        return randint(high, size, rng)
+
+    monkeypatch.setattr(dptrain, "_randint", recording_randint)
+    cfg = _cfg("public-negatives", tiny_bert_dir, epochs=1.0, batch_size=4, trainable="top:1", secure_rng=True,
+               public_negatives=2, hard_negatives=1, hard_negative_depth=3)
+    ledger = train_dp_retriever(_pairs(), tmp_path / "r", cfg, data_hash="h", public_corpus=_pairs().corpus)
+    assert ledger.secure_rng and ledger.steps >= 1
+    assert len(sources) >= 2 * ledger.steps  # per step: the shared negatives and (for a non-empty batch) the hard ones
+    assert set(sources) == {SecureRandom}
+
+
 def _cli_batch_clip_args(tmp_path, tiny_bert_dir) -> list[str]:
     """``retriever train --dp batch-clip`` on 10 pairs written to tmp_path/pairs.jsonl: 5 steps into tmp_path/o."""
     pairs_file = _pairs_file(tmp_path, [{"query": f"what {w}", "doc": f"document about {w}"} for w in WORDS[:10]])

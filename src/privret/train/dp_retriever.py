@@ -53,8 +53,9 @@ noisy update that could have reached disk, lost ones included. ``resume=True`` c
 checkpoint with fresh noise and sampling (never replayed); a checkpoint the step log does not account
 for, or one made with other settings, is refused. The final SentenceTransformer replaces the directory
 atomically. The release is recorded in the budget registry before any update can reach disk (one
-release id across resumes) and again when done. ``secure_rng`` draws the noise, the Poisson sampling
-and the batch truncation / row choice from the OS CSPRNG (:mod:`privret.privacy.secure_rng`).
+release id across resumes) and again when done. ``secure_rng`` draws the noise, the Poisson sampling,
+the batch truncation / row choice and the public and hard negatives from the OS CSPRNG
+(:mod:`privret.privacy.secure_rng`).
 
 Under ``torchrun`` (:mod:`privret.train.dp_parallel`) only the methods of :data:`PARALLEL_METHODS` run: each
 rank clips the units of its shard and rank 0 draws the step's public negatives for all; the other methods'
