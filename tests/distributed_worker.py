@@ -54,12 +54,12 @@ def _generator_setup(llama_dir: str):
     from opacus import GradSampleModule
 
     from privret.models.generator import load_generator
-    from test_dp_generator import toy_pairs
+    from helpers import generator_pairs
 
     torch.manual_seed(0)
     gen = load_generator(llama_dir, trained_layers=1, bf16=False)
     gen.make_trainable("lora", lora_rank=4)
-    pairs = toy_pairs()
+    pairs = generator_pairs()
     items = gen.prepare([gen.example(pairs.corpus[p.doc_id].full_text, p.query) for p in pairs.pairs])
     module = GradSampleModule(gen.loss_module(), batch_first=True, loss_reduction="sum")
     return gen, pairs, items, module
@@ -137,7 +137,7 @@ def retriever_step(bert_dir: str, out_dir: str) -> None:
 
 
 def generator_train(llama_dir: str, out_dir: str, epsilon: str, sleep: str = "0") -> None:
-    from test_dp_generator import toy_pairs
+    from helpers import generator_pairs
 
     if float(sleep) > 0:
         step = gtrain._dp_step
@@ -150,7 +150,7 @@ def generator_train(llama_dir: str, out_dir: str, epsilon: str, sleep: str = "0"
     cfg = GeneratorTrainConfig(model=llama_dir, epsilon=float(epsilon), batch_size=3, epochs=2.0,
                                       trained_layers=1, lora_rank=4, bf16=False, checkpoint_every=2,
                                       accountant="rdp")
-    gtrain.train_generator(toy_pairs(), out_dir, cfg, data_hash="h", resume=True,
+    gtrain.train_generator(generator_pairs(), out_dir, cfg, data_hash="h", resume=True,
                            budget=BudgetPolicy(allow_over=True))
 
 

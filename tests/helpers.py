@@ -103,6 +103,25 @@ TOY_TRAIN = [("q1", "aspirin heart risk", ["d1"]), ("q2", "gene memory mice", ["
 TOY_TEST = [("t1", "what does aspirin reduce", ["d1"]), ("t2", "immune cells virus", ["d6"])]
 
 
+GENERATOR_DOCS = ["aspirin can reduce the risk of heart disease in adults", "mice with the gene show low memory",
+                  "vitamin levels in blood are high in children", "sleep and exercise increase the immune response",
+                  "the drug trial in patients with cancer", "cells of the immune system respond to the virus"]
+GENERATOR_QUERIES = ["aspirin heart risk", "gene memory mice", "vitamin blood children", "sleep immune",
+                     "cancer drug trial", "immune cells virus", "what does aspirin reduce", "how do mice memory"]
+
+
+def generator_pairs():
+    """11 (query, document) rows of 8 queries: query 0 has 3 rows and query 6 has 2, so query units and pair
+    units differ (the generator's unit-grouping tests rely on it)."""
+    from privret.data.beir import Document
+    from privret.data.pairs import QueryDocPair, TrainingPairs
+
+    corpus = {f"d{i}": Document(f"d{i}", "", t) for i, t in enumerate(GENERATOR_DOCS)}
+    rows = [(0, 0), (0, 4), (0, 5), (1, 1), (2, 2), (3, 3), (4, 4), (5, 5), (6, 0), (6, 1), (7, 1)]
+    pairs = [QueryDocPair(GENERATOR_QUERIES[q], f"d{d}", query_id=f"q{q}") for q, d in rows]
+    return TrainingPairs(pairs, corpus)
+
+
 @pytest.fixture()
 def toy_beir(tmp_path) -> Path:
     corpus = [{"_id": i, "title": t, "text": x} for i, t, x in TOY_DOCS]

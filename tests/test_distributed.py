@@ -168,10 +168,11 @@ def test_generation_sharded_over_two_processes_resumes_and_equals_one_process(ti
     dataset one process writes with the same seed; so does a 2-rank run whose rank 0 dies at its second batch,
     resumed by 1 process (its shards are kept and merged in document order)."""
     from distributed_worker import generation_config, generation_docs
+    from helpers import generator_pairs
     from privret.synth.generate import generate_synthetic
-    from test_reliability import cfg_for, toy_pairs
+    from test_reliability import cfg_for
 
-    train_generator(toy_pairs(), tmp_path / "gen", cfg_for(tiny_llama_dir, epsilon=math.inf, epochs=1),
+    train_generator(generator_pairs(), tmp_path / "gen", cfg_for(tiny_llama_dir, epsilon=math.inf, epochs=1),
                     data_hash="h")
     generate_synthetic(tmp_path / "gen", generation_docs(), tmp_path / "one", generation_config())
     args = ["generate", str(tmp_path / "gen")]

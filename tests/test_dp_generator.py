@@ -7,9 +7,7 @@ import math
 import pytest
 import torch
 
-from helpers import record_first_results, record_updates
-from privret.data.beir import Document
-from privret.data.pairs import QueryDocPair, TrainingPairs
+from helpers import GENERATOR_DOCS, GENERATOR_QUERIES, generator_pairs, record_first_results, record_updates
 from privret.errors import InputError
 from privret.models.generator import load_generator
 from privret.privacy.accounting import calibrate_noise, default_delta
@@ -21,33 +19,18 @@ from privret.train.settings import GeneratorTrainConfig
 
 torch.set_num_threads(1)
 
-DOCS = ["aspirin can reduce the risk of heart disease in adults", "mice with the gene show low memory",
-        "vitamin levels in blood are high in children", "sleep and exercise increase the immune response",
-        "the drug trial in patients with cancer", "cells of the immune system respond to the virus"]
-QUERIES = ["aspirin heart risk", "gene memory mice", "vitamin blood children", "sleep immune",
-           "cancer drug trial", "immune cells virus", "what does aspirin reduce", "how do mice memory"]
-
-
-def toy_pairs() -> TrainingPairs:
-    corpus = {f"d{i}": Document(f"d{i}", "", t) for i, t in enumerate(DOCS)}
-    # query 0 and query 6 map to several documents: units of 3 and 2 rows
-    rows = [(0, 0), (0, 4), (0, 5), (1, 1), (2, 2), (3, 3), (4, 4), (5, 5), (6, 0), (6, 1), (7, 1)]
-    pairs = [QueryDocPair(QUERIES[q], f"d{d}", query_id=f"q{q}") for q, d in rows]
-    return TrainingPairs(pairs, corpus)
-
-
 @pytest.fixture(params=["lora", "full"])
 def tiny_setup(tiny_llama_dir, request):
     gen = load_generator(str(tiny_llama_dir), trained_layers=1, bf16=False)
     gen.make_trainable(request.param, lora_rank=4)
-    pairs = toy_pairs()
+    pairs = generator_pairs()
     items = gen.prepare([gen.example(pairs.corpus[p.doc_id].full_text, p.query) for p in pairs.pairs])
     return gen, pairs, items
 
 
 def test_top_layer_loss_matches_full_model(tiny_llama_dir):
     gen = load_generator(str(tiny_llama_dir), trained_layers=1, bf16=False)
-    ex = [gen.example(DOCS[0], QUERIES[0]), gen.example(DOCS[1], QUERIES[6])]
+    ex = [gen.example(GENERATOR_DOCS[0], GENERATOR_QUERIES[0]), gen.example(GENERATOR_DOCS[1], GENERATOR_QUERIES[6])]
     batch = gen.collate(gen.prepare(ex))
     with torch.no_grad():
         cached = gen.loss_module()(**batch)
@@ -122,7 +105,7 @@ def test_training_loop_divides_the_clipped_sum_by_the_expected_batch(tiny_llama_
     expected batch, a constant: not the realised batch (3 units, 6 rows here; q n = 4) nor n (8). Noise is
     zero and the batch fixed so the update is exact; the clipped sums are the ones the step computed (their
     values are checked against brute force in test_dp_step_equals_brute_force_per_unit_clipping)."""
-    pairs = toy_pairs()
+    pairs = generator_pairs()
     units = pairs.units("query")
     chosen = [0, 6, 7]
     assert [len(units[u]) for u in chosen] == [3, 2, 1]
@@ -190,7 +173,7 @@ def test_micro_batches_keep_units_whole():
 
 
 def test_train_ledger_and_resume_after_crash(tiny_llama_dir, tmp_path, monkeypatch):
-    pairs = toy_pairs()
+    pairs = generator_pairs()
     cfg = GeneratorTrainConfig(model=str(tiny_llama_dir), epsilon=4.0, batch_size=4, epochs=2, trained_layers=1,
                                lora_rank=4, bf16=False, checkpoint_every=2, physical_batch=4)
     n_units = len(pairs.units("query"))
@@ -228,7 +211,7 @@ def test_train_ledger_and_resume_after_crash(tiny_llama_dir, tmp_path, monkeypat
     from privret.models.generator import load_trained_generator
 
     trained = load_trained_generator(tmp_path / "gen")
-    out = trained.generate(DOCS[:2], num_queries=2, max_new_tokens=5, seed=0)
+    out = trained.generate(GENERATOR_DOCS[:2], num_queries=2, max_new_tokens=5, seed=0)
     assert len(out) == 2 and all(len(qs) == 2 for qs in out)
 
 
@@ -238,7 +221,7 @@ def test_seq2seq_generator_behind_the_same_interface(tiny_t5_dir, tmp_path):
 
     gen = load_generator(str(tiny_t5_dir), bf16=False)
     assert isinstance(gen, Seq2SeqQueryGenerator)
-    ex = gen.example(DOCS[0], QUERIES[0])
+    ex = gen.example(GENERATOR_DOCS[0], GENERATOR_QUERIES[0])
     assert gen.tokenizer.decode(ex.prompt_ids, skip_special_tokens=True).startswith("generate_query")
     # the per-example loss is the mean cross-entropy of the query tokens, as a direct computation gives
     with torch.no_grad():
@@ -246,12 +229,12 @@ def test_seq2seq_generator_behind_the_same_interface(tiny_t5_dir, tmp_path):
         logits = gen.model(input_ids=torch.tensor([ex.prompt_ids]), labels=torch.tensor([ex.target_ids])).logits[0]
         reference = torch.nn.functional.cross_entropy(logits, torch.tensor(ex.target_ids))
     assert loss.item() == pytest.approx(reference.item(), rel=1e-5)
-    pairs = toy_pairs()
+    pairs = generator_pairs()
     cfg = GeneratorTrainConfig(model=str(tiny_t5_dir), epsilon=8.0, batch_size=4, epochs=1, trained_layers=None,
                                lora_rank=4, bf16=False)
     ledger = train_generator(pairs, tmp_path / "t5", cfg, data_hash="h")
     assert ledger.mechanism == "dp-sgd" and ledger.steps > 0
-    out = load_trained_generator(tmp_path / "t5").generate(DOCS[:3], num_queries=2, max_new_tokens=4, seed=0)
+    out = load_trained_generator(tmp_path / "t5").generate(GENERATOR_DOCS[:3], num_queries=2, max_new_tokens=4, seed=0)
     assert len(out) == 3 and all(len(q) == 2 for q in out)
 
 
@@ -268,7 +251,7 @@ def test_generator_never_replaces_a_directory_it_did_not_write(tiny_llama_dir, t
     (mine / "notes.txt").write_text("keep me")
     for resume, message in ((False, "already exists"), (True, "not an interrupted generator run")):
         with pytest.raises(InputError, match=message):
-            train_generator(toy_pairs(), mine, cfg, data_hash="h", resume=resume)
+            train_generator(generator_pairs(), mine, cfg, data_hash="h", resume=resume)
     assert [p.name for p in mine.iterdir()] == ["notes.txt"] and (mine / "notes.txt").read_text() == "keep me"
 
 
@@ -285,7 +268,7 @@ def test_non_private_steps_forward_at_most_physical_batch_rows(tiny_llama_dir, t
         return collate(self, items)
 
     monkeypatch.setattr(CausalQueryGenerator, "collate", counting_collate)
-    pairs = toy_pairs()
+    pairs = generator_pairs()
     cfg = GeneratorTrainConfig(model=str(tiny_llama_dir), epsilon=math.inf, batch_size=64, epochs=2, trained_layers=1,
                                lora_rank=4, bf16=False, physical_batch=4)
     ledger = train_generator(pairs, tmp_path / "gen", cfg, data_hash="h")

@@ -19,6 +19,7 @@ from unittest import mock
 import pytest
 import torch
 
+from helpers import generator_pairs
 from privret.errors import InputError
 from privret.privacy import budget
 from privret.privacy.accounting import spent_epsilon
@@ -29,12 +30,6 @@ from privret.train.generator import train_generator
 from privret.train.settings import GeneratorTrainConfig
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
-
-
-def toy_pairs():
-    from test_dp_generator import toy_pairs as pairs
-
-    return pairs()
 
 
 def cfg_for(model_dir, **kw) -> GeneratorTrainConfig:
@@ -82,7 +77,7 @@ def test_pipeline_and_generator_refuse_a_locked_directory(tmp_path, tiny_llama_d
 
     with RunLock(tmp_path / "gen"):
         with pytest.raises(InputError, match="already holds the lock"):
-            train_generator(toy_pairs(), tmp_path / "gen", cfg_for(tiny_llama_dir), data_hash="x")
+            train_generator(generator_pairs(), tmp_path / "gen", cfg_for(tiny_llama_dir), data_hash="x")
     assert not (tmp_path / "gen").exists()  # nothing written
     cfg = PipelineConfig(name="x", dataset=tmp_path / "nowhere", epsilons=[1.0])
     with RunLock(tmp_path / "run"):
@@ -135,7 +130,7 @@ def _crash_when(predicate):
 def test_steps_lost_in_a_cut_checkpoint_write_are_charged(tiny_llama_dir, tmp_path, monkeypatch):
     """Killed after announcing the checkpoint of step 4 (its bytes may be on disk), resumed from step 2:
     the final ledger counts the 2 abandoned noisy updates on top of the plan."""
-    pairs = toy_pairs()
+    pairs = generator_pairs()
     cfg = cfg_for(tiny_llama_dir)
     with _crash_when(lambda step: step == 4):
         train_generator(pairs, tmp_path / "gen", cfg, data_hash="abc")
@@ -168,7 +163,7 @@ DAMAGES = [
 
 
 def test_a_run_that_cannot_prove_its_spend_refuses_to_resume(tiny_llama_dir, tmp_path):
-    pairs = toy_pairs()
+    pairs = generator_pairs()
     cfg = cfg_for(tiny_llama_dir)
     with _crash_when(lambda step: step == 4):
         train_generator(pairs, tmp_path / "gen", cfg, data_hash="abc")
@@ -192,7 +187,7 @@ def test_torn_step_log_tail_is_dropped(tmp_path):
 
 def test_non_private_resume_equals_uninterrupted_and_private_resume_draws_fresh_noise(tiny_llama_dir, tmp_path,
                                                                                      monkeypatch):
-    pairs = toy_pairs()
+    pairs = generator_pairs()
     plain = cfg_for(tiny_llama_dir, epsilon=math.inf, epochs=3)
     train_generator(pairs, tmp_path / "a", plain, data_hash="h")
     train_generator(pairs, tmp_path / "b", plain, data_hash="h")  # same seed, same machine: same bytes
@@ -268,7 +263,7 @@ def test_registry_torn_tail_ignored_corruption_refused():
 
 
 def test_generator_training_records_and_enforces_the_cap(tiny_llama_dir, tmp_path):
-    pairs = toy_pairs()
+    pairs = generator_pairs()
     cfg = cfg_for(tiny_llama_dir, epochs=1, epsilon=2.0)
     first = train_generator(pairs, tmp_path / "g1", cfg, data_hash="same-data")
     with pytest.raises(InputError, match="set `allow_over` to run anyway"):
@@ -346,7 +341,7 @@ def test_secure_rng_training_records_it_in_the_ledger(tiny_llama_dir, tmp_path, 
         return original(self, tensor, std)
 
     monkeypatch.setattr(secure_rng.SecureRandom, "normal_like", counting)
-    ledger = train_generator(toy_pairs(), tmp_path / "gen", cfg_for(tiny_llama_dir, epochs=1, secure_rng=True),
+    ledger = train_generator(generator_pairs(), tmp_path / "gen", cfg_for(tiny_llama_dir, epochs=1, secure_rng=True),
                              data_hash="h")
     assert ledger.secure_rng and PrivacyLedger.load(tmp_path / "gen").secure_rng
     assert calls["n"] == ledger.steps * 14  # one draw per trainable tensor (7 LoRA linears x A, B) per step
@@ -403,7 +398,7 @@ def test_generation_resumed_equals_uninterrupted_and_settings_are_pinned(tiny_ll
     from privret.synth.generate import generate_synthetic
     from privret.synth.settings import GenerateConfig
 
-    train_generator(toy_pairs(), tmp_path / "gen", cfg_for(tiny_llama_dir, epsilon=math.inf, epochs=1),
+    train_generator(generator_pairs(), tmp_path / "gen", cfg_for(tiny_llama_dir, epsilon=math.inf, epochs=1),
                     data_hash="h")
     docs = [Document(f"d{i}", "", t) for i, t in enumerate(["aspirin heart risk", "gene memory mice", "vitamin blood",
                                                             "sleep immune", "cancer drug trial", "immune cells"])]
@@ -436,7 +431,7 @@ def test_same_seed_same_retriever(tiny_bert_dir, tmp_path):
     from privret.train.retriever import train_retriever
     from privret.train.settings import RetrieverTrainConfig
 
-    pairs = toy_pairs()
+    pairs = generator_pairs()
     ledger = PrivacyLedger(mechanism="none", epsilon=math.inf, delta=0.0, noise_multiplier=0.0, sample_rate=1.0,
                            steps=0, planned_steps=0, accountant="none", unit="query", n_units=8, n_pairs=11,
                            clip_norm=math.inf, model="m", trainable="all", data_hash="h")
