@@ -98,5 +98,5 @@ def test_precision_sentence_names_one_format_or_warns_about_several():
         "Every row was encoded in float32 for evaluation."
     assert "not recorded" in precision_sentence([("zero-shot", None)])
     mixed = precision_sentence([("zero-shot", "float32"), ("original", "float32"), ("DP", "bf16-autocast"), ("old", None)])
-    assert mixed.startswith("**The rows were encoded in different number formats** (float32: zero-shot, original; "
+    assert mixed.startswith("Warning: the rows were encoded in different number formats (float32: zero-shot, original; "
                             "bf16-autocast: DP; unrecorded: old)")

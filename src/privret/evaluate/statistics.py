@@ -136,7 +136,7 @@ def precision_sentence(rows: Sequence[tuple[str, str | None]]) -> str:
     """Which number format the rows' evaluations encoded in (``(label, precision)``; ``precision`` as recorded by
     :func:`privret.models.device.precision_label`, None where an older privret recorded none). bf16 autocast and
     float32 differ by about 0.001 NDCG@10, so rows in different formats (a run resumed on another machine) get a
-    warning."""
+    warning. Plain text, so that Markdown and HTML show it alike."""
     formats: dict[str, list[str]] = {}
     for label, precision in rows:
         formats.setdefault(precision or "unrecorded", []).append(label)
@@ -145,7 +145,7 @@ def precision_sentence(rows: Sequence[tuple[str, str | None]]) -> str:
     if len(formats) == 1:
         return f"Every row was encoded in {next(iter(formats))} for evaluation."
     parts = "; ".join(f"{fmt}: {', '.join(labels)}" for fmt, labels in formats.items())
-    return (f"**The rows were encoded in different number formats** ({parts}), so their differences include about "
+    return (f"Warning: the rows were encoded in different number formats ({parts}), so their differences include about "
             "0.001 NDCG@10 of rounding; evaluate them again on one machine (`privret evaluate --no-bf16`) to compare.")
 
 

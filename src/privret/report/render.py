@@ -255,7 +255,7 @@ def render_html(run: RunData) -> str:
     headers = _retrieval_headers(run)
     sections += ["<h2 id='retrieval'>Retrieval (seed Table 3 layout)</h2>",
                  _table(headers, _retrieval_rows(run), set(range(1, len(headers))) - {3}),
-                 f"<p class='muted'>{_e(EXPLANATION)} {_e(_precision_note(run).replace('**', ''))}</p>"]
+                 f"<p class='muted'>{_e(EXPLANATION)} {_e(_precision_note(run))}</p>"]
     if (note := _bar_note(run)) is not None:
         sections.append(f"<p>{_e(note)}</p>")
     if run.zero_shot_datasets:
