@@ -40,6 +40,20 @@ def ci(base: dict[str, float], other: dict[str, float]) -> list[float]:
     return list(paired_bootstrap_ci([base[q] for q in queries], [other[q] for q in queries]))
 
 
+UTILITY_ROW_KEYS = ("name", "epsilon", "ndcg10_mean", "ndcg10_sd", "seeds", "delta_ci95", "retention")
+
+
+def utility_entry(result: dict, names: list[str] | None = None) -> dict:
+    """A dataset's object of bench/results/privacy_utility.json (the issue's layout) from this script's ``--json``
+    output: zero-shot, the original's mean and the rows ``names`` (every row when None), in that order."""
+    rows = {row["name"]: row for row in result["rows"]}
+    missing = [name for name in names or [] if name not in rows]
+    if missing:
+        raise SystemExit(f"no row named {missing} in the {result['dataset']} results")
+    return {"zero_shot": result["zero_shot"], "original": {"ndcg10": result["original"]["ndcg10"]},
+            "rows": [{k: rows[name][k] for k in UTILITY_ROW_KEYS} for name in (names or list(rows))]}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--zero-shot", type=Path, required=True, help="evaluation directory of the zero-shot model")
@@ -92,14 +106,14 @@ def main() -> None:
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(result, indent=2) + "\n")
     if args.utility_json is not None:
-        keys = ("name", "epsilon", "ndcg10_mean", "ndcg10_sd", "seeds", "delta_ci95", "retention")
         existing = json.loads(args.utility_json.read_text()) if args.utility_json.exists() else {}
-        new_rows = [{k: row[k] for k in keys} for row in rows]
+        fresh = utility_entry(result)
         entry = existing.get(args.dataset) if args.append else None
         if entry is None:
-            entry = {"zero_shot": result["zero_shot"], "original": {"ndcg10": original_mean}, "rows": []}
-        names = {row["name"] for row in new_rows}
-        entry["rows"] = [row for row in entry["rows"] if row["name"] not in names] + new_rows
+            entry = fresh
+        else:
+            names = {row["name"] for row in fresh["rows"]}
+            entry["rows"] = [row for row in entry["rows"] if row["name"] not in names] + fresh["rows"]
         existing[args.dataset] = entry
         args.utility_json.write_text(json.dumps(existing, indent=2) + "\n")
     print(json.dumps(result, indent=2))

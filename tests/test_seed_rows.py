@@ -83,3 +83,30 @@ def test_refuses_a_bar_without_a_row_and_seeds_over_other_queries(tmp_path):
     (short / "per_query.json").write_text(json.dumps({"q0": {"ndcg@10": 0.6}}))
     res = _run("--zero-shot", zero, "--original-ndcg", "0.7", *row, str(short), "--json", str(tmp_path / "rows.json"))
     assert res.returncode != 0 and "different queries" in res.stderr
+
+
+def test_headline_file_from_results_one_object_per_dataset(tmp_path):
+    zero = _eval(tmp_path, "zero", [0.5] * len(QUERIES))
+    original = _eval(tmp_path, "orig", [0.7] * len(QUERIES))
+    results = []
+    for dataset in ("scifact", "squad"):
+        out = tmp_path / f"{dataset}.json"
+        res = _run("--zero-shot", zero, "--original", original, "--dataset", dataset, "--json", str(out),
+                   "--row", "dp", _ledger(tmp_path, f"dp-{dataset}", 8.0), _eval(tmp_path, f"dp-{dataset}", [0.6] * 40))
+        assert res.returncode == 0, res.stderr
+        results.append(str(out))
+    headline, script = tmp_path / "privacy_utility.json", SCRIPT.with_name("headline.py")
+    res = subprocess.run([sys.executable, str(script), "--precision", "float32", "--out", str(headline), *results],
+                         capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    entries = json.loads(headline.read_text())
+    assert list(entries) == ["scifact", "squad"]
+    entry = entries["squad"]
+    assert entry["precision"] == "float32" and entry["source"] == results[1]
+    assert entry["zero_shot"] == {"ndcg10": pytest.approx(0.5)} and entry["original"] == {"ndcg10": pytest.approx(0.7)}
+    (row,) = entry["rows"]
+    assert set(row) == {"name", "epsilon", "ndcg10_mean", "ndcg10_sd", "seeds", "delta_ci95", "retention"}
+    assert row["retention"] == pytest.approx(0.5) and row["delta_ci95"] == pytest.approx([0.1, 0.1])
+    res = subprocess.run([sys.executable, str(script), "--precision", "float32", "--out", str(headline), results[0],
+                          results[0]], capture_output=True, text=True)
+    assert res.returncode != 0 and "a second result for the dataset 'scifact'" in res.stderr
