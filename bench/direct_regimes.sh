@@ -14,7 +14,7 @@
 #   run:<name>              the DP run of a regime on the log, then its validation evaluation
 #   nonoise:<name>          the same steps with the noise switched off (bench/clip_only.py: NOT DP, a diagnosis)
 #   choose                  the regime with the best validation NDCG@10 (DP runs only; the public encoder, when none
-#                           beats it) -> WORK/choice.txt
+#                           beats it) -> WORK/choice.txt; only evaluations in zero-shot's number format compete
 #   test:<name>             a run's test evaluation (for the chosen regime; reporting only for the others)
 #   eps:<name>:<epsilon>    the regime at another epsilon, evaluated on validation and test
 #   seed:<name>:<seed>      the regime at epsilon 8 with another seed (sampling, noise, negatives), both splits
@@ -88,14 +88,23 @@ for step in "$@"; do
 import json, sys
 from pathlib import Path
 work = Path(sys.argv[1])
-score = lambda d: json.loads((d / "metrics.json").read_text())["ndcg@10"]
-best, best_score = "zero-shot", score(work / "zero-shot-validation")
+metrics = lambda d: json.loads((d / "metrics.json").read_text())
+fmt = lambda d: metrics(d).get("precision", "unrecorded")  # evaluations before 2026-11-27 recorded none
+base = work / "zero-shot-validation"
+best, best_score, want, skipped = "zero-shot", metrics(base)["ndcg@10"], fmt(base), []
 for name in sys.argv[2:]:
     d = work / f"{name}-validation"
-    if (d / "metrics.json").is_file() and score(d) > best_score:
-        best, best_score = name, score(d)
+    if not (d / "metrics.json").is_file():
+        continue
+    if fmt(d) != want:  # bf16 autocast and float32 differ by about 0.001 NDCG@10: never compared
+        skipped.append(f"{name} ({fmt(d)})")
+    elif metrics(d)["ndcg@10"] > best_score:
+        best, best_score = name, metrics(d)["ndcg@10"]
 (work / "choice.txt").write_text(f"{best}\n")
-print(f"chosen on validation: {best} ({best_score:.4f})")
+print(f"chosen on validation: {best} ({best_score:.4f}, {want})")
+if skipped:
+    print(f"not compared, evaluated in another number format than zero-shot's ({want}): {', '.join(skipped)}; "
+          "evaluate them again (the ev step with their per_query.json removed)")
 EOF
       ;;
     test:*)
