@@ -43,15 +43,11 @@ def ci(base: dict[str, float], other: dict[str, float]) -> list[float]:
 UTILITY_ROW_KEYS = ("name", "epsilon", "ndcg10_mean", "ndcg10_sd", "seeds", "delta_ci95", "retention")
 
 
-def utility_entry(result: dict, names: list[str] | None = None) -> dict:
+def utility_entry(result: dict) -> dict:
     """A dataset's object of bench/results/privacy_utility.json (the issue's layout) from this script's ``--json``
-    output: zero-shot, the original's mean and the rows ``names`` (every row when None), in that order."""
-    rows = {row["name"]: row for row in result["rows"]}
-    missing = [name for name in names or [] if name not in rows]
-    if missing:
-        raise SystemExit(f"no row named {missing} in the {result['dataset']} results")
+    output: zero-shot, the original's mean and every row, in order."""
     return {"zero_shot": result["zero_shot"], "original": {"ndcg10": result["original"]["ndcg10"]},
-            "rows": [{k: rows[name][k] for k in UTILITY_ROW_KEYS} for name in (names or list(rows))]}
+            "rows": [{k: row[k] for k in UTILITY_ROW_KEYS} for row in result["rows"]]}
 
 
 def main() -> None:

@@ -719,19 +719,26 @@ def test_secure_rng_covers_every_draw_of_a_public_negatives_step(tmp_path, tiny_
     sample and the noise: under ``secure_rng`` every one of those integer draws comes from the CSPRNG."""
     from privret.privacy.secure_rng import SecureRandom
 
-    sources, randint = [], dptrain._randint
+    sources, hard_sources = [], []
+    randint, draw_hard = dptrain._randint, dptrain._draw_hard
 
     def recording_randint(high, size, rng):
         sources.append(type(rng))
         return randint(high, size, rng)
 
+    def recording_draw_hard(hard, rows, k, rng):
+        hard_sources.append(type(rng))
+        return draw_hard(hard, rows, k, rng)
+
     monkeypatch.setattr(dptrain, "_randint", recording_randint)
+    monkeypatch.setattr(dptrain, "_draw_hard", recording_draw_hard)
     cfg = _cfg("public-negatives", tiny_bert_dir, epochs=1.0, batch_size=4, trainable="top:1", secure_rng=True,
                public_negatives=2, hard_negatives=1, hard_negative_depth=3)
     ledger = train_dp_retriever(_pairs(), tmp_path / "r", cfg, data_hash="h", public_corpus=_pairs().corpus)
     assert ledger.secure_rng and ledger.steps >= 1
-    assert len(sources) >= 2 * ledger.steps  # per step: the shared negatives and (for a non-empty batch) the hard ones
-    assert set(sources) == {SecureRandom}
+    # every step (an empty batch too) draws its shared negatives and, row by row, its hard ones
+    assert hard_sources == [SecureRandom] * ledger.steps
+    assert len(sources) >= ledger.steps and set(sources) == {SecureRandom}
 
 
 def _cli_batch_clip_args(tmp_path, tiny_bert_dir) -> list[str]:
