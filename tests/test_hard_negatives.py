@@ -92,6 +92,26 @@ def test_clipped_sum_with_hard_negatives_equals_brute_force(physical_batch, mode
     assert not close(got, combine(_per_unit_grads(model, params, batch, detach_hard=True)))
 
 
+def test_documents_are_embedded_in_calls_of_similar_length(model_params, tiny_bert_dir, monkeypatch):
+    """Positives and hard negatives go through the encoder longest first, in calls of as many documents as the
+    part has rows, so a call pads to a length close to its documents' own (the speed-up of
+    ``_encode_documents_by_length``); the brute-force test above proves the result is unchanged by it."""
+    import privret.train.clipped_sums as cs
+
+    model, params = model_params
+    batch = _batch([0, 3, 5, 6, 7])
+    calls = []
+    real_encode = cs._encode
+    monkeypatch.setattr(cs, "_encode", lambda m, texts, n: calls.append(list(texts)) or real_encode(m, texts, n))
+    clipped_sum("public-negatives", model, params, batch, _cfg(tiny_bert_dir))
+    expected = sorted(batch.docs + [t for ts in batch.hard for t in ts], key=len, reverse=True)
+    document_calls = [c for c in calls if set(c) <= set(expected)]
+    assert [len(c) for c in document_calls] == [len(batch.docs)] * (1 + K)
+    documents = [t for c in document_calls for t in c]
+    assert [len(t) for t in documents] == [len(t) for t in expected]
+    assert sorted(documents) == sorted(expected)
+
+
 def test_masked_hard_placeholders_change_nothing(model_params, tiny_bert_dir):
     """A row without candidates (all its hard negatives masked) has the loss it has without hard negatives."""
     model, _ = model_params

@@ -173,31 +173,55 @@ def _unit_slice(batch: StepBatch, rows: list[int], first_unit: int, n_units: int
                      hard_valid=None if batch.hard_valid is None else batch.hard_valid[rows])
 
 
-def _encode_hard(tracker: GhostNorms, model, batch: StepBatch, cfg: DPRetrieverConfig) -> torch.Tensor | None:
-    """The rows' hard negatives embedded with gradient, ``[rows, K, dim]``, recorded under slot "n"."""
-    if batch.hard is None:
-        return None
-    tracker.slot = "n"
-    flat = _encode(model, [t for texts in batch.hard for t in texts], cfg.max_doc_tokens)
+def length_order(texts: list[str]) -> list[int]:
+    """Indices of ``texts`` from the longest to the shortest (characters; ties keep their order)."""
+    return sorted(range(len(texts)), key=lambda i: -len(texts[i]))
+
+
+def _encode_documents_by_length(tracker: GhostNorms, model, batch: StepBatch, cfg: DPRetrieverConfig,
+                                ) -> tuple[torch.Tensor, torch.Tensor | None, list[torch.Tensor], dict[str, torch.Tensor]]:
+    """The rows' positives ``[rows, dim]`` and hard negatives ``[rows, K, dim]`` (None without them), embedded
+    with gradient in calls of ``rows`` documents of similar length (longest first), so that a call pads its
+    documents to a length close to each one's own: on SQuAD's paragraphs about 38% of the computation of a
+    call in row order is padding, on SciFact's abstracts cut at 256 tokens about 6%.
+
+    Call j is recorded under slot ``"d<j>"``; returns, besides the embeddings in row order, the calls' outputs
+    and, per slot, the unit of each of its rows, for :meth:`GhostNorms.group_sq_norms`. The order of the calls
+    changes which documents share a padded batch, nothing else: a unit's gradient is the sum of its rows'
+    terms wherever they were computed (up to float rounding), so the norms and the clipped sum are those of
+    the unsorted pass."""
+    rows = len(batch.docs)
+    k = 0 if batch.hard is None else len(batch.hard[0])
+    texts = list(batch.docs) + [t for texts in (batch.hard or []) for t in texts]
+    units = torch.cat([batch.unit_of_row, batch.unit_of_row.repeat_interleave(k)])
+    order = length_order(texts)
+    outputs, groups = [], {}
+    for j, lo in enumerate(range(0, len(texts), rows)):
+        idx = order[lo:lo + rows]
+        tracker.slot = f"d{j}"
+        outputs.append(_encode(model, [texts[i] for i in idx], cfg.max_doc_tokens))
+        groups[f"d{j}"] = units[idx]
     tracker.slot = None
-    return flat.view(len(batch.hard), -1, flat.shape[-1])
+    inverse = torch.empty(len(texts), dtype=torch.long)
+    inverse[torch.tensor(order, dtype=torch.long)] = torch.arange(len(texts))
+    embedded = torch.cat(outputs)[inverse.to(outputs[0].device)]
+    hard = None if k == 0 else embedded[rows:].view(rows, k, embedded.shape[-1])
+    return embedded[:rows], hard, outputs, groups
 
 
 def public_negative_unit_norms(tracker: GhostNorms, model, batch: StepBatch, e_n: torch.Tensor, mask: torch.Tensor,
                                cfg: DPRetrieverConfig) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor]:
     """(||grad_u|| of each unit of ``batch`` by ghost norms, the unit of each row of every output slot, the
     rows' losses) for :func:`public_negative_losses` against the step's public negatives ``e_n`` and each
-    row's own hard negatives (slot "n": rows that belong to the row's unit). One backward pass to the
-    outputs; ``tracker`` keeps what :meth:`GhostNorms.weighted_grads` needs for sum_u w_u grad_u."""
-    e_q, e_d = _encode_tracked(tracker, model, batch, cfg)
-    e_h = _encode_hard(tracker, model, batch, cfg)
+    row's own hard negatives (documents embedded by :func:`_encode_documents_by_length`, slots "d<j>"; the
+    queries under slot "q"). One backward pass to the outputs; ``tracker`` keeps what :meth:`GhostNorms.weighted_grads` needs for sum_u w_u grad_u."""
+    tracker.slot = "q"
+    e_q = _encode(model, batch.queries, cfg.max_query_tokens)
+    tracker.slot = None
+    e_d, e_h, doc_outputs, doc_groups = _encode_documents_by_length(tracker, model, batch, cfg)
     hard_mask = None if e_h is None else ~batch.hard_valid
     losses = public_negative_losses(e_q, e_d, e_n, cfg.tau, mask=mask, hard=e_h, hard_mask=hard_mask)
-    u = batch.unit_of_row
-    outputs, groups = [e_q, e_d], {"q": u, "d": u}
-    if e_h is not None:
-        outputs.append(e_h)
-        groups["n"] = u.repeat_interleave(e_h.shape[1])
+    outputs, groups = [e_q, *doc_outputs], {"q": batch.unit_of_row, **doc_groups}
     cot = torch.autograd.grad(losses.sum(), outputs, retain_graph=True)
     sq = tracker.group_sq_norms(outputs, list(cot), groups, batch.n_units, keep_deltas=True)
     return sq.clamp_min(0).sqrt(), groups, losses

@@ -1,0 +1,101 @@
+"""A public-negatives step's clipped sum with its documents embedded longest first against in row order.
+
+``privret.train.clipped_sums`` embeds a part's positives and hard negatives in calls of documents of similar
+length (``length_order``), so a call pads each document to a length close to its own. The obvious
+implementation embeds them in row order (positives, then hard negatives), each call padded to its longest
+document. This times both on the same batches, alternating in one process (fair on a shared machine), and
+checks that they give the same clipped sum.
+
+    OMP_NUM_THREADS=1 .venv/bin/python bench/bench_length_order.py --data runs/s32/squad-val
+    OMP_NUM_THREADS=1 .venv/bin/python bench/bench_length_order.py --data ../shared/data/scifact
+
+The batches: ``--parts`` parts of ``--units`` units drawn from the dataset's train split, each row with
+``--hard-negatives`` negatives drawn uniformly from the public pool (not mined: the time depends on the texts'
+lengths only, and mining would encode the whole corpus first), 32 shared public negatives; the trainer's
+settings otherwise (BitFit of the top 3 layers on the frozen-prefix cache, documents cut at 256 tokens). The
+frozen prefix of every text is computed before timing. Prints one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", type=Path, required=True, help="BEIR dataset (its train split)")
+    parser.add_argument("--parts", type=int, default=4)
+    parser.add_argument("--units", type=int, default=16, help="units per part (the trainer's --physical-batch)")
+    parser.add_argument("--hard-negatives", type=int, default=2)
+    parser.add_argument("--trainable", default="bias-top:3")
+    parser.add_argument("--max-doc-tokens", type=int, default=256)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+
+    import torch
+
+    import privret.train.clipped_sums as cs
+    from privret.data.beir import load_beir
+    from privret.data.pairs import PrivacyUnit, group_units, pairs_from_beir
+    from privret.models.encoder import load_encoder
+    from privret.models.trainable import make_trainable
+    from privret.train.dp_retriever import build_batch, draw_negatives, negative_pool
+    from privret.train.settings import DPRetrieverConfig
+
+    torch.manual_seed(0)
+    dataset = load_beir(args.data, ["train"])
+    pairs = pairs_from_beir(dataset, "train")
+    units = group_units(pairs.pairs, PrivacyUnit.query)
+    cfg = DPRetrieverConfig(method="public-negatives", trainable=args.trainable, batch_size=args.units,
+                            hard_negatives=args.hard_negatives, max_doc_tokens=args.max_doc_tokens,
+                            physical_batch=args.units, epsilon=8.0)
+    model = load_encoder(cfg.model, max_seq_length=cfg.max_doc_tokens)
+    params = list(make_trainable(model, cfg.trainable).values())
+    model.train()
+    rng = torch.Generator().manual_seed(0)
+    pool = negative_pool(pairs, dataset.corpus)
+    batches = []
+    for _ in range(args.parts):
+        chosen = torch.randperm(len(units), generator=rng)[:args.units].tolist()
+        candidates = [torch.randint(len(pool), (30,), generator=rng).tolist() for _ in range(len(pairs.pairs))]
+        batch = build_batch(pairs, units, chosen, cfg, rng, draw_negatives(pool, cfg, rng), None,
+                            hard=(pool, candidates))
+        batches.append(batch)
+    sorted_order = cs.length_order
+    arms = {"length order": sorted_order, "row order": lambda texts: list(range(len(texts)))}
+    for batch in batches:  # fill the frozen-prefix cache and warm up
+        cs.clipped_sum("public-negatives", model, params, batch, cfg)
+    times = {name: [] for name in arms}
+    for r in range(args.repeats):
+        for name in (arms if r % 2 == 0 else reversed(list(arms))):
+            cs.length_order = arms[name]
+            start = time.perf_counter()
+            for b in batches:
+                cs.clipped_sum("public-negatives", model, params, b, cfg)
+            times[name].append(time.perf_counter() - start)
+    cs.length_order = sorted_order
+    model.eval()  # the two orders give the same clipped sum (without dropout, up to float rounding)
+    same = []
+    for b in batches:
+        got = {}
+        for name, order in arms.items():
+            cs.length_order = order
+            got[name] = cs.clipped_sum("public-negatives", model, params, b, cfg)[0]
+        same.append(max(float((x - y).abs().max()) for x, y in zip(got["length order"], got["row order"])))
+    cs.length_order = sorted_order
+    med = {name: statistics.median(t) for name, t in times.items()}
+    print(json.dumps({
+        "data": str(args.data), "parts": args.parts, "units_per_part": args.units,
+        "hard_negatives": args.hard_negatives, "trainable": args.trainable, "max_doc_tokens": args.max_doc_tokens,
+        "threads": torch.get_num_threads(), "seconds_median": med, "seconds_all": times,
+        "speedup": med["row order"] / med["length order"],
+        "max_abs_difference_of_clipped_sums_eval_mode": max(same),
+    }, indent=2))
+
+
+if __name__ == "__main__":
+    main()
