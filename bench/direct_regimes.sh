@@ -60,6 +60,11 @@ declare -A REGIMES=(
   # gives at C = 1 (about 0.33), which scored like epsilon 8. The one candidate that fits a 2-core session (the two
   # above take about twice as long)
   [top3-b512-c3-e4]="--trainable bias-top:3 --batch-size 512 --epochs 4 --clip-norm 3 --lr 2e-3"
+  # added 2026-11-27, second session (fixed before it ran; not run yet): the default without dropout. On a CPU
+  # attention with dropout takes an unfused path (about 5x slower per attention call; docs/direct-dp.md, "Dropout"),
+  # and a DP step's gradient noise may make dropout's own noise redundant: whether it trains a better model is
+  # what validation decides
+  [top3-b512-c1-e4-nodrop]="--trainable bias-top:3 --batch-size 512 --epochs 4 --clip-norm 1 --lr 2e-3 --no-dropout"
 )
 # Evaluations run in float32 (--no-bf16) since 2026-11-27; the ones stored before ran under bf16 autocast on CPUs with
 # native bf16 (about 0.001 NDCG@10; docs/benchmarks.md), and an existing per_query.json is never redone

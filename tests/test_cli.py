@@ -119,6 +119,10 @@ def test_pipeline_config_errors(tmp_path):
                       "  settings: {batch_size: 8}, per_method: {naive: {trainable: everything}}}\n")
     result = run_cli("pipeline", str(config))
     assert result.returncode == 2 and "direct_dp.per_method.naive.trainable" in result.stderr
+    config.write_text("name: x\ndataset: data\nepsilons: [8]\ndirect_dp: {methods: [naive], epsilons: [8],\n"
+                      "  settings: {dropout: sometimes}}\n")
+    result = run_cli("pipeline", str(config))
+    assert result.returncode == 2 and "direct_dp.settings.dropout" in result.stderr
     config.write_text("name: [unclosed\n")
     result = run_cli("pipeline", str(config))
     assert result.returncode == 2 and "invalid YAML" in result.stderr

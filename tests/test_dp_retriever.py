@@ -334,6 +334,43 @@ def test_train_dp_retriever_end_to_end(method, tmp_path, tiny_bert_dir):
         train_dp_retriever(pairs, tmp_path / "r", cfg, data_hash="h")
 
 
+@pytest.mark.parametrize("dropout", [True, False])
+def test_dropout_setting_decides_the_mode_of_every_training_step(dropout, tmp_path, tiny_bert_dir, monkeypatch):
+    """dropout=True runs every step's clipped sum with the encoder in training mode (dropout on), dropout=False in
+    eval mode (every Dropout module off); the ghost norms and the book-keeping sum are exact in either mode (the
+    brute-force tests run both)."""
+    modes = []
+    real = dptrain.clipped_sum
+
+    def spy(method, model, *args, **kwargs):
+        modes.append({m.training for m in model.modules() if isinstance(m, torch.nn.Dropout)})
+        return real(method, model, *args, **kwargs)
+
+    monkeypatch.setattr(dptrain, "clipped_sum", spy)
+    pairs = _pairs()
+    cfg = _cfg("public-negatives", tiny_bert_dir, epochs=1.0, batch_size=4, trainable="top:1", dropout=dropout)
+    train_dp_retriever(pairs, tmp_path / "r", cfg, data_hash="h", public_corpus=pairs.corpus)
+    assert len(modes) == 3 and all(m == {dropout} for m in modes), modes
+
+
+def test_cli_no_dropout_reaches_the_dp_config(tmp_path, toy_beir, tiny_bert_dir, monkeypatch):
+    from typer.testing import CliRunner
+
+    from privret.cli import app
+
+    seen = []
+
+    def record(pairs, out_dir, cfg, **kwargs):
+        seen.append(cfg)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(dptrain, "train_dp_retriever", record)
+    base = ["retriever", "train", "--dp", "public-negatives", "--data", str(toy_beir), "--model", str(tiny_bert_dir)]
+    for extra in (["--no-dropout"], []):
+        CliRunner().invoke(app, base + ["--out", str(tmp_path / f"r{len(seen)}"), *extra], catch_exceptions=False)
+    assert [cfg.dropout for cfg in seen] == [False, True]
+
+
 def test_training_loop_divides_the_clipped_sum_by_the_expected_batch(tmp_path, tiny_bert_dir, monkeypatch):
     """In a real training run the gradient Adam applies is s(batch) / (q N), the expected batch, a constant:
     not the realised batch (5 units, 6 rows here; q N = 4) nor N (10). Noise is zero and the batch fixed so
@@ -790,7 +827,7 @@ def test_cli_checkpoint_every(tmp_path, tiny_bert_dir, monkeypatch):
 
 
 @pytest.mark.parametrize("flag", [["--optimizer", "sgd"], ["--resume"], ["--secure-rng"], ["--hard-negatives", "2"],
-                                  ["--cache-dir", "embeddings"]])
+                                  ["--cache-dir", "embeddings"], ["--no-dropout"]])
 def test_cli_dp_only_flags_are_refused_without_dp(flag, tmp_path, toy_beir, tiny_bert_dir):
     from helpers import run_cli
 

@@ -65,6 +65,9 @@ def retriever_train(
              "of --data's corpus that the initial encoder ranks for its query (with gradient; Delta = C still)")] = 0,
     hard_negative_depth: Annotated[int, typer.Option(help="--dp public-negatives: candidates per row for "
                                                           "--hard-negatives")] = 30,
+    dropout: Annotated[bool, typer.Option(
+        "--dropout/--no-dropout", help="--dp: dropout in the trained layers during training (--no-dropout: every "
+                                       "step in eval mode, deterministic and faster on a CPU)")] = True,
     cache_dir: Annotated[Optional[Path], typer.Option(
         help="--dp public-negatives --hard-negatives: keep the public initial encoder's embeddings of --data's "
              "corpus here (no private query is in them), so that later runs and resumes skip that encoding")] = None,
@@ -106,7 +109,8 @@ def retriever_train(
                               spreadout_weight=spreadout_weight, trainable=trainable, lora_rank=lora_rank,
                               public_negatives=public_negatives, hard_negatives=hard_negatives,
                               hard_negative_depth=hard_negative_depth, physical_batch=physical_batch, accountant=accountant,
-                              optimizer=optimizer, seed=seed, checkpoint_every=checkpoint_every, secure_rng=secure_rng, **lengths)
+                              optimizer=optimizer, seed=seed, checkpoint_every=checkpoint_every, secure_rng=secure_rng,
+                              dropout=dropout, **lengths)
         # --data's corpus plus any documents inline in --pairs: train_dp_retriever leaves the inline ones out
         ledger = train_dp_retriever(training, out_dir, dp_cfg, data_hash=data_hash,
                                     dataset_id=dataset_id(training, dataset_name), public_corpus=training.corpus,
@@ -116,7 +120,8 @@ def retriever_train(
     for flag_name, given, why in (("--resume", resume, "is not checkpointed"), ("--secure-rng", secure_rng,
                                   "draws no noise"), ("--optimizer", optimizer != "adam", "uses AdamW"),
                                   ("--hard-negatives", hard_negatives > 0, "uses in-batch negatives"),
-                                  ("--cache-dir", cache_dir is not None, "mines no hard negatives")):
+                                  ("--cache-dir", cache_dir is not None, "mines no hard negatives"),
+                                  ("--no-dropout", not dropout, "keeps sentence-transformers' dropout")):
         if given:
             raise InputError(f"applies to DP training (--dp) only; non-private training {why}", field=flag_name)
     cfg = build_config(RetrieverTrainConfig, model=model, epochs=epochs, batch_size=batch_size,

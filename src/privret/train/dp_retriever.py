@@ -323,7 +323,7 @@ class _RetrieverTrainer:
     started: float = 0.0
 
     def prepare(self, progress: Progress) -> None:
-        self.model.train()
+        self.model.train(self.cfg.dropout)  # eval mode (no dropout) when the run trains without it
         self.started = time.perf_counter()
 
     def step(self, chosen: list[int], rng: torch.Generator | SecureRandom | None) -> float:

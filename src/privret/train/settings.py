@@ -128,6 +128,9 @@ class DPRetrieverConfig(BaseModel):
                                                                "not privacy; None: the whole batch at once)")
     max_query_tokens: int = Field(64, gt=0)
     max_doc_tokens: int = Field(256, gt=0)
+    dropout: bool = Field(True, description="dropout in the trained layers during training (False: every step runs "
+                                            "the encoder in eval mode; on a CPU attention is several times faster "
+                                            "without attention dropout)")
     accountant: str = "prv"
     seed: int = 0
     checkpoint_every: int = Field(10, gt=0, description="steps between checkpoints (resume with resume=True)")
