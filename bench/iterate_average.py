@@ -6,7 +6,8 @@ Averaging the last iterates (Polyak averaging) cancels part of the noise of the 
 trajectory. This probe builds the encoder that ``--steps`` of the kept iterates give, for ``privret evaluate``.
 
 Iterates are the ``params.safetensors`` of the run's checkpoints (``<out>/checkpoint``, overwritten every
-``--checkpoint-every`` steps), copied aside while the run goes, one file per step: ``DIR/step-<n>.safetensors``.
+``--checkpoint-every`` steps), copied aside while the run goes, one file per step: ``DIR/step-<n>.safetensors``;
+the last step's iterate is the run's model (``--final-model DIR --final-step N`` adds it).
 
     .venv/bin/python bench/iterate_average.py --iterates runs/s32/iterates --steps 24-45 --out runs/s32/tail
     .venv/bin/python bench/iterate_average.py --iterates runs/s32/iterates --steps 45 --out runs/s32/last \
@@ -32,6 +33,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--iterates", type=Path, help="directory of step-<n>.safetensors files")
     ap.add_argument("--steps", type=parse_steps, help="N or LO-HI: every kept iterate with LO <= step <= HI")
+    ap.add_argument("--final-model", type=Path, help="the run's saved model: its trained tensors are step --final-step")
+    ap.add_argument("--final-step", type=int, default=0)
     ap.add_argument("--from-parameters", type=Path, help="a file written by --save-parameters instead")
     ap.add_argument("--base", default="minilm-l6", help="the public encoder the run started from")
     ap.add_argument("--out", type=Path, required=True)
@@ -48,10 +51,14 @@ def main() -> None:
     else:
         lo, hi = args.steps
         files = sorted((int(p.stem.split("-")[1]), p) for p in args.iterates.glob("step-*.safetensors"))
-        used = [s for s, _ in files if lo <= s <= hi]
+        tensors = {s: load_file(str(p)) for s, p in files if lo <= s <= hi}
+        if args.final_model and lo <= args.final_step <= hi:
+            final = dict(load_encoder(str(args.final_model)).named_parameters())
+            tensors[args.final_step] = {name: final[name].detach() for name in load_file(str(files[0][1]))}
+        used = sorted(tensors)
         if not used:
             raise SystemExit(f"no kept iterate in steps {lo}-{hi} under {args.iterates}")
-        tensors = [load_file(str(p)) for s, p in files if lo <= s <= hi]
+        tensors = list(tensors.values())
         mean = {name: torch.stack([t[name].float() for t in tensors]).mean(dim=0) for name in tensors[0]}
     model = load_encoder(args.base)
     own = dict(model.named_parameters())
