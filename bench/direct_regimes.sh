@@ -58,7 +58,8 @@ declare -A REGIMES=(
   # bench/direct_snr.py, runs/s32), so C = 1 clips 52% of the units and turns the step (cosine 0.84 to the unclipped
   # mean); C = 3 clips 32% (cosine 0.93) at a signal-to-noise ratio of 0.43 against 0.53, still above what epsilon 3
   # gives at C = 1 (about 0.33), which scored like epsilon 8. The one candidate that fits a 2-core session (the two
-  # above take about twice as long)
+  # above take about twice as long). Run 2026-11-27: validation 0.7682, below the default's 0.7758 / 0.7736, so the
+  # default stays (docs/benchmarks.md, "The clip, at 45 steps")
   [top3-b512-c3-e4]="--trainable bias-top:3 --batch-size 512 --epochs 4 --clip-norm 3 --lr 2e-3"
   # added 2026-11-27, second session (fixed before it ran; not run yet): the default without dropout. On a CPU
   # attention with dropout takes an unfused path (about 5x slower per attention call; docs/direct-dp.md, "Dropout"),
