@@ -60,10 +60,10 @@ def main() -> None:
     model.train()
     rng = torch.Generator().manual_seed(0)
     pool = negative_pool(pairs, dataset.corpus)
+    candidates = torch.randint(len(pool), (len(pairs.pairs), 30), generator=rng).tolist()
     batches = []
     for _ in range(args.parts):
         chosen = torch.randperm(len(units), generator=rng)[:args.units].tolist()
-        candidates = [torch.randint(len(pool), (30,), generator=rng).tolist() for _ in range(len(pairs.pairs))]
         batch = build_batch(pairs, units, chosen, cfg, rng, draw_negatives(pool, cfg, rng), None,
                             hard=(pool, candidates))
         batches.append(batch)

@@ -337,8 +337,8 @@ def test_train_dp_retriever_end_to_end(method, tmp_path, tiny_bert_dir):
 @pytest.mark.parametrize("dropout", [True, False])
 def test_dropout_setting_decides_the_mode_of_every_training_step(dropout, tmp_path, tiny_bert_dir, monkeypatch):
     """dropout=True runs every step's clipped sum with the encoder in training mode (dropout on), dropout=False in
-    eval mode (every Dropout module off); the ghost norms and the book-keeping sum are exact in either mode (the
-    brute-force tests run both)."""
+    eval mode (every Dropout module off); the ghost norms and the book-keeping sum are exact in either mode
+    (test_hard_negatives: brute force in eval mode, the pass's own graph under dropout)."""
     modes = []
     real = dptrain.clipped_sum
 

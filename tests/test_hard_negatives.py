@@ -92,6 +92,36 @@ def test_clipped_sum_with_hard_negatives_equals_brute_force(physical_batch, mode
     assert not close(got, combine(_per_unit_grads(model, params, batch, detach_hard=True)))
 
 
+def test_norms_and_clipped_sum_are_exact_under_dropout(tiny_bert_dir):
+    """In training mode (dropout on, the default ``dropout=True``) the brute-force comparison above cannot redraw
+    the same masks, so the ghost norms and the book-keeping sum are checked on the pass's own graph: each unit's
+    norm against autograd of its rows' losses, and the clipped sum against autograd of sum_u f_u loss_u."""
+    from privret.models.encoder import load_encoder
+    from privret.privacy.ghost_norms import GhostNorms
+    from privret.train.clipped_sums import public_negative_unit_norms
+
+    torch.manual_seed(0)
+    model = load_encoder(str(tiny_bert_dir), max_seq_length=32).train()
+    params = list(make_trainable(model, "all").values())
+    batch = _batch([0, 3, 5, 6, 7])
+    assert not torch.equal(_encode(model, batch.docs, 32), _encode(model, batch.docs, 32))  # dropout is on
+    cfg = _cfg(tiny_bert_dir)
+    with torch.no_grad():
+        e_n = _encode(model, [n.full_text for n in batch.negatives], 32)
+    tracker = GhostNorms(model)
+    try:
+        norms, groups, losses = public_negative_unit_norms(tracker, model, batch, e_n, false_negative_mask(batch), cfg)
+        per_unit = [_grads(losses[batch.unit_of_row == k].sum(), params, retain=True) for k in range(batch.n_units)]
+        torch.testing.assert_close(norms, torch.stack([_norm(g) for g in per_unit]), rtol=1e-4, atol=1e-7)
+        factors = torch.linspace(0.2, 1.0, batch.n_units)
+        got = tracker.weighted_grads(params, {slot: factors[g] for slot, g in groups.items()})
+    finally:
+        tracker.remove()
+    want = _grads((factors[batch.unit_of_row] * losses).sum(), params, retain=False)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-7)
+
+
 def test_documents_are_embedded_in_calls_of_similar_length(model_params, tiny_bert_dir, monkeypatch):
     """Positives and hard negatives go through the encoder longest first, in calls of as many documents as the
     part has rows, so a call pads to a length close to its documents' own (the speed-up of

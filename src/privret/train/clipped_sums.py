@@ -52,16 +52,20 @@ def _encode(model, texts: list[str], max_length: int) -> torch.Tensor:
     return F.normalize(model(features(model, texts, max_length=max_length))["sentence_embedding"].float(), dim=-1)
 
 
+def _encode_in_slot(tracker: GhostNorms, slot: str, model, texts: list[str], max_length: int) -> torch.Tensor:
+    """:func:`_encode`, ``tracker`` recording its layer calls under ``slot`` for the ghost per-unit norms."""
+    tracker.slot = slot
+    try:
+        return _encode(model, texts, max_length)
+    finally:
+        tracker.slot = None
+
+
 def _encode_tracked(tracker: GhostNorms, model, batch: StepBatch, cfg: DPRetrieverConfig,
                     ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The batch's query and document embeddings, ``tracker`` recording the layer calls of each
-    under its slot ("q", "d") for the ghost per-unit norms."""
-    tracker.slot = "q"
-    e_q = _encode(model, batch.queries, cfg.max_query_tokens)
-    tracker.slot = "d"
-    e_d = _encode(model, batch.docs, cfg.max_doc_tokens)
-    tracker.slot = None
-    return e_q, e_d
+    """The batch's query and document embeddings under slots "q" and "d"."""
+    return (_encode_in_slot(tracker, "q", model, batch.queries, cfg.max_query_tokens),
+            _encode_in_slot(tracker, "d", model, batch.docs, cfg.max_doc_tokens))
 
 
 def _masked_logits(e_q, e_d, batch: StepBatch, temperature: float) -> torch.Tensor:
@@ -198,13 +202,10 @@ def _encode_documents_by_length(tracker: GhostNorms, model, batch: StepBatch, cf
     outputs, groups = [], {}
     for j, lo in enumerate(range(0, len(texts), rows)):
         idx = order[lo:lo + rows]
-        tracker.slot = f"d{j}"
-        outputs.append(_encode(model, [texts[i] for i in idx], cfg.max_doc_tokens))
+        outputs.append(_encode_in_slot(tracker, f"d{j}", model, [texts[i] for i in idx], cfg.max_doc_tokens))
         groups[f"d{j}"] = units[idx]
-    tracker.slot = None
-    inverse = torch.empty(len(texts), dtype=torch.long)
-    inverse[torch.tensor(order, dtype=torch.long)] = torch.arange(len(texts))
-    embedded = torch.cat(outputs)[inverse.to(outputs[0].device)]
+    inverse = torch.argsort(torch.tensor(order)).to(outputs[0].device)  # position of each text among the calls
+    embedded = torch.cat(outputs)[inverse]
     hard = None if k == 0 else embedded[rows:].view(rows, k, embedded.shape[-1])
     return embedded[:rows], hard, outputs, groups
 
@@ -214,10 +215,9 @@ def public_negative_unit_norms(tracker: GhostNorms, model, batch: StepBatch, e_n
     """(||grad_u|| of each unit of ``batch`` by ghost norms, the unit of each row of every output slot, the
     rows' losses) for :func:`public_negative_losses` against the step's public negatives ``e_n`` and each
     row's own hard negatives (documents embedded by :func:`_encode_documents_by_length`, slots "d<j>"; the
-    queries under slot "q"). One backward pass to the outputs; ``tracker`` keeps what :meth:`GhostNorms.weighted_grads` needs for sum_u w_u grad_u."""
-    tracker.slot = "q"
-    e_q = _encode(model, batch.queries, cfg.max_query_tokens)
-    tracker.slot = None
+    queries under slot "q"). One backward pass to the outputs; ``tracker`` keeps what
+    :meth:`GhostNorms.weighted_grads` needs for sum_u w_u grad_u."""
+    e_q = _encode_in_slot(tracker, "q", model, batch.queries, cfg.max_query_tokens)
     e_d, e_h, doc_outputs, doc_groups = _encode_documents_by_length(tracker, model, batch, cfg)
     hard_mask = None if e_h is None else ~batch.hard_valid
     losses = public_negative_losses(e_q, e_d, e_n, cfg.tau, mask=mask, hard=e_h, hard_mask=hard_mask)
