@@ -66,6 +66,12 @@ declare -A REGIMES=(
   # and a DP step's gradient noise may make dropout's own noise redundant: whether it trains a better model is
   # what validation decides
   [top3-b512-c1-e4-nodrop]="--trainable bias-top:3 --batch-size 512 --epochs 4 --clip-norm 1 --lr 2e-3 --no-dropout"
+  # added 2026-11-27, third session (fixed before any ran, while the one above was running and unscored): the two
+  # trainable sets above without dropout. Every step-size and clip candidate at 45 steps scored at or below the
+  # default, so what is trained is the suspect left; without dropout a step costs about 1/1.65 of one with it
+  # (66 s against 105-115 s for top 3 on 2 threads), which brings these within one session of this CPU
+  [bias-b512-c1-e4-nodrop]="--trainable bias --batch-size 512 --epochs 4 --clip-norm 1 --lr 2e-3 --no-dropout"
+  [lora4-b512-c1-e4-nodrop]="--trainable lora --lora-rank 4 --batch-size 512 --epochs 4 --clip-norm 1 --lr 2e-3 --no-dropout"
 )
 # Evaluations run in float32 (--no-bf16) since 2026-11-27; the ones stored before ran under bf16 autocast on CPUs with
 # native bf16 (about 0.001 NDCG@10; docs/benchmarks.md), and an existing per_query.json is never redone
