@@ -18,6 +18,8 @@
 #   test:<name>             a run's test evaluation (for the chosen regime; reporting only for the others)
 #   eps:<name>:<epsilon>    the regime at another epsilon, evaluated on validation and test
 #   seed:<name>:<seed>      the regime at epsilon 8 with another seed (sampling, noise, negatives), both splits
+#   keep:<name>             copies what the run released and its evaluations to bench/results/direct_regimes/<name>,
+#                           with the tensors it changed (rebuild: bench/iterate_average.py --from-parameters)
 #   scifact:<name>:<eps>[:<seed>]
 #                           the regime carried to SciFact's log (807 units) as a rule: its trainable parameters,
 #                           clip, learning rate, hard negatives and 12 steps per epoch it takes on SQuAD (12 for
@@ -148,6 +150,14 @@ EOF
       [ -f "$out/privacy_ledger.json" ] || $P retriever train ${BASE/--data $D/--data $S} ${REGIMES[$n]} \
           --batch-size 807 --epochs $steps --epsilon "$e" --seed "$s" --out "$out"
       D=$S ev "$out" test "$out-test"; echo "SciFact $n at epsilon $e, seed $s: test $(ndcg "$out-test")" ;;
+    keep:*)  # what survives the machine: ledger, mechanism, settings, per-query evaluations and the trained tensors
+      n=${step#keep:}; k=bench/results/direct_regimes/$n; mkdir -p "$k"
+      cp "$work/$n"/{privacy_ledger.json,dp_mechanism.json,train_config.json} "$k/"
+      for split in validation test; do
+        [ ! -f "$work/$n-$split/per_query.json" ] || { mkdir -p "$k/$split"; cp "$work/$n-$split"/*.json "$k/$split/"; }
+      done
+      .venv/bin/python bench/iterate_average.py --changed-from minilm-l6 --final-model "$work/$n" \
+          --save-parameters "$k/parameters.safetensors" ;;
     *) echo "unknown step $step" >&2; exit 2 ;;
   esac
 done
