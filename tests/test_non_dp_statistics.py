@@ -108,7 +108,11 @@ def test_dp_training_writes_no_loss_or_clip_statistics(tiny_llama_dir, tiny_bert
 
     assert len(losses) == 6 and len(list(snapshots.iterdir())) == 4  # 3 steps each, checkpoints at steps 1, 2
     patterns = _loss_patterns(losses)
-    assert len(patterns) >= 8  # most steps had a non-empty batch
+    # At least one loss to search for. A step's batch is Poisson (5 toy query units, q = 0.4: empty with probability
+    # 0.6^5 = 0.078) and the run's sampling is seeded from os.urandom, so "most steps non-empty" (the old >= 8)
+    # failed in about 1% of runs (3 of 6 non-empty, in CI on 2026-11-27); no non-empty generator step among its 3
+    # has probability 0.078^3 < 1e-3, and a generator's loss is never 0
+    assert len(patterns) >= 2
     texts = 0
     for path in sorted(p for p in tmp_path.rglob("*") if p.is_file()):
         try:
