@@ -157,7 +157,7 @@ EOF
       for split in validation test; do
         [ ! -f "$work/$n-$split/per_query.json" ] || { mkdir -p "$k/$split"; cp "$work/$n-$split"/*.json "$k/$split/"; }
       done
-      .venv/bin/python bench/iterate_average.py --changed-from minilm-l6 --final-model "$work/$n" \
+      .venv/bin/python bench/iterate_average.py --keep-changed --final-model "$work/$n" \
           --save-parameters "$k/parameters.safetensors" ;;
     *) echo "unknown step $step" >&2; exit 2 ;;
   esac

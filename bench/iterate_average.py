@@ -15,10 +15,10 @@ the last step's iterate is the run's model (``--final-model DIR --final-step N``
 
 ``--save-parameters FILE`` also writes the (averaged) trainable tensors alone (tens of KB for BitFit), so that
 the encoder can be rebuilt from the public model in a later session (``--from-parameters FILE``). A finished run
-without kept iterates: ``--changed-from BASE --final-model DIR --save-parameters FILE`` keeps the tensors of the
-run's model that differ from BASE's (bit for bit), and writes no encoder:
+without kept iterates: ``--keep-changed --final-model DIR --save-parameters FILE`` keeps the tensors of the run's
+model that differ from ``--base``'s (bit for bit), and writes no encoder:
 
-    .venv/bin/python bench/iterate_average.py --changed-from minilm-l6 --final-model runs/s32/top3-b512-c3-e4 \
+    .venv/bin/python bench/iterate_average.py --keep-changed --final-model runs/s32/top3-b512-c3-e4 \
         --save-parameters bench/results/direct_regimes/top3-b512-c3-e4/parameters.safetensors
 """
 
@@ -42,13 +42,14 @@ def main() -> None:
     ap.add_argument("--final-step", type=int, default=0)
     ap.add_argument("--from-parameters", type=Path, help="a file written by --save-parameters instead")
     ap.add_argument("--base", default="minilm-l6", help="the public encoder the run started from")
-    ap.add_argument("--changed-from", metavar="BASE", help="save the final model's tensors that differ from BASE's")
+    ap.add_argument("--keep-changed", action="store_true",
+                    help="save the --final-model's tensors that differ from --base's; no encoder is written")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--save-parameters", type=Path)
     args = ap.parse_args()
-    if args.changed_from and not (args.final_model and args.save_parameters):
-        ap.error("--changed-from needs --final-model and --save-parameters")
-    if not args.changed_from and not args.out:
+    if args.keep_changed and not (args.final_model and args.save_parameters):
+        ap.error("--keep-changed needs --final-model and --save-parameters")
+    if not args.keep_changed and not args.out:
         ap.error("--out is required")
 
     import torch
@@ -56,13 +57,13 @@ def main() -> None:
 
     from privret.models.encoder import load_encoder
 
-    if args.changed_from:
-        base = dict(load_encoder(args.changed_from).named_parameters())
+    if args.keep_changed:
+        base = dict(load_encoder(args.base).named_parameters())
         final = dict(load_encoder(str(args.final_model)).named_parameters())
         changed = {n: v.detach().contiguous() for n, v in final.items() if not torch.equal(v, base[n])}
         args.save_parameters.parent.mkdir(parents=True, exist_ok=True)
         save_file(changed, str(args.save_parameters))
-        print(f"{args.save_parameters}: {len(changed)} of {len(final)} tensors differ from {args.changed_from}")
+        print(f"{args.save_parameters}: {len(changed)} of {len(final)} tensors differ from {args.base}")
         return
     if args.from_parameters:
         mean, used = load_file(str(args.from_parameters)), None

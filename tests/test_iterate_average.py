@@ -39,7 +39,7 @@ def _trained_copy(base: Path, out: Path, shift: float) -> dict[str, torch.Tensor
 def test_changed_tensors_are_kept_and_rebuild_the_model_bit_for_bit(tmp_path, tiny_bert_dir):
     _trained_copy(tiny_bert_dir, tmp_path / "final", 0.125)
     kept = tmp_path / "kept" / "parameters.safetensors"
-    _run("--changed-from", str(tiny_bert_dir), "--final-model", str(tmp_path / "final"), "--save-parameters", str(kept))
+    _run("--keep-changed", "--base", str(tiny_bert_dir), "--final-model", str(tmp_path / "final"), "--save-parameters", str(kept))
     assert sorted(load_file(str(kept))) == sorted(CHANGED)  # the untouched tensors are not kept
 
     _run("--from-parameters", str(kept), "--base", str(tiny_bert_dir), "--out", str(tmp_path / "rebuilt"))
