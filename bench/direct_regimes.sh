@@ -19,7 +19,8 @@
 #   eps:<name>:<epsilon>    the regime at another epsilon, evaluated on validation and test
 #   seed:<name>:<seed>      the regime at epsilon 8 with another seed (sampling, noise, negatives), both splits
 #   keep:<name>             copies what the run released and its evaluations to bench/results/direct_regimes/<name>,
-#                           with the tensors it changed (rebuild: bench/iterate_average.py --from-parameters)
+#                           with the tensors it changed (rebuild: bench/iterate_average.py --from-parameters);
+#                           a SciFact run is named by its directory under WORK: keep:scifact/<name>-eps<eps>[-seed<s>]
 #   scifact:<name>:<eps>[:<seed>]
 #                           the regime carried to SciFact's log (807 units) as a rule: its trainable parameters,
 #                           clip, learning rate, hard negatives and 12 steps per epoch it takes on SQuAD (12 for
