@@ -81,8 +81,9 @@ def _loss_patterns(losses: list[float], shown: list[float]) -> list[re.Pattern]:
     """The stand-ins the run was handed, in every format a display or a log line would write (3 decimals, 3 and 4
     significant digits, repr), and each loss the steps computed as repr (17 significant digits: where a loss is
     written in full, no other number matches it). A computed loss is not searched for at 3 decimals: its rendering
-    collides by chance with public numbers a run writes (the model card's "epsilon | 1.469" matched a retriever loss
-    about once in a few hundred runs). A loss of exactly 0 is skipped ("lora_dropout": 0.0 is in every config)."""
+    can equal by chance a public number a run writes (the model card's "epsilon | 1.469" lies among a toy retriever's
+    losses: the likely cause of one failure in about 56 runs). A loss of exactly 0 is skipped ("lora_dropout": 0.0 is
+    in every config)."""
     texts = [text for v in shown for text in (f"{v:.3f}", f"{v:.3g}", f"{v:.4g}", repr(v))]
     texts += [repr(v) for v in losses if math.isfinite(v) and v != 0.0]
     return [re.compile(rf"(?<![\d.]){re.escape(text)}(?!\d)") for text in texts]
