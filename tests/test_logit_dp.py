@@ -185,11 +185,11 @@ def _texts(gen, n, base):
             for k in range(n)]
 
 
-def _tracked_pass(model, queries, docs):
+def _tracked_pass(model, queries, docs, weight_norms: str = "auto"):
     """A GhostNorms tracker and the query / document embeddings of one forward pass it recorded."""
     from privret.train.clipped_sums import _encode
 
-    tracker = GhostNorms(model)
+    tracker = GhostNorms(model, weight_norms=weight_norms)
     tracker.slot = "q"
     eq = _encode(model, queries, 32)
     tracker.slot = "d"
@@ -205,8 +205,9 @@ def tiny_encoder(tiny_bert_dir):
     return lambda: load_encoder(str(tiny_bert_dir), max_seq_length=32).eval()
 
 
+@pytest.mark.parametrize("weight_norms", ["ghost", "per-sample"])
 @pytest.mark.parametrize("spec", ["all", "top:1", "lora"])
-def test_ghost_pair_norms_are_exact(tiny_encoder, spec):
+def test_ghost_pair_norms_are_exact(tiny_encoder, spec, weight_norms):
     from privret.train.clipped_sums import _grads, _norm
     from privret.models.trainable import make_trainable
 
@@ -218,7 +219,7 @@ def test_ghost_pair_norms_are_exact(tiny_encoder, spec):
                 p.normal_(0, 0.1)
     gen = torch.Generator().manual_seed(5)
     qs, ds = _texts(gen, 4, 2), _texts(gen, 4, 5)
-    tracker, eq, ed = _tracked_pass(model, qs, ds)
+    tracker, eq, ed = _tracked_pass(model, qs, ds, weight_norms)
     q_side, d_side = pair_norm_bounds(tracker, eq, ed, 0.5)
     for i in range(4):
         for j in range(4):
@@ -231,17 +232,24 @@ def test_ghost_pair_norms_are_exact(tiny_encoder, spec):
     tracker.remove()
 
 
-def test_ghost_group_norms_sum_sequences_of_a_unit(tiny_encoder):
-    """A unit spanning several queries and documents: the norm of the summed gradient, cross terms included."""
+@pytest.mark.parametrize("weight_norms", ["auto", "ghost", "per-sample"])
+@pytest.mark.parametrize("spec", ["all", "lora"])
+def test_ghost_group_norms_sum_sequences_of_a_unit(tiny_encoder, spec, weight_norms):
+    """A unit spanning several queries and documents: the norm of the summed gradient, cross terms included, with
+    the weight matrices' norms from Gram matrices, from per-sequence gradients, or each layer's cheaper way."""
     from privret.train.clipped_sums import _grads, _norm
     from privret.models.trainable import make_trainable
 
     model = tiny_encoder()
-    params = list(make_trainable(model, "all").values())
+    params = list(make_trainable(model, spec, lora_rank=2).values())
+    if spec == "lora":
+        with torch.no_grad():
+            for p in params:
+                p.normal_(0, 0.1)
     gen = torch.Generator().manual_seed(6)
     qs, ds = _texts(gen, 5, 2), _texts(gen, 5, 4)
     unit = torch.tensor([0, 0, 1, 2, 2])
-    tracker, eq, ed = _tracked_pass(model, qs, ds)
+    tracker, eq, ed = _tracked_pass(model, qs, ds, weight_norms)
     loss = -(eq * ed).sum(1) ** 2
     cot = torch.autograd.grad(loss.sum(), [eq, ed], retain_graph=True)
     sq = tracker.group_sq_norms([eq, ed], list(cot), {"q": unit, "d": unit}, 3)
@@ -340,3 +348,20 @@ def test_ghost_norms_refuse_unsupported_trainable_modules():
     model = torch.nn.Sequential(torch.nn.Conv1d(2, 2, 1))
     with pytest.raises(ValueError, match="Conv1d"):
         GhostNorms(model)
+    with pytest.raises(ValueError, match="weight_norms"):
+        GhostNorms(torch.nn.Linear(2, 2), weight_norms="materialised")
+
+
+@pytest.mark.parametrize("d_in, d_out, tokens, per_sample", [
+    (384, 4, 64, True), (4, 384, 256, True),  # LoRA's factors: r d multiply-adds a token against T (d + r)
+    (384, 384, 64, False), (384, 1536, 256, False),  # full width: T (d_in + d_out) < d_in d_out on these lengths
+    (384, 384, 256, True),  # long documents through a square layer: 256 x 768 > 384 x 384
+])
+def test_auto_weight_norms_take_the_cheaper_way(d_in, d_out, tokens, per_sample):
+    layer = torch.nn.Linear(d_in, d_out)
+    tracker = GhostNorms(layer)
+    seqs = [(None, torch.zeros(8, tokens, d_out), torch.arange(8))]
+    assert tracker._per_sample(layer, seqs, reuse_input_grams=False) is per_sample
+    assert tracker._per_sample(layer, seqs, reuse_input_grams=True) is False  # kept Grams make ghost passes cheap
+    assert GhostNorms(layer, weight_norms="ghost")._per_sample(layer, seqs, False) is False
+    assert GhostNorms(layer, weight_norms="per-sample")._per_sample(layer, seqs, True) is True

@@ -23,6 +23,9 @@ from torch import nn
 
 
 
+WEIGHT_NORMS = ("auto", "ghost", "per-sample")
+
+
 @dataclass
 class _Record:
     module: nn.Module
@@ -53,13 +56,23 @@ class GhostNorms:
     row, e.g. the clipping factor of its unit), one contraction per layer, instead of a second
     backward pass of the reweighted loss.
 
+    Weight matrices of linear layers, two exact ways (``weight_norms``): "ghost" (the Gram matrices above, about
+    ``T_a T_b (d_in + d_out)`` operations per pair of sequences of one group) or "per-sample" (each sequence's
+    ``G_s`` formed, ``T d_in d_out`` per sequence, and summed per group before the norm). "auto" takes, per layer
+    and pass, the one with fewer operations (Bu et al. 2022, "mixed ghost clipping"): per-sample for LoRA's
+    rank-r factors (``d_in d_out = r d``, far below ``T (d_in + d_out)``), ghost for most full-width layers on
+    short queries. Both give the same norm up to float rounding; the choice changes no guarantee.
+
     Repeated passes over the same recorded forward (``reuse_input_grams=True``, as in
     :func:`privret.privacy.logit_dp.pair_norm_bounds`): the input side ``x_{s,t} . x_{s',t'}`` does not
     depend on the cotangent, so it is computed on the first pass and kept (memory: one T x T matrix per sequence pair and layer,
     linear in the batch for one sequence per group).
     """
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: nn.Module, weight_norms: str = "auto"):
+        if weight_norms not in WEIGHT_NORMS:
+            raise ValueError(f"weight_norms must be one of {', '.join(WEIGHT_NORMS)}, got {weight_norms!r}")
+        self.weight_norms = weight_norms
         self.records: list[_Record] = []
         self.slot: str | None = None
         self._handles = []
@@ -230,8 +243,15 @@ class GhostNorms:
                 keep = g >= 0
                 acc.index_add_(0, g[keep], part(rec, d3)[keep].double())
             total += acc.pow(2).sum(dim=1)
-        # token-pair parts: Linear / Embedding weights
-        if kind in ("linear", "embedding") and module.weight.requires_grad:
+        # weights: per-sample gradients summed per group, or token-pair (ghost) parts for Linear / Embedding
+        if kind == "linear" and module.weight.requires_grad and self._per_sample(module, seqs, reuse_input_grams):
+            acc = torch.zeros(n_groups, *module.weight.shape, dtype=torch.float64, device=device)
+            for rec, d3, g in seqs:
+                keep = g >= 0
+                x3 = self._x3(rec, kind)[keep]
+                acc.index_add_(0, g[keep], torch.bmm(d3[keep].transpose(1, 2), x3).double())  # G_s per sequence
+            total += acc.pow(2).sum(dim=(1, 2))
+        elif kind in ("linear", "embedding") and module.weight.requires_grad:
             for a_idx, (ra, da, ga) in enumerate(seqs):
                 for rb, db, gb in seqs[a_idx:]:
                     both = (ga[:, None] == gb[None, :]) & (ga[:, None] >= 0)
@@ -243,6 +263,20 @@ class GhostNorms:
                     # rows of the same record: off-diagonal pairs appear twice in ``both`` already
                     total.index_add_(0, ga[ia], weight * vals.double())
         return total
+
+    def _per_sample(self, module: nn.Linear, seqs, reuse_input_grams: bool) -> bool:
+        """Whether to form the per-sequence weight gradients of ``module`` for this pass: always / never when
+        ``weight_norms`` says so; under "auto" when that takes fewer multiply-adds than the ghost pairs (counted as
+        one pair per sequence and pair of passes; with ``reuse_input_grams`` the ghost Grams are kept, so ghost)."""
+        if self.weight_norms != "auto":
+            return self.weight_norms == "per-sample"
+        if reuse_input_grams:
+            return False
+        d_in, d_out = module.in_features, module.out_features
+        rows_tokens = [(d3.shape[0], d3.shape[1]) for _, d3, _ in seqs]
+        per_sample = sum(n * t for n, t in rows_tokens) * d_in * d_out
+        ghost = sum(min(na, nb) * ta * tb for a, (na, ta) in enumerate(rows_tokens) for nb, tb in rows_tokens[a:])
+        return per_sample < ghost * (d_in + d_out)
 
     @staticmethod
     def _x3(rec: _Record, kind: str) -> torch.Tensor:
