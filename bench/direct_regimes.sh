@@ -79,7 +79,7 @@ declare -A REGIMES=(
   # added 2026-11-27, fifth session (fixed before it ran, while the LoRA run above was unscored): the clip the other
   # way. C = 3 lost to C = 1 on validation (-0.0066 [-0.0132, -0.0001]), its signal-to-noise ratio at the public
   # encoder lower (0.43 against 0.53) and its direction closer to the unclipped mean (cosine 0.93 against 0.84); at
-  # C = 0.3 the ratio is 0.62 and the cosine 0.73 (runs/s32/snr_top3.json, bench/direct_snr.py, 73% of units clipped):
+  # C = 0.3 the ratio is 0.62 and the cosine 0.73 (bench/results/direct_snr.json, 73% of units clipped):
   # whether the ratio keeps winning over the direction is what validation decides
   [top3-b512-c03-e4-nodrop]="--trainable bias-top:3 --batch-size 512 --epochs 4 --clip-norm 0.3 --lr 2e-3 --no-dropout"
 )
