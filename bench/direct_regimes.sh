@@ -19,7 +19,8 @@
 #   eps:<name>:<epsilon>    the regime at another epsilon, evaluated on validation and test
 #   seed:<name>:<seed>      the regime at epsilon 8 with another seed (sampling, noise, negatives), both splits
 #   keep:<name>             copies what the run released and its evaluations to bench/results/direct_regimes/<name>,
-#                           with the tensors it changed (rebuild: bench/iterate_average.py --from-parameters);
+#                           with the tensors it changed when they fit in 1 MB (BitFit; not a merged LoRA) (rebuild:
+#                           bench/iterate_average.py --from-parameters);
 #                           a SciFact run is named by its directory under WORK: keep:scifact/<name>-eps<eps>[-seed<s>]
 #   scifact:<name>:<eps>[:<seed>]
 #                           the regime carried to SciFact's log (807 units) as a rule: its trainable parameters,
@@ -165,7 +166,12 @@ EOF
         [ ! -f "$work/$n-$split/per_query.json" ] || { mkdir -p "$k/$split"; cp "$work/$n-$split"/*.json "$k/$split/"; }
       done
       .venv/bin/python bench/iterate_average.py --keep-changed --final-model "$work/$n" \
-          --save-parameters "$k/parameters.safetensors" ;;
+          --save-parameters "$work/$n-parameters.safetensors"
+      # BitFit changes about 60 KB of tensors; a merged LoRA changes whole weight matrices (10 MB at rank 4), which
+      # the repository does not hold: those stay in the work directory
+      if [ "$(stat -c %s "$work/$n-parameters.safetensors")" -le 1000000 ]; then
+        cp "$work/$n-parameters.safetensors" "$k/parameters.safetensors"
+      else echo "keep:$n: the changed tensors ($work/$n-parameters.safetensors) are over 1 MB and stay in the work directory"; fi ;;
     *) echo "unknown step $step" >&2; exit 2 ;;
   esac
 done
