@@ -16,7 +16,9 @@
 #   choose                  the regime with the best validation NDCG@10 (DP runs only; the public encoder, when none
 #                           beats it) -> WORK/choice.txt; only evaluations in zero-shot's number format compete
 #   test:<name>             a run's test evaluation (for the chosen regime; reporting only for the others)
-#   eps:<name>:<epsilon>    the regime at another epsilon, evaluated on validation and test
+#   eps:<name>:<epsilon>[:<seed>]
+#                           the regime at another epsilon, evaluated on validation and test; seed 0 unless given
+#                           (another seed: WORK/<name>-eps<epsilon>-seed<seed>)
 #   seed:<name>:<seed>      the regime at epsilon 8 with another seed (sampling, noise, negatives), both splits
 #   keep:<name>             copies what the run released and its evaluations to bench/results/direct_regimes/<name>,
 #                           with the tensors it changed when they fit in 1 MB (BitFit; not a merged LoRA) (rebuild:
@@ -140,11 +142,11 @@ EOF
     test:*)
       n=${step#test:}; ev "$work/$n" test "$work/$n-test"; echo "$n test: $(ndcg "$work/$n-test")" ;;
     eps:*)
-      rest=${step#eps:}; n=${rest%%:*}; e=${rest#*:}
-      [ -f "$work/$n-eps$e/privacy_ledger.json" ] || $P retriever train $BASE ${REGIMES[$n]} --epsilon "$e" \
-          --out "$work/$n-eps$e"
-      ev "$work/$n-eps$e" validation "$work/$n-eps$e-validation"; ev "$work/$n-eps$e" test "$work/$n-eps$e-test"
-      echo "$n at epsilon $e: validation $(ndcg "$work/$n-eps$e-validation"), test $(ndcg "$work/$n-eps$e-test")" ;;
+      IFS=: read -r n e s <<<"${step#eps:}"; s=${s:-0}; out=$work/$n-eps$e; [ "$s" = 0 ] || out=$out-seed$s
+      [ -f "$out/privacy_ledger.json" ] || $P retriever train $BASE ${REGIMES[$n]} --epsilon "$e" --seed "$s" \
+          --out "$out"
+      ev "$out" validation "$out-validation"; ev "$out" test "$out-test"
+      echo "$n at epsilon $e, seed $s: validation $(ndcg "$out-validation"), test $(ndcg "$out-test")" ;;
     seed:*)
       rest=${step#seed:}; n=${rest%%:*}; s=${rest#*:}
       [ -f "$work/$n-seed$s/privacy_ledger.json" ] || $P retriever train $BASE ${REGIMES[$n]} --epsilon 8 \
