@@ -98,6 +98,11 @@ ev() {  # $1 model, $2 split, $3 out dir
   [ -f "$3/per_query.json" ] || { mkdir -p "$3"; $P evaluate --no-bf16 --model "$1" --data "$D" --split "$2" \
       --per-query "$3/per_query.json" --json "$3/metrics.json"; }
 }
+both_splits() {  # $1 regime, $2 epsilon, $3 seed, $4 out dir: the DP run (unless done), evaluated on both splits
+  [ -f "$4/privacy_ledger.json" ] || $P retriever train $BASE ${REGIMES[$1]} --epsilon "$2" --seed "$3" --out "$4"
+  ev "$4" validation "$4-validation"; ev "$4" test "$4-test"
+  echo "$1 at epsilon $2, seed $3: validation $(ndcg "$4-validation"), test $(ndcg "$4-test")"
+}
 ndcg() { python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['ndcg@10'])" "$1/metrics.json"; }
 for step in "$@"; do
   case $step in
@@ -149,16 +154,9 @@ EOF
       n=${step#test:}; ev "$work/$n" test "$work/$n-test"; echo "$n test: $(ndcg "$work/$n-test")" ;;
     eps:*)
       IFS=: read -r n e s <<<"${step#eps:}"; s=${s:-0}; out=$work/$n-eps$e; [ "$s" = 0 ] || out=$out-seed$s
-      [ -f "$out/privacy_ledger.json" ] || $P retriever train $BASE ${REGIMES[$n]} --epsilon "$e" --seed "$s" \
-          --out "$out"
-      ev "$out" validation "$out-validation"; ev "$out" test "$out-test"
-      echo "$n at epsilon $e, seed $s: validation $(ndcg "$out-validation"), test $(ndcg "$out-test")" ;;
+      both_splits "$n" "$e" "$s" "$out" ;;
     seed:*)
-      rest=${step#seed:}; n=${rest%%:*}; s=${rest#*:}
-      [ -f "$work/$n-seed$s/privacy_ledger.json" ] || $P retriever train $BASE ${REGIMES[$n]} --epsilon 8 \
-          --seed "$s" --out "$work/$n-seed$s"
-      ev "$work/$n-seed$s" validation "$work/$n-seed$s-validation"; ev "$work/$n-seed$s" test "$work/$n-seed$s-test"
-      echo "$n seed $s: validation $(ndcg "$work/$n-seed$s-validation"), test $(ndcg "$work/$n-seed$s-test")" ;;
+      IFS=: read -r n s <<<"${step#seed:}"; both_splits "$n" 8 "$s" "$work/$n-seed$s" ;;
     scifact:*)
       IFS=: read -r n e s <<<"${step#scifact:}"; s=${s:-0}; S=../shared/data/scifact
       out=$work/scifact/$n-eps$e; [ "$s" = 0 ] || out=$out-seed$s
