@@ -42,3 +42,36 @@ def test_runs_over_different_queries_are_refused(tmp_path):
     done = _run(ref, other)
     assert done.returncode != 0
     assert "2 queries differ" in done.stderr and "per_query.json" in done.stderr
+
+
+def _beir(root: Path, title_of_query: dict[str, str]) -> Path:
+    """A BEIR directory where each query's one relevant document carries the given title."""
+    (root / "qrels").mkdir(parents=True)
+    titles = sorted(set(title_of_query.values()))
+    (root / "corpus.jsonl").write_text("".join(json.dumps({"_id": f"d{i}", "title": t, "text": "x"}) + "\n"
+                                               for i, t in enumerate(titles)))
+    (root / "queries.jsonl").write_text("".join(json.dumps({"_id": q, "text": "y"}) + "\n" for q in title_of_query))
+    (root / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n" + "".join(
+        f"{q}\td{titles.index(t)}\t1\n" for q, t in title_of_query.items()))
+    return root
+
+
+def test_by_title_locates_a_gain_and_a_loss_that_cancel(tmp_path):
+    base = {f"q{i}": 0.5 for i in range(40)}
+    title = {q: ("Alpha" if i < 20 else "Beta") for i, q in enumerate(base)}
+    moved = {q: s + (0.2 if title[q] == "Alpha" else -0.2) for q, s in base.items()}
+    data = _beir(tmp_path / "data", title)
+    done = _run(_eval(tmp_path, "ref", base), _eval(tmp_path, "moved", moved), "--by-title", str(data))
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert "\nmoved: 0.5000, +0.0000 [-0.0" in out  # overall the two groups cancel: a CI around 0
+    assert "[Alpha] ref: 0.5000 (20 queries" in out and "[Beta] ref: 0.5000 (20 queries" in out
+    assert "[Alpha] moved: 0.7000, +0.2000 [+0.2000, +0.2000] against ref" in out
+    assert "[Beta] moved: 0.3000, -0.2000 [-0.2000, -0.2000] against ref" in out
+
+
+def test_by_title_refuses_queries_the_dataset_does_not_judge(tmp_path):
+    data = _beir(tmp_path / "data", {"q1": "Alpha"})
+    done = _run(_eval(tmp_path, "ref", {"q1": 0.5, "q2": 0.4}), "--by-title", str(data))
+    assert done.returncode != 0
+    assert "no relevant document for 1 of the compared queries" in done.stderr and "'q2'" in done.stderr
