@@ -19,7 +19,8 @@
 #   eps:<name>:<epsilon>[:<seed>]
 #                           the regime at another epsilon, evaluated on validation and test; seed 0 unless given
 #                           (another seed: WORK/<name>-eps<epsilon>-seed<seed>)
-#   seed:<name>:<seed>      the regime at epsilon 8 with another seed (sampling, noise, negatives), both splits
+#   seed:<name>:<seed>      another run of the regime at epsilon 8, both splits (a private run draws its sampling,
+#                           noise, negatives and dropout from os.urandom whatever --seed says: the seed names the run)
 #   keep:<name>             copies what the run released and its evaluations to bench/results/direct_regimes/<name>,
 #                           with the tensors it changed when they fit in 1 MB (BitFit; not a merged LoRA) (rebuild:
 #                           bench/iterate_average.py --from-parameters);
@@ -29,7 +30,7 @@
 #                           clip, learning rate, hard negatives and 12 steps per epoch it takes on SQuAD (12 for
 #                           --epochs 1, 48 for --epochs 4), each step taking every unit
 #                           (q = 1: a smaller log gets the largest batch); evaluated on SciFact test; seed 0 unless
-#                           given (another seed: noise and negatives drawn; WORK/scifact/<name>-eps<eps>-seed<seed>)
+#                           given (another seed: another run; WORK/scifact/<name>-eps<eps>-seed<seed>)
 # One thread per job; two jobs fit the 2-core machine side by side. Where CUDA is available the runs use it (privret's
 # device auto; PB=128 units per pass fit an H200 easily): a SciFact run of 48 steps took about 2 minutes there.
 #   usage: bench/direct_regimes.sh WORK_DIR STEP...
