@@ -20,6 +20,7 @@ import argparse
 from pathlib import Path
 
 from privret.data.beir import load_beir
+from privret.errors import InputError
 from seed_rows import ci, per_query  # bench/ is the script's directory, so first on sys.path
 
 
@@ -41,7 +42,10 @@ def scores(directory: Path) -> dict[str, float]:
 
 def titles(data: Path, queries: set[str]) -> dict[str, str]:
     """Each query's group: the title of its first relevant document (by id) in any split of ``data``."""
-    dataset = load_beir(data)
+    try:
+        dataset = load_beir(data)
+    except InputError as error:
+        raise SystemExit(str(error)) from None
     title_of: dict[str, str] = {}
     for qrels in dataset.qrels.values():
         for query, judged in qrels.items():
@@ -79,9 +83,9 @@ def main(argv: list[str] | None = None) -> None:
         if set(other) != set(reference):
             raise SystemExit(f"{directory / 'per_query.json'}: {len(set(other) ^ set(reference))} queries differ "
                              f"from {ref_dir / 'per_query.json'}'s; compare evaluations of one split")
+    title_of = titles(args.by_title, set(reference)) if args.by_title is not None else {}
     compare("", runs)
-    if args.by_title is not None:
-        title_of = titles(args.by_title, set(reference))
+    if title_of:
         for title in sorted(set(title_of.values())):
             group = {q for q, t in title_of.items() if t == title}
             compare(f"[{title}] ", [(name, {q: s for q, s in run.items() if q in group}) for name, run in runs])

@@ -75,3 +75,9 @@ def test_by_title_refuses_queries_the_dataset_does_not_judge(tmp_path):
     done = _run(_eval(tmp_path, "ref", {"q1": 0.5, "q2": 0.4}), "--by-title", str(data))
     assert done.returncode != 0
     assert "no relevant document for 1 of the compared queries" in done.stderr and "'q2'" in done.stderr
+
+
+def test_by_title_names_a_dataset_it_cannot_read_before_printing_anything(tmp_path):
+    done = _run(_eval(tmp_path, "ref", {"q1": 0.5}), "--by-title", str(tmp_path / "absent"))
+    assert done.returncode != 0 and done.stdout == ""
+    assert "absent" in done.stderr and "dataset directory not found" in done.stderr
