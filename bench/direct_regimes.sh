@@ -13,8 +13,10 @@
 #                           cut at 256 tokens, every weight), on validation and test: retention is against it
 #   run:<name>              the DP run of a regime on the log, then its validation evaluation
 #   nonoise:<name>          the same steps with the noise switched off (bench/clip_only.py: NOT DP, a diagnosis)
-#   choose                  the regime with the best validation NDCG@10 (DP runs only; the public encoder, when none
-#                           beats it) -> WORK/choice.txt; only evaluations in zero-shot's number format compete
+#   choose                  the regime with the best validation NDCG@10, averaged over its epsilon-8 runs in WORK
+#                           (run: and seed: steps; DP runs only; the public encoder, when none beats it) ->
+#                           WORK/choice.txt; only evaluations in zero-shot's number format compete, and runs kept
+#                           elsewhere (other machines) do not: the docs pool those by hand
 #   test:<name>             a run's test evaluation (for the chosen regime; reporting only for the others)
 #   eps:<name>:<epsilon>[:<seed>]
 #                           the regime at another epsilon, evaluated on validation and test; seed 0 unless given
@@ -137,13 +139,16 @@ fmt = lambda d: metrics(d).get("precision", "unrecorded")  # evaluations before 
 base = work / "zero-shot-validation"
 best, best_score, want, skipped = "zero-shot", metrics(base)["ndcg@10"], fmt(base), []
 for name in sys.argv[2:]:
-    d = work / f"{name}-validation"
-    if not (d / "metrics.json").is_file():
-        continue
-    if fmt(d) != want:  # bf16 autocast and float32 differ by about 0.001 NDCG@10: never compared
-        skipped.append(f"{name} ({fmt(d)})")
-    elif metrics(d)["ndcg@10"] > best_score:
-        best, best_score = name, metrics(d)["ndcg@10"]
+    # a regime's runs at epsilon 8: the run: step's and every seed: step's (a private run draws its own noise, so
+    # runs of one regime spread by a few 0.001 and one lucky run must not decide)
+    runs = [d for d in [work / f"{name}-validation", *sorted(work.glob(f"{name}-seed*-validation"))]
+            if (d / "metrics.json").is_file()]
+    skipped += [f"{d.name} ({fmt(d)})" for d in runs if fmt(d) != want]  # bf16 and float32 differ by ~0.001
+    scores = [metrics(d)["ndcg@10"] for d in runs if fmt(d) == want]
+    if scores:
+        print(f"{name}: {sum(scores) / len(scores):.4f} (mean of {len(scores)} run(s))")
+    if scores and sum(scores) / len(scores) > best_score:
+        best, best_score = name, sum(scores) / len(scores)
 (work / "choice.txt").write_text(f"{best}\n")
 print(f"chosen on validation: {best} ({best_score:.4f}, {want})")
 if skipped:
