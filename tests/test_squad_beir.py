@@ -166,6 +166,8 @@ def test_squad_config_loads_once_the_dataset_exists(tmp_path):
     # the direct-DP regime chosen on the carved validation split (bench/direct_regimes.sh), validated at load
     assert cfg.direct_dp.methods == ["public-negatives"] and cfg.direct_dp.epsilons == [8, 3]
     assert cfg.direct_dp.settings["trainable"] == "bias-top:3" and cfg.direct_dp.settings["hard_negatives"] == 2
+    # one random public negative a step, no dropout: the choice of 2026-11-27 (docs/benchmarks.md)
+    assert cfg.direct_dp.settings["public_negatives"] == 1 and cfg.direct_dp.settings["dropout"] is False
 
 
 @pytest.mark.skipif(not (SHARED_DATA / "scifact").is_dir(), reason="../shared/data/scifact not present")
@@ -180,7 +182,8 @@ def test_scifact_config_carries_the_squad_regime_as_its_rule():
     cfg = load_config(REPO / "configs" / "scifact.yaml")
     row = cfg.direct_dp.config("public-negatives", 8.0, cfg.unit)
     squad = yaml.safe_load((REPO / "configs" / "squad.yaml").read_text())["direct_dp"]["settings"]
-    for field in ("trainable", "learning_rate", "clip_norm", "hard_negatives", "public_negatives", "max_doc_tokens"):
+    for field in ("trainable", "learning_rate", "clip_norm", "hard_negatives", "public_negatives", "dropout",
+                  "max_doc_tokens"):
         assert getattr(row, field) == squad[field], field
     assert (row.batch_size, row.epochs) == (807, 12 * squad["epochs"])
     assert cfg.direct_dp.config("batch-clip", 8.0, cfg.unit).trainable != "bias-top:3"
