@@ -27,11 +27,11 @@ set -euo pipefail
 work=$1; shift
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} PRIVRET_BUDGET_DIR=${PRIVRET_BUDGET_DIR:-$work/budget}
 P=.venv/bin/privret
+source bench/lib.sh
 W="0.1 0.25 0.5 0.75 1"
 S=../shared/data/scifact
 Q=$work/squad-807
-ev() { [ -f "$3/per_query.json" ] || { mkdir -p "$3"; $P evaluate --model "$1" --data "$2" --split test \
-         --per-query "$3/per_query.json" --json "$3/metrics.json"; }; }
+ev() { evaluate_once "$1" "$2" test "$3"; }  # $1 model, $2 data, $3 out dir
 direct() {  # $1 data, $2 out, $3 variant, $4 seed, $5 epsilon (default 7)
   local opt=(--optimizer adam --lr 2e-3)
   [ "$3" = sgd ] && opt=(--optimizer sgd --lr 1.3)

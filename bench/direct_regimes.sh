@@ -40,6 +40,7 @@ set -euo pipefail
 work=$1; shift
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} PRIVRET_BUDGET_DIR=${PRIVRET_BUDGET_DIR:-$work/budget}
 P=.venv/bin/privret
+source bench/lib.sh
 SQUAD=../shared/data/squad/squad-v1.1-dev-40.json
 D=$work/squad-val
 BASE="--dp public-negatives --data $D --hard-negatives 2 --max-doc-tokens 256 --physical-batch ${PB:-32} --seed 0 \
@@ -105,10 +106,7 @@ declare -A REGIMES=(
 )
 # Evaluations run in float32 (--no-bf16) since 2026-11-27; the ones stored before ran under bf16 autocast on CPUs with
 # native bf16 (about 0.001 NDCG@10; docs/benchmarks.md), and an existing per_query.json is never redone
-ev() {  # $1 model, $2 split, $3 out dir
-  [ -f "$3/per_query.json" ] || { mkdir -p "$3"; $P evaluate --no-bf16 --model "$1" --data "$D" --split "$2" \
-      --per-query "$3/per_query.json" --json "$3/metrics.json"; }
-}
+ev() { evaluate_once "$1" "$D" "$2" "$3" --no-bf16; }  # $1 model, $2 split, $3 out dir
 both_splits() {  # $1 regime, $2 epsilon, $3 seed, $4 out dir: the DP run (unless done), evaluated on both splits
   [ -f "$4/privacy_ledger.json" ] || $P retriever train $BASE ${REGIMES[$1]} --epsilon "$2" --seed "$3" --out "$4"
   ev "$4" validation "$4-validation"; ev "$4" test "$4-test"

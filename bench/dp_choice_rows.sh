@@ -12,9 +12,9 @@ set -euo pipefail
 work=$1; shift
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} PRIVRET_BUDGET_DIR=${PRIVRET_BUDGET_DIR:-$work/budget}
 P=.venv/bin/privret
+source bench/lib.sh
 D=../shared/data/scifact
-ev() { [ -f "$2/per_query.json" ] || { mkdir -p "$2"; $P evaluate --model "$1" --data $D --split test \
-         --per-query "$2/per_query.json" --json "$2/metrics.json"; }; }
+ev() { evaluate_once "$1" "$D" test "$2"; }  # $1 model, $2 out dir
 choose() {  # $1 candidate, $2 output, $3 weights: the DP choice, then every candidate on test (reporting only)
   [ -d "$2" ] || $P retriever select --data $D --split train --candidate "$1" --weights "$3" --epsilon 1 \
                    --out "$2" --allow-over-budget

@@ -59,6 +59,23 @@ def carve(ds, n_validation_articles: int, n_train: int, seed: int):
     return units, validation
 
 
+def write_log(units, base: Path, dst: Path) -> int:
+    """Write the carved training units as a BEIR log that ``privret retriever train`` reads: ``qrels/train.tsv`` holds
+    the rows of ``base``'s training qrels whose question is a unit; the corpus, the questions, the manifest and the
+    validation and test qrels are links to ``base``'s. Returns the number of training questions written."""
+    keep = {q for q, _ in units}
+    (dst / "qrels").mkdir(parents=True, exist_ok=True)
+    for name in ("corpus.jsonl", "queries.jsonl", "manifest.json", "qrels/test.tsv", "qrels/validation.tsv"):
+        if not (dst / name).exists():
+            (dst / name).symlink_to((base / name).resolve())
+    header, *rows = (base / "qrels" / "train.tsv").read_text().splitlines()
+    kept = [r for r in rows if r.split("\t")[0] in keep]
+    tmp = dst / "qrels" / "train.tsv.tmp"
+    tmp.write_text("\n".join([header, *kept]) + "\n")
+    tmp.replace(dst / "qrels" / "train.tsv")
+    return len(kept)
+
+
 def evaluate(model, ds, doc_ids, qrels) -> dict:
     model.eval()
     D = torch.from_numpy(corpus_embeddings(model, ds.corpus, bf16=False))
@@ -120,8 +137,8 @@ def batch_loss(model, ds, doc_ids, units, rows, a, rng, hard) -> torch.Tensor:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--data", required=True)
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--objective", choices=OBJECTIVES, required=True)
+    ap.add_argument("--out", help="result directory (required unless --write-log)")
+    ap.add_argument("--objective", choices=OBJECTIVES, help="required unless --write-log")
     ap.add_argument("--trainable", default="all")
     ap.add_argument("--lora-rank", type=int, default=8)
     ap.add_argument("--lr", type=float, default=2e-5)
@@ -136,7 +153,20 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--also-test", action="store_true",
                     help="also score the test split (reporting only: nothing may be chosen from it)")
+    ap.add_argument("--write-log", metavar="DIR",
+                    help="write the carved training units as a BEIR log in DIR and stop: the data "
+                         "for replaying this run in the DP trainer (bench/public_negatives.sh)")
+    ap.add_argument("--log-base", metavar="DIR",
+                    help="with --write-log: the BEIR directory whose corpus, questions and qrels the log links to")
     a = ap.parse_args()
+    if a.write_log:
+        if not a.log_base:
+            ap.error("--write-log needs --log-base")
+        units, _ = carve(load_beir(a.data, ["train"]), a.validation_articles, a.train_queries, a.seed)
+        print(f"{a.write_log}: {write_log(units, Path(a.log_base), Path(a.write_log))} training questions")
+        return
+    if not (a.out and a.objective):
+        ap.error("--out and --objective are required (unless --write-log)")
     torch.manual_seed(a.seed)
     rng = random.Random(a.seed)
     t0 = time.time()

@@ -17,33 +17,12 @@ set -euo pipefail
 work=$1
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2} PRIVRET_BUDGET_DIR=$work/pn/budget  # NOT DP: kept apart from the real registry
 P=.venv/bin/privret
-log=$work/pn/squad-807
-if [ ! -f "$log/qrels/train.tsv" ]; then
-  .venv/bin/python - "$work" <<'EOF'
-import importlib.util, sys
-from pathlib import Path
-from privret.data.beir import load_beir
-work = Path(sys.argv[1])
-spec = importlib.util.spec_from_file_location("pu", "bench/per_unit_objectives.py")
-pu = importlib.util.module_from_spec(spec); spec.loader.exec_module(pu)
-units, _ = pu.carve(load_beir(work / "squad-full", ["train"]), 4, 807, 0)
-keep = {q for q, _ in units}
-src, dst = work / "squad-val", work / "pn" / "squad-807"
-(dst / "qrels").mkdir(parents=True, exist_ok=True)
-for f in ("corpus.jsonl", "queries.jsonl", "manifest.json", "qrels/test.tsv", "qrels/validation.tsv"):
-    if not (dst / f).exists():
-        (dst / f).symlink_to((src / f).resolve())
-rows = (src / "qrels" / "train.tsv").read_text().splitlines()
-kept = [rows[0]] + [r for r in rows[1:] if r.split("\t")[0] in keep]
-(dst / "qrels" / "train.tsv").write_text("\n".join(kept) + "\n")
-print(f"{dst}: {len(kept) - 1} training questions")
-EOF
-fi
-ev() {  # $1 model, $2 out prefix
-  for s in validation test; do
-    [ -f "$2-$s/per_query.json" ] || { mkdir -p "$2-$s"; $P evaluate --no-bf16 --model "$1" --data "$work/squad-val" \
-        --split $s --per-query "$2-$s/per_query.json" --json "$2-$s/metrics.json"; }
-  done
+source bench/lib.sh
+log=$work/pn/squad-807  # the 807 questions the script trains on (its carve, seed 0), as a log the trainer reads
+[ -f "$log/qrels/train.tsv" ] || .venv/bin/python bench/per_unit_objectives.py --data "$work/squad-full" \
+    --write-log "$log" --log-base "$work/squad-val"
+ev() {  # $1 model, $2 out prefix: both splits, in float32
+  for s in validation test; do evaluate_once "$1" "$work/squad-val" $s "$2-$s" --no-bf16; done
 }
 trainer() {  # $1 name, $2 clip, $3 public negatives per step
   out=$work/pn/$1
