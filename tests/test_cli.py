@@ -107,6 +107,17 @@ def test_public_negatives_needs_a_public_corpus(tmp_path):
     assert not (tmp_path / "r").exists()
 
 
+def test_a_settings_error_of_several_flags_names_them_as_flags(toy_beir, tmp_path):
+    """A check across fields (no location: --public-negatives 0 needs --hard-negatives) names both flags, in one
+    line without pydantic's prefix, exit 2, nothing written."""
+    result = run_cli("retriever", "train", "--data", str(toy_beir), "--out", str(tmp_path / "r"),
+                     "--dp", "public-negatives", "--public-negatives", "0")
+    assert result.returncode == 2 and "--public-negatives or --hard-negatives >= 1" in result.stderr
+    assert "Value error" not in result.stderr and "field '--'" not in result.stderr
+    assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "r").exists()
+
+
 def test_pipeline_config_errors(tmp_path):
     config = tmp_path / "bad.yaml"
     config.write_text("name: x\ndataset: data\nepsilons: [8, -3]\n")

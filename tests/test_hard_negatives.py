@@ -92,6 +92,40 @@ def test_clipped_sum_with_hard_negatives_equals_brute_force(physical_batch, mode
     assert not close(got, combine(_per_unit_grads(model, params, batch, detach_hard=True)))
 
 
+def test_without_public_negatives_the_clipped_sum_is_the_hard_negative_softmax_by_brute_force(model_params,
+                                                                                            tiny_bert_dir):
+    """``public_negatives = 0``: row i's loss is -log(e^{s_i} / (e^{s_i} + sum_k e^{h_ik})) over its own hard
+    negatives alone, written out here by hand; the clipped sum equals the per-unit brute force, and the row
+    with no candidate (unit 5: every hard negative masked) has loss 0 and adds nothing."""
+    model, params = model_params
+    batch = _batch([0, 3, 5, 6, 7])
+    batch.negatives = []
+    e_q, e_d = _encode(model, batch.queries, 32), _encode(model, batch.docs, 32)
+    e_h = _encode(model, [t for ts in batch.hard for t in ts], 32).view(len(batch.hard), K, -1)
+    own = torch.einsum("bd,bkd->bk", e_q, e_h).masked_fill(~batch.hard_valid, float("-inf"))
+    logits = torch.cat([(e_q * e_d).sum(1, keepdim=True), own], dim=1) / 0.5
+    losses = torch.logsumexp(logits, dim=1) - logits[:, 0]
+    assert losses[batch.unit_of_row == 2].abs().max() < 1e-6  # unit 5 is the third unit of the batch
+    per_unit = [_grads(losses[batch.unit_of_row == k].sum(), params, retain=True) for k in range(batch.n_units)]
+    norms = torch.stack([_norm(g) for g in per_unit])
+    assert norms[2] == 0 and (norms[[0, 1, 3, 4]] > 0).all()
+    clip = float((norms[norms > 0].min() * norms.max()).sqrt())
+    got, stats = clipped_sum("public-negatives", model, params, batch, _cfg(tiny_bert_dir, clip_norm=clip,
+                                                                            public_negatives=0))
+    assert 0 < stats["clipped"] < 1
+    factors = (clip / (norms * (1 + NORM_MARGIN)).clamp_min(1e-12)).clamp(max=1.0).tolist()
+    want = [sum(f * g[i] for f, g in zip(factors, per_unit)) for i in range(len(params))]
+    assert all(torch.allclose(x, y, atol=1e-6, rtol=1e-4) for x, y in zip(got, want))
+
+
+def test_a_row_needs_a_negative():
+    with pytest.raises(ValueError, match="needs a negative per row"):
+        DPRetrieverConfig(method="public-negatives", public_negatives=0)
+    assert DPRetrieverConfig(method="public-negatives", public_negatives=0, hard_negatives=1).public_negatives == 0
+    with pytest.raises(ValueError):
+        DPRetrieverConfig(method="public-negatives", public_negatives=-1, hard_negatives=1)
+
+
 def test_norms_and_clipped_sum_are_exact_under_dropout(tiny_bert_dir):
     """In training mode (dropout on, the default ``dropout=True``) the brute-force comparison above cannot redraw
     the same masks, so the ghost norms and the book-keeping sum are checked on the pass's own graph: each unit's
@@ -251,9 +285,11 @@ def test_hard_negatives_are_refused_for_other_methods():
         DPRetrieverConfig(method="public-negatives", hard_negatives=-1)
 
 
-def test_train_with_hard_negatives_end_to_end(tmp_path, tiny_bert_dir):
+@pytest.mark.parametrize("public_negatives", [32, 0])
+def test_train_with_hard_negatives_end_to_end(tmp_path, tiny_bert_dir, public_negatives):
     pairs = _pairs()
-    cfg = _cfg(tiny_bert_dir, epsilon=8.0, batch_size=3, learning_rate=1e-3, trainable="top:1", hard_negative_depth=4)
+    cfg = _cfg(tiny_bert_dir, epsilon=8.0, batch_size=3, learning_rate=1e-3, trainable="top:1", hard_negative_depth=4,
+               public_negatives=public_negatives)
     ledger = train_dp_retriever(pairs, tmp_path / "r", cfg, data_hash="h", public_corpus=pairs.corpus,
                                 embedding_cache=tmp_path / "cache")
     assert ledger.mechanism == "direct-public-negatives" and ledger.epsilon <= 8.0 + 0.05

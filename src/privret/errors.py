@@ -49,4 +49,5 @@ def invalid_input(err, *, path: str | Path | None = None, under: str = "", what:
     first = err.errors()[0]
     location = tuple(first["loc"])
     field = name(location) if name is not None else ".".join(str(p) for p in ((under,) if under else ()) + location)
-    return InputError(f"{what}: {first['msg']}" if what else first["msg"], path=path, field=field)
+    message = first["msg"].removeprefix("Value error, ")  # pydantic's prefix for a validator's ValueError
+    return InputError(f"{what}: {message}" if what else message, path=path, field=field)

@@ -47,13 +47,16 @@ def as_flags(err: InputError) -> InputError:
 
 
 def build_config(cls, **values):
-    """``cls(**values)``; a pydantic validation error becomes an :class:`InputError` naming the flag."""
+    """``cls(**values)``; a pydantic validation error becomes an :class:`InputError` naming the flag (an error of
+    the whole config, with no location, names its fields in backquotes: those are shown as flags too)."""
     from pydantic import ValidationError
 
     try:
         return cls(**values)
     except ValidationError as err:
-        raise invalid_input(err, name=lambda location: flag("_".join(str(p) for p in location))) from None
+        error = invalid_input(err, name=lambda location: flag("_".join(str(p) for p in location)) if location else None)
+        error.message = re.sub(r"`([a-z_]+)`", lambda m: flag(m[1]) if m[1] in cls.model_fields else m[0], error.message)
+        raise error from None
 
 
 def budget_policy(cap: float | None, allow_over: bool, base=None):

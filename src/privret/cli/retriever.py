@@ -59,7 +59,8 @@ def retriever_train(
     lora_rank: Annotated[int, typer.Option(help="--dp: LoRA rank")] = 8,
     optimizer: Annotated[str, typer.Option(help="--dp: adam or sgd (plain SGD on the noisy mean gradient)")] = "adam",
     public_negatives: Annotated[int, typer.Option(
-        help="--dp public-negatives: negatives per step, drawn from --data's corpus")] = 32,
+        help="--dp public-negatives: random negatives per step, drawn from --data's corpus, without gradient "
+             "(0: none; then --hard-negatives must be >= 1)")] = 32,
     hard_negatives: Annotated[int, typer.Option(
         help="--dp public-negatives: hard negatives per row, drawn from the top --hard-negative-depth documents "
              "of --data's corpus that the initial encoder ranks for its query (with gradient; Delta = C still)")] = 0,

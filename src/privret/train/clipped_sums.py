@@ -153,8 +153,10 @@ def _logit_dp(model, params, batch, cfg):
 def _public_negatives(model, params, batch, cfg):
     """Per-unit clipped sum; the loss decomposes per unit, so the units are processed ``cfg.physical_batch``
     at a time (memory only: the sum is the same, up to float rounding)."""
-    with torch.no_grad():
-        e_n = _encode(model, [d.full_text for d in batch.negatives], cfg.max_doc_tokens)
+    e_n = None  # --public-negatives 0: the rows' own hard negatives only
+    if batch.negatives:
+        with torch.no_grad():
+            e_n = _encode(model, [d.full_text for d in batch.negatives], cfg.max_doc_tokens)
     mask = false_negative_mask(batch)
     total, losses, clipped = [torch.zeros_like(p, dtype=torch.float32) for p in params], [], 0
     step = cfg.physical_batch or batch.n_units
@@ -256,20 +258,21 @@ def false_negative_mask(batch: StepBatch) -> torch.Tensor:
         ids[u].add(doc_id)
         texts[u].add(text)
     return torch.tensor([[n.id in ids[u] or n.full_text in texts[u] for n in batch.negatives] for u in units],
-                        dtype=torch.bool)
+                        dtype=torch.bool).view(len(units), len(batch.negatives))
 
 
-def public_negative_losses(e_q: torch.Tensor, e_d: torch.Tensor, e_n: torch.Tensor, temperature: float, *,
+def public_negative_losses(e_q: torch.Tensor, e_d: torch.Tensor, e_n: torch.Tensor | None, temperature: float, *,
                            mask: torch.Tensor, hard: torch.Tensor | None = None,
                            hard_mask: torch.Tensor | None = None) -> torch.Tensor:
     """Row i: l_i = -log( e^{s_i} / (e^{s_i} + sum_{j: not mask_ij} e^{s_ij} + sum_{k: not hard_mask_ik}
     e^{h_ik}) ), s_i = cos(q_i, d_i) / t, s_ij = cos(q_i, n_j) / t: the positive against the step's public
     negatives n_1..n_M (constants: no gradient) that ``mask`` (:func:`false_negative_mask`) does not exclude
     for row i, and h_ik = cos(q_i, hard_ik) / t against row i's own hard negatives ``hard[i]`` (``[rows, K,
-    dim]``, with gradient), if given."""
+    dim]``, with gradient), if given. ``e_n`` None: no public negatives (M = 0; ``hard`` must then be given)."""
     pos = (e_q * e_d).sum(dim=1, keepdim=True)
-    neg = (e_q @ e_n.detach().T).masked_fill(mask.to(e_q.device), float("-inf"))
-    parts = [pos, neg]
+    parts = [pos]
+    if e_n is not None:
+        parts.append((e_q @ e_n.detach().T).masked_fill(mask.to(e_q.device), float("-inf")))
     if hard is not None:
         own = torch.einsum("bd,bkd->bk", e_q, hard)
         parts.append(own if hard_mask is None else own.masked_fill(hard_mask.to(e_q.device), float("-inf")))

@@ -119,7 +119,9 @@ class DPRetrieverConfig(BaseModel):
     spreadout_weight: float = Field(0.0, ge=0, allow_inf_nan=False, description="logit-dp only")
     trainable: str = Field("all", pattern=r"^(all|layers|lora|bias|(bias-)?top:[1-9][0-9]*)$")
     lora_rank: int = Field(8, gt=0)
-    public_negatives: int = Field(32, gt=0, description="negatives per step (public-negatives)")
+    public_negatives: int = Field(32, ge=0, description="public-negatives: random public documents per step, shared "
+                                                        "by every row, without gradient; 0: none (then "
+                                                        "hard_negatives must be >= 1)")
     hard_negatives: int = Field(0, ge=0, description="public-negatives: per row, K of the top hard_negative_depth "
                                                      "public documents the initial encoder ranks for its query, with "
                                                      "gradient (privret.train.hard_negatives); 0: none")
@@ -139,9 +141,11 @@ class DPRetrieverConfig(BaseModel):
     @model_validator(mode="after")
     def _method_options(self):
         if self.spreadout_weight and self.method != "logit-dp":
-            raise ValueError("spreadout_weight applies to logit-dp only")
+            raise ValueError("`spreadout_weight` applies to logit-dp only")
         if self.hard_negatives and self.method != "public-negatives":
-            raise ValueError("hard_negatives applies to public-negatives only")
+            raise ValueError("`hard_negatives` applies to public-negatives only")
+        if self.method == "public-negatives" and self.public_negatives + self.hard_negatives == 0:
+            raise ValueError("public-negatives needs a negative per row: `public_negatives` or `hard_negatives` >= 1")
         return self
 
     @property
