@@ -13,7 +13,7 @@
 # the 8 test articles; reporting only) in float32, like bench/direct_regimes.sh. About 45 min on 2 CPU threads.
 # On SciFact (the second argument `scifact`), the same trainer runs, 32 against 1 negative at C = 1000, on SciFact's
 # whole training log (809 claims, 25 steps of 32) evaluated on its test split (reporting only: the rule was fixed on
-# SQuAD's validation split; SciFact has no validation split of its own here); about 20 min on 2 CPU threads.
+# SQuAD's validation split; SciFact has no validation split of its own here); about 40 min on 2 CPU threads.
 #   usage: bench/public_negatives.sh WORK_DIR [scifact]  (WORK_DIR/squad-val and WORK/squad-full: direct_regimes.sh's data)
 #   then:  .venv/bin/python bench/compare_runs.py zero-shot=WORK/zero-shot-test a=WORK/pn/trainer-32-negatives-test ...
 set -euo pipefail
