@@ -28,7 +28,8 @@ if [ "${2:-squad}" = scifact ]; then
     out=$work/pn/scifact/trainer-$n-negatives
     [ -f "$out/NOT_DP.txt" ] || .venv/bin/python bench/clip_only.py retriever train --dp public-negatives --data "$S" \
         --hard-negatives 2 --max-doc-tokens 256 --physical-batch 16 --trainable bias --batch-size 32 --epochs 1 \
-        --clip-norm 1000 --public-negatives $n --lr 1e-3 --epsilon 8 --seed 0 --allow-over-budget --resume --out "$out"
+        --clip-norm 1000 --public-negatives $n --lr 1e-3 --epsilon 8 --seed 0 --allow-over-budget --resume --out "$out" \
+        --cache-dir "$work/pn/cache"  # the public pool's embeddings for mining, encoded once for both runs
     evaluate_once "$out" "$S" test "$out-test" --no-bf16
   done
   exit 0

@@ -188,14 +188,22 @@ def test_masked_hard_placeholders_change_nothing(model_params, tiny_bert_dir):
     assert torch.allclose(with_hard, public_negative_losses(e_q, e_d, e_n, 0.5, mask=mask))
 
 
-def test_adding_a_unit_with_hard_negatives_changes_the_sum_by_at_most_c(model_params, tiny_bert_dir):
+def _batch_with(units: list[int], public_negatives: int) -> StepBatch:
+    batch = _batch(units)
+    batch.negatives = batch.negatives[:public_negatives]
+    return batch
+
+
+@pytest.mark.parametrize("public_negatives", [3, 0])
+def test_adding_a_unit_with_hard_negatives_changes_the_sum_by_at_most_c(model_params, tiny_bert_dir,
+                                                                        public_negatives):
     model, params = model_params
-    cfg = _cfg(tiny_bert_dir)
+    cfg = _cfg(tiny_bert_dir, public_negatives=public_negatives)
     assert sensitivity(cfg) == (cfg.clip_norm, None)
     worst = 0.0
     for base, extra in (([0, 3], 6), ([5], 7), ([0, 6, 7], 3)):
-        a, _ = clipped_sum("public-negatives", model, params, _batch(base + [extra]), cfg)
-        b, _ = clipped_sum("public-negatives", model, params, _batch(base), cfg)
+        a, _ = clipped_sum("public-negatives", model, params, _batch_with(base + [extra], public_negatives), cfg)
+        b, _ = clipped_sum("public-negatives", model, params, _batch_with(base, public_negatives), cfg)
         worst = max(worst, _norm([x - y for x, y in zip(a, b)]).item())
     assert 0.5 * cfg.clip_norm < worst <= cfg.clip_norm * (1 + 1e-4)
 

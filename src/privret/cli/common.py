@@ -32,10 +32,11 @@ def _has_flag(field: str | None) -> bool:
     return field in FLAG_OF_FIELD or field in OPTION_FIELDS
 
 
-def flags_in(text: str) -> str:
+def flags_in(text: str, fields=()) -> str:
     """``text`` with the fields it names in backquotes (```allow_over```) shown as flags, when they are ones
-    the command line sets by a flag (library errors and warnings name config fields)."""
-    return re.sub(r"`([a-z_]+)`", lambda m: flag(m[1]) if _has_flag(m[1]) else m[0], text)
+    the command line sets by a flag (library errors and warnings name config fields), or are among ``fields``
+    (the fields of a config the command builds from its flags)."""
+    return re.sub(r"`([a-z_]+)`", lambda m: flag(m[1]) if _has_flag(m[1]) or m[1] in fields else m[0], text)
 
 
 def as_flags(err: InputError) -> InputError:
@@ -55,7 +56,7 @@ def build_config(cls, **values):
         return cls(**values)
     except ValidationError as err:
         error = invalid_input(err, name=lambda location: flag("_".join(str(p) for p in location)) if location else None)
-        error.message = re.sub(r"`([a-z_]+)`", lambda m: flag(m[1]) if m[1] in cls.model_fields else m[0], error.message)
+        error.message = flags_in(error.message, cls.model_fields)
         raise error from None
 
 

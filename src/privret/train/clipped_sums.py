@@ -258,7 +258,7 @@ def false_negative_mask(batch: StepBatch) -> torch.Tensor:
         ids[u].add(doc_id)
         texts[u].add(text)
     return torch.tensor([[n.id in ids[u] or n.full_text in texts[u] for n in batch.negatives] for u in units],
-                        dtype=torch.bool).view(len(units), len(batch.negatives))
+                        dtype=torch.bool)
 
 
 def public_negative_losses(e_q: torch.Tensor, e_d: torch.Tensor, e_n: torch.Tensor | None, temperature: float, *,
