@@ -5,8 +5,9 @@ sets: WORLD_SIZE, RANK, LOCAL_RANK, MASTER_ADDR, MASTER_PORT). Not a test module
         rank 0 saves OUT_DIR/step.pt: the gradients one DP step of the generator sets on every rank (noise off,
         each rank clipping its shard of all units), the one-process gradients for the same units, and the noise
         one noisy step of 4096 x 64 zero coordinates sets (std sigma Delta = 1.5 x 0.7).
-    python distributed_worker.py retriever-step BERT_DIR OUT_DIR
-        the same for the direct DP retriever (public-negatives, rank 0's negatives).
+    python distributed_worker.py retriever-step BERT_DIR OUT_DIR [PUBLIC_NEGATIVES]
+        the same for the direct DP retriever (public-negatives, rank 0's 5 negatives; with PUBLIC_NEGATIVES 0,
+        none: rank 0 sends an empty sample and each row meets its 2 hard negatives alone).
     python distributed_worker.py generator-train LLAMA_DIR OUT_DIR EPSILON [SLEEP]
         train the generator on tests/test_dp_generator.py's toy pairs into OUT_DIR (resuming if it holds an
         interrupted run), each step slowed by SLEEP seconds; the budget registry is $PRIVRET_BUDGET_DIR.
@@ -100,7 +101,7 @@ def generator_step(llama_dir: str, out_dir: str) -> None:
     group.barrier()
 
 
-def retriever_step(bert_dir: str, out_dir: str) -> None:
+def retriever_step(bert_dir: str, out_dir: str, public_negatives: str = "5") -> None:
     from helpers import WORDS
     from privret.data.pairs import QueryDocPair, TrainingPairs
     from privret.models.encoder import load_encoder
@@ -118,18 +119,21 @@ def retriever_step(bert_dir: str, out_dir: str) -> None:
             for i, w in enumerate(WORDS[:12])]
     pairs = TrainingPairs(pairs=rows, corpus=corpus)
     units = pairs.units("query")
-    cfg = DPRetrieverConfig(method="public-negatives", model=bert_dir, clip_norm=0.05, public_negatives=5,
-                                    max_query_tokens=16, max_doc_tokens=16)
+    cfg = DPRetrieverConfig(method="public-negatives", model=bert_dir, clip_norm=0.05,
+                            public_negatives=int(public_negatives), hard_negatives=2 if public_negatives == "0" else 0,
+                            max_query_tokens=16, max_doc_tokens=16)
     mech = dptrain.mechanism(cfg, 0.0)
     chosen = list(range(len(units)))
     rng = torch.Generator().manual_seed(0) if group.main else None
     pool = list(corpus.values())
     negatives = group.from_main(lambda: dptrain.draw_negatives(pool, cfg, rng))
-    batch = dptrain.build_batch(pairs, units, group.shard(chosen), cfg, rng, negatives, None)
+    # one candidate a row (none for row 0, masked out): the hard draws are the same whatever each rank's generator
+    hard = (pool, [[] if i == 0 else [(i + 3) % len(pool)] for i in range(len(rows))])
+    batch = dptrain.build_batch(pairs, units, group.shard(chosen), cfg, rng, negatives, None, hard=hard)
     dptrain.dp_step(model, params, batch, cfg, mech, 4.0, rng, group)
     result = {"distributed": _grads(params), "noise": _noise(group)}
     if group.main:
-        whole = dptrain.build_batch(pairs, units, chosen, cfg, rng, negatives, None)
+        whole = dptrain.build_batch(pairs, units, chosen, cfg, rng, negatives, None, hard=hard)
         dptrain.dp_step(model, params, whole, cfg, mech, 4.0, rng)
         result["single"] = _grads(params)
         torch.save(result, Path(out_dir) / "step.pt")

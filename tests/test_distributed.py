@@ -2,7 +2,7 @@
 
 Each test starts 2 ranks of tests/distributed_worker.py (or of the CLI under torchrun) with the environment
 torchrun sets, on tiny models. Marked ``distributed`` (``-m "not distributed"`` deselects them) and ``slow``
-(13 to 40 s each on 2 shared cores, 150 s together: ``make check`` leaves them to ``make test``)."""
+(15 to 42 s each on 2 shared cores, 190 s together with a DP run beside them: ``make check`` leaves them to ``make test``)."""
 
 from __future__ import annotations
 
@@ -71,9 +71,12 @@ def test_clipped_sum_and_noise_of_a_generator_step_over_two_processes(tiny_llama
     _check_step(torch.load(tmp_path / "step.pt"))
 
 
-def test_clipped_sum_and_noise_of_a_retriever_step_over_two_processes(tiny_bert_dir, tmp_path):
-    """The same for the direct DP retriever (public-negatives: rank 0 draws the negatives for both)."""
-    _wait(_start(["retriever-step", str(tiny_bert_dir), str(tmp_path)], tmp_path, world=2, tag="r"), tmp_path, "r")
+@pytest.mark.parametrize("public_negatives", ["5", "0"])
+def test_clipped_sum_and_noise_of_a_retriever_step_over_two_processes(tiny_bert_dir, tmp_path, public_negatives):
+    """The same for the direct DP retriever (public-negatives: rank 0 draws the negatives for both; with 0 of
+    them it sends an empty sample and each row's own hard negatives are its only ones)."""
+    _wait(_start(["retriever-step", str(tiny_bert_dir), str(tmp_path), public_negatives], tmp_path, world=2, tag="r"),
+          tmp_path, "r")
     _check_step(torch.load(tmp_path / "step.pt"))
 
 
