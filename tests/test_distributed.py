@@ -1,8 +1,8 @@
 """DP training over several processes (torch.distributed, gloo on loopback): the guarantee of one process.
 
 Each test starts 2 ranks of tests/distributed_worker.py (or of the CLI under torchrun) with the environment
-torchrun sets, on tiny models. Marked ``distributed`` (``-m "not distributed"`` deselects them) and ``slow``
-(15 to 42 s each on 2 shared cores, 190 s together with a DP run beside them: ``make check`` leaves them to ``make test``)."""
+torchrun sets, on tiny models. Marked ``distributed`` (``-m "not distributed"`` deselects them) and ``slow`` (15 to
+42 s each on 2 shared cores, 190 s together with a DP run beside them: ``make check`` leaves them to ``make test``)."""
 
 from __future__ import annotations
 
