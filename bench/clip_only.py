@@ -6,7 +6,8 @@ alone do to the objective; the difference to the DP run is what the noise costs.
 the DP run's ledger (the accountant's figures for the noise that was *not* added): it is marked by a file
 ``NOT_DP.txt`` and must never be released or compared as a DP row. The marker is written when training has
 finished (bench/direct_regimes.sh takes it as "done"); an interrupted run is continued by the same command with
-``--resume`` (a marker in an unfinished directory would make privret refuse to resume it).
+``--resume`` (a marker in an unfinished directory would make privret refuse to resume it). The CLI's closing line
+says "NOT DP" in place of the ledger's (epsilon, delta) summary.
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/clip_only.py retriever train --dp public-negatives ... --out DIR
 """
@@ -17,6 +18,7 @@ import sys
 from pathlib import Path
 
 import privret.train.dp_retriever as dp_retriever
+from privret.privacy.ledger import PrivacyLedger
 
 
 def main() -> None:
@@ -26,6 +28,7 @@ def main() -> None:
         return noisy(params, summed, std=0.0, **kw)
 
     dp_retriever.set_noisy_mean = noiseless
+    PrivacyLedger.summary = lambda self: "NOT DP: trained with the noise switched off (bench/clip_only.py)"
     from privret.cli import app
 
     out = Path(sys.argv[sys.argv.index("--out") + 1])

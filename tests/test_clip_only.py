@@ -1,0 +1,27 @@
+"""bench/clip_only.py: the direct DP trainer with its noise switched off is marked and announced as not DP (slow:
+about 20 s, a subprocess that trains a tiny encoder)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_the_noise_free_run_is_marked_and_never_announced_as_dp(toy_beir, tiny_bert_dir, tmp_path):
+    out = tmp_path / "nonoise"
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "clip_only.py"), "retriever", "train", "--data", str(toy_beir),
+         "--model", str(tiny_bert_dir), "--dp", "public-negatives", "--epsilon", "8", "--batch-size", "2",
+         "--trainable", "top:1", "--out", str(out)],
+        capture_output=True, text=True, timeout=600, env={**os.environ, "COLUMNS": "200"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "not DP" in (out / "NOT_DP.txt").read_text()
+    (closing,) = [line for line in done.stdout.splitlines() if line.startswith("retriever written to")]
+    assert "NOT DP" in closing and "-DP" not in closing.replace("NOT DP", "")
