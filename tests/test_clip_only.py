@@ -1,8 +1,10 @@
 """bench/clip_only.py: the direct DP trainer with its noise switched off is marked and announced as not DP (slow:
-about 20 s, a subprocess that trains a tiny encoder)."""
+about 20 s, a subprocess that trains a tiny encoder); its noise is really off: each of its steps went through the
+switched-off noise."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -22,6 +24,9 @@ def test_the_noise_free_run_is_marked_and_never_announced_as_dp(toy_beir, tiny_b
          "--trainable", "top:1", "--out", str(out)],
         capture_output=True, text=True, timeout=600, env={**os.environ, "COLUMNS": "200"})
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "not DP" in (out / "NOT_DP.txt").read_text()
+    marker = (out / "NOT_DP.txt").read_text()
+    assert "not DP" in marker
+    steps = json.loads((out / "privacy_ledger.json").read_text())
+    assert f"switched off in {steps['steps']} steps of this process" in marker and steps["steps"] > 0
     (closing,) = [line for line in done.stdout.splitlines() if line.startswith("retriever written to")]
     assert "NOT DP" in closing and "-DP" not in closing.replace("NOT DP", "")
