@@ -5,11 +5,12 @@ happens, but the Gaussian noise has standard deviation 0, so the output shows wh
 alone do to the objective; the difference to the DP run is what the noise costs. The output directory still gets
 the DP run's ledger (the accountant's figures for the noise that was *not* added): it is marked by a file
 ``NOT_DP.txt`` (with the number of steps whose noise was switched off) and must never be released or compared
-as a DP row. The script checks that the trainer called the switched-off noise at all (a trainer that bound the noise
-function under another name would otherwise train with noise under this label) and fails if it did not. The marker
-is written when training has finished (bench/direct_regimes.sh takes it as "done"); an interrupted run is continued by the same command with
-``--resume`` (a marker in an unfinished directory would make privret refuse to resume it). The CLI's closing line
-says "NOT DP" in place of the ledger's (epsilon, delta) summary.
+as a DP row. The script fails if the trainer never called the switched-off noise (a trainer that bound the noise
+function under another name would otherwise train with noise under this label; a resumed run with no step left
+fails the same way). The marker is written when training has finished (bench/direct_regimes.sh takes it as
+"done"); an interrupted run is continued by the same command with ``--resume`` (a marker in an unfinished
+directory would make privret refuse to resume it). The CLI's closing line says "NOT DP" in place of the ledger's
+(epsilon, delta) summary.
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/clip_only.py retriever train --dp public-negatives ... --out DIR
 """

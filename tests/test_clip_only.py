@@ -1,6 +1,6 @@
 """bench/clip_only.py: the direct DP trainer with its noise switched off is marked and announced as not DP (slow:
-about 20 s, a subprocess that trains a tiny encoder); its noise is really off: each of its steps went through the
-switched-off noise."""
+about 20 s, a subprocess that trains a tiny encoder), and every step the ledger counts went through the noise
+switched off (std 0)."""
 
 from __future__ import annotations
 
