@@ -43,8 +43,8 @@ def main() -> None:
     if noiseless_steps == 0:
         raise SystemExit("clip_only.py: the trainer never called privret.train.dp_retriever.set_noisy_mean, so the "
                          f"noise was not switched off; {out} is not the diagnosis it names")
-    (out / "NOT_DP.txt").write_text(f"trained with the DP noise switched off in {noiseless_steps} steps of this process "
-                                    "(bench/clip_only.py): not DP\n")
+    (out / "NOT_DP.txt").write_text(f"trained with the DP noise switched off in {noiseless_steps} steps of this "
+                                    "process (bench/clip_only.py): not DP\n")
 
 
 if __name__ == "__main__":
