@@ -3,7 +3,8 @@
 Each argument is ``NAME=DIR``, where ``DIR`` holds a ``per_query.json`` of ``privret evaluate --per-query`` (one
 score per query). The first run is the reference; every other line gives mean(other) - mean(reference)
 of NDCG@10 over the queries with the 95% paired bootstrap interval that ``bench/seed_rows.py`` reports (its
-``per_query`` and ``ci``, the interval every table of docs/benchmarks.md uses). Runs must cover the same queries. Used to pair regime
+``per_query`` and ``ci``, the interval every table of docs/benchmarks.md uses), and the number of queries on which
+it scores above, below and the same as the reference. Runs must cover the same queries. Used to pair regime
 candidates on the validation split (docs/benchmarks.md, "Dropout off, at 45 steps"):
 
     .venv/bin/python bench/compare_runs.py nodrop=runs/s32/top3-b512-c1-e4-nodrop-validation \\
@@ -60,14 +61,19 @@ def titles(data: Path, queries: set[str]) -> dict[str, str]:
 
 
 def compare(label: str, runs: list[tuple[str, dict[str, float]]]) -> None:
-    """One line per run: its mean, then the others' paired difference from the first with the 95% CI."""
+    """One line per run: its mean, then the others' paired difference from the first with the 95% CI, and on
+    how many queries each scores above, below and exactly as the first (a query's NDCG@10 changes only when its
+    top 10 does)."""
     (ref_name, reference), others = runs[0], runs[1:]
     print(f"{label}{ref_name}: {sum(reference.values()) / len(reference):.4f} ({len(reference)} queries, ndcg@10)")
     for name, other in others:
         low, high = ci(reference, other)
         mean = sum(other.values()) / len(other)
         delta = mean - sum(reference.values()) / len(reference)
-        print(f"{label}{name}: {mean:.4f}, {delta:+.4f} [{low:+.4f}, {high:+.4f}] against {ref_name}")
+        better = sum(other[q] > reference[q] for q in reference)
+        worse = sum(other[q] < reference[q] for q in reference)
+        print(f"{label}{name}: {mean:.4f}, {delta:+.4f} [{low:+.4f}, {high:+.4f}] against {ref_name}; better on "
+              f"{better}, worse on {worse}, same on {len(reference) - better - worse} queries")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -26,14 +26,17 @@ def test_each_run_is_paired_with_the_first(tmp_path):
     ref = _eval(tmp_path, "ref", base)
     shifted = _eval(tmp_path, "shifted", {q: s + 0.05 for q, s in base.items()})  # the same shift on every query
     noisy = _eval(tmp_path, "noisy", {q: s + (0.1 if i % 2 else -0.1) for i, (q, s) in enumerate(base.items())})
-    done = _run(ref, shifted, noisy)
+    partly = _eval(tmp_path, "partly", {q: s + (0.05 if i >= 40 else 0.0) for i, (q, s) in enumerate(base.items())})
+    done = _run(ref, shifted, noisy, partly)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert lines[0].startswith("ref: 0.4")
-    assert "+0.0500 [+0.0500, +0.0500] against ref" in lines[1]  # no spread in the differences: a point interval
+    assert "+0.0500 [+0.0500, +0.0500] against ref; better on 60, worse on 0, same on 0 queries" in lines[1]
     delta, interval = lines[2].split(", ", 1)[1].split(" [")
     low, high = (float(x) for x in interval.split("]")[0].split(", "))
     assert float(delta) == 0.0 and low < 0 < high  # differences of +-0.1 in equal numbers: a CI around 0
+    assert lines[2].endswith("; better on 30, worse on 30, same on 0 queries")
+    assert lines[3].endswith("; better on 20, worse on 0, same on 40 queries")  # an unchanged score is a tie
 
 
 def test_runs_over_different_queries_are_refused(tmp_path):
@@ -66,7 +69,7 @@ def test_by_title_locates_a_gain_and_a_loss_that_cancel(tmp_path):
     out = done.stdout
     assert "\nmoved: 0.5000, +0.0000 [-0.0" in out  # overall the two groups cancel: a CI around 0
     assert "[Alpha] ref: 0.5000 (20 queries" in out and "[Beta] ref: 0.5000 (20 queries" in out
-    assert "[Alpha] moved: 0.7000, +0.2000 [+0.2000, +0.2000] against ref" in out
+    assert "[Alpha] moved: 0.7000, +0.2000 [+0.2000, +0.2000] against ref; better on 20, worse on 0, same on 0" in out
     assert "[Beta] moved: 0.3000, -0.2000 [-0.2000, -0.2000] against ref" in out
 
 
