@@ -65,11 +65,12 @@ def compare(label: str, runs: list[tuple[str, dict[str, float]]]) -> None:
     how many queries each scores above, below and exactly as the first (a query's NDCG@10 changes only when its
     top 10 does)."""
     (ref_name, reference), others = runs[0], runs[1:]
-    print(f"{label}{ref_name}: {sum(reference.values()) / len(reference):.4f} ({len(reference)} queries, ndcg@10)")
+    ref_mean = sum(reference.values()) / len(reference)
+    print(f"{label}{ref_name}: {ref_mean:.4f} ({len(reference)} queries, ndcg@10)")
     for name, other in others:
         low, high = ci(reference, other)
         mean = sum(other.values()) / len(other)
-        delta = mean - sum(reference.values()) / len(reference)
+        delta = mean - ref_mean
         better = sum(other[q] > reference[q] for q in reference)
         worse = sum(other[q] < reference[q] for q in reference)
         print(f"{label}{name}: {mean:.4f}, {delta:+.4f} [{low:+.4f}, {high:+.4f}] against {ref_name}; better on "
