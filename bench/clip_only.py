@@ -6,11 +6,11 @@ alone do to the objective; the difference to the DP run is what the noise costs.
 the DP run's ledger (the accountant's figures for the noise that was *not* added): it is marked by a file
 ``NOT_DP.txt`` (with the number of steps whose noise was switched off) and must never be released or compared
 as a DP row. The script fails if the trainer never called the switched-off noise (a trainer that bound the noise
-function under another name would otherwise train with noise under this label; a resumed run with no step left
-fails the same way). The marker is written when training has finished (bench/direct_regimes.sh takes it as
-"done"); an interrupted run is continued by the same command with ``--resume`` (a marker in an unfinished
-directory would make privret refuse to resume it). The CLI's closing line says "NOT DP" in place of the ledger's
-(epsilon, delta) summary.
+function under another name would otherwise train with noise under this label; a resumed run whose every step
+an earlier process took fails the same way, as this process cannot vouch for them). The marker is written by the trainer's save into the staged directory, so it arrives with
+the trained weights in one atomic rename: there is no moment at which the finished directory exists unmarked, and
+bench/direct_regimes.sh takes the marker as "done". An interrupted run is continued by the same command with
+``--resume``. The CLI's closing line says "NOT DP" in place of the ledger's (epsilon, delta) summary.
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/clip_only.py retriever train --dp public-negatives ... --out DIR
 """
@@ -34,17 +34,26 @@ def main() -> None:
         noiseless_steps += 1
         return noisy(params, summed, std=0.0, **kw)
 
+    out = Path(sys.argv[sys.argv.index("--out") + 1])
+    save = dp_retriever._RetrieverTrainer.save
+
+    def save_marked(self, staged: Path, **kw) -> None:
+        if noiseless_steps == 0:  # raised inside the staging: the output directory never appears
+            raise SystemExit("clip_only.py: the trainer never called privret.train.dp_retriever.set_noisy_mean, so "
+                             f"the noise was not switched off; {out} is not the diagnosis it names")
+        save(self, staged, **kw)
+        (staged / "NOT_DP.txt").write_text(f"trained with the DP noise switched off in {noiseless_steps} steps of "
+                                           "this process (bench/clip_only.py): not DP\n")
+
     dp_retriever.set_noisy_mean = noiseless
+    dp_retriever._RetrieverTrainer.save = save_marked
     PrivacyLedger.summary = lambda self: "NOT DP: trained with the noise switched off (bench/clip_only.py)"
     from privret.cli import app
 
-    out = Path(sys.argv[sys.argv.index("--out") + 1])
     app(sys.argv[1:], standalone_mode=False)
-    if noiseless_steps == 0:
-        raise SystemExit("clip_only.py: the trainer never called privret.train.dp_retriever.set_noisy_mean, so the "
-                         f"noise was not switched off; {out} is not the diagnosis it names")
-    (out / "NOT_DP.txt").write_text(f"trained with the DP noise switched off in {noiseless_steps} steps of this "
-                                    "process (bench/clip_only.py): not DP\n")
+    if not (out / "NOT_DP.txt").exists():  # a finished directory given again: nothing was trained or saved
+        raise SystemExit(f"clip_only.py: {out} has no NOT_DP.txt, so this process did not train the diagnosis it "
+                         "names (was it finished by a run with the noise on?)")
 
 
 if __name__ == "__main__":
