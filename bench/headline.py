@@ -2,8 +2,11 @@
 
 One object per dataset, in the layout of issue 12 (zero-shot, original, rows with mean, sd, seeds, the paired CI
 against zero-shot and retention), plus the number format every evaluation behind it encoded in (``precision``, as
-``privret evaluate --json`` records it) and the result file it came from. The inputs must share that format: rows
-evaluated under bf16 autocast and in float32 differ by about 0.001 NDCG@10, so they are never mixed in one file.
+``privret evaluate --json`` records it) and the result files it came from (``sources``). The inputs must share that
+format: rows evaluated under bf16 autocast and in float32 differ by about 0.001 NDCG@10, so they are never mixed in
+one file. Several results for one dataset are merged, their rows in the order given, only when they measured
+against the same zero-shot and original figures (the retention and CIs of merged rows must share one scale); a row
+name that two of them use is refused.
 
     python bench/headline.py --precision float32 --out bench/results/privacy_utility.json \\
         bench/results/direct_regimes_scifact_fp32.json bench/results/direct_regimes_squad_fp32.json
@@ -21,7 +24,8 @@ from seed_rows import utility_entry
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("results", type=Path, nargs="+", help="bench/seed_rows.py --json files, one per dataset")
+    parser.add_argument("results", type=Path, nargs="+",
+                        help="bench/seed_rows.py --json files (several for one dataset are merged)")
     parser.add_argument("--precision", choices=("float32", "bf16-autocast"), required=True,
                         help="the number format every evaluation behind the inputs ran in")
     parser.add_argument("--out", type=Path, required=True)
@@ -29,12 +33,27 @@ def main() -> None:
     headline = {}
     for path in args.results:
         result = json.loads(path.read_text())
-        if result["dataset"] in headline:
-            raise SystemExit(f"{path}: a second result for the dataset {result['dataset']!r}")
-        headline[result["dataset"]] = {**utility_entry(result), "precision": args.precision, "source": path.as_posix()}
+        entry = {**utility_entry(result), "precision": args.precision, "sources": [path.as_posix()]}
+        earlier = headline.setdefault(result["dataset"], entry)
+        if earlier is not entry:
+            _merge(earlier, entry, path)
     tmp = args.out.with_name(args.out.name + ".tmp")
     tmp.write_text(json.dumps(headline, indent=2) + "\n")
     os.replace(tmp, args.out)
+
+
+def _merge(earlier: dict, entry: dict, path: Path) -> None:
+    """Add ``entry``'s rows to ``earlier`` (one dataset's object), refusing what would mix two scales or two rows."""
+    for key in ("zero_shot", "original"):
+        if earlier[key] != entry[key]:
+            raise SystemExit(f"{path}: its {key} {entry[key]} differs from {earlier[key]} in {earlier['sources']}, "
+                             "so its retention and CIs are on another scale; not merged")
+    taken = {row["name"] for row in earlier["rows"]}
+    twice = [row["name"] for row in entry["rows"] if row["name"] in taken]
+    if twice:
+        raise SystemExit(f"{path}: rows {twice} are already in {earlier['sources']}")
+    earlier["rows"] += entry["rows"]
+    earlier["sources"].append(entry["sources"][0])
 
 
 if __name__ == "__main__":

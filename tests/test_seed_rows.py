@@ -102,11 +102,11 @@ def test_headline_file_from_results_one_object_per_dataset(tmp_path):
     entries = json.loads(headline.read_text())
     assert list(entries) == ["scifact", "squad"]
     entry = entries["squad"]
-    assert entry["precision"] == "float32" and entry["source"] == results[1]
+    assert entry["precision"] == "float32" and entry["sources"] == [results[1]]
     assert entry["zero_shot"] == {"ndcg10": pytest.approx(0.5)} and entry["original"] == {"ndcg10": pytest.approx(0.7)}
     (row,) = entry["rows"]
     assert set(row) == {"name", "epsilon", "ndcg10_mean", "ndcg10_sd", "seeds", "delta_ci95", "retention"}
     assert row["retention"] == pytest.approx(0.5) and row["delta_ci95"] == pytest.approx([0.1, 0.1])
     res = subprocess.run([sys.executable, str(script), "--precision", "float32", "--out", str(headline), results[0],
                           results[0]], capture_output=True, text=True)
-    assert res.returncode != 0 and "a second result for the dataset 'scifact'" in res.stderr
+    assert res.returncode != 0 and "rows ['dp'] are already in" in res.stderr  # one result given twice
