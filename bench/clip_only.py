@@ -7,10 +7,11 @@ the DP run's ledger (the accountant's figures for the noise that was *not* added
 ``NOT_DP.txt`` (with the number of steps whose noise was switched off) and must never be released or compared
 as a DP row. The script fails if the trainer never called the switched-off noise (a trainer that bound the noise
 function under another name would otherwise train with noise under this label; a resumed run whose every step
-an earlier process took fails the same way, as this process cannot vouch for them). The marker is written by the trainer's save into the staged directory, so it arrives with
-the trained weights in one atomic rename: there is no moment at which the finished directory exists unmarked, and
-bench/direct_regimes.sh takes the marker as "done". An interrupted run is continued by the same command with
-``--resume``. The CLI's closing line says "NOT DP" in place of the ledger's (epsilon, delta) summary.
+an earlier process took fails the same way, as this process cannot vouch for them). The marker is written by the
+trainer's save into the staged directory, so it arrives with the trained weights in one atomic rename: there is no
+moment at which the finished directory exists unmarked, and bench/direct_regimes.sh takes the marker as "done". An
+interrupted run is continued by the same command with ``--resume``. The CLI's closing line says "NOT DP" in place of
+the ledger's (epsilon, delta) summary.
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/clip_only.py retriever train --dp public-negatives ... --out DIR
 """
