@@ -9,7 +9,8 @@ against the same zero-shot and original figures (the retention and CIs of merged
 name that two of them use is refused.
 
     python bench/headline.py --precision float32 --out bench/results/privacy_utility.json \\
-        bench/results/direct_regimes_scifact_fp32.json bench/results/direct_regimes_squad_fp32.json
+        bench/results/direct_regimes_scifact_fp32.json bench/results/direct_regimes_scifact_pn1_fp32.json \\
+        bench/results/direct_regimes_squad_pn1_fp32.json
 """
 
 from __future__ import annotations

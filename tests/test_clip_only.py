@@ -37,11 +37,10 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 
 def test_the_noise_free_run_is_marked_and_never_announced_as_dp(toy_beir, tiny_bert_dir, tmp_path):
     out = tmp_path / "nonoise"
-    done = subprocess.run(
-        [sys.executable, "-c", WATCHED, str(ROOT / "bench" / "clip_only.py"), "retriever", "train",
-         "--data", str(toy_beir), "--model", str(tiny_bert_dir), "--dp", "public-negatives", "--epsilon", "8",
-         "--batch-size", "2", "--trainable", "top:1", "--out", str(out)],
-        capture_output=True, text=True, timeout=600, env={**os.environ, "COLUMNS": "200"})
+    args = ["retriever", "train", "--data", str(toy_beir), "--model", str(tiny_bert_dir), "--dp", "public-negatives",
+            "--epsilon", "8", "--batch-size", "2", "--trainable", "top:1", "--out", str(out)]
+    done = subprocess.run([sys.executable, "-c", WATCHED, str(ROOT / "bench" / "clip_only.py"), *args],
+                          capture_output=True, text=True, timeout=600, env={**os.environ, "COLUMNS": "200"})
     assert done.returncode == 0, done.stderr[-3000:]
     assert (tmp_path / "staged_marker").read_text() == "True"  # the marker came with the rename, not after it
     marker = (out / "NOT_DP.txt").read_text()
@@ -50,3 +49,9 @@ def test_the_noise_free_run_is_marked_and_never_announced_as_dp(toy_beir, tiny_b
     assert f"switched off in {steps['steps']} steps of this process" in marker and steps["steps"] > 0
     (closing,) = [line for line in done.stdout.splitlines() if line.startswith("retriever written to")]
     assert "NOT DP" in closing and "-DP" not in closing.replace("NOT DP", "")
+    # A finished directory without the marker (as a run with the noise on leaves it) is not vouched for: no step
+    # of this process went through the switched-off noise, so the script fails instead of passing it off
+    (out / "NOT_DP.txt").unlink()
+    again = subprocess.run([sys.executable, str(ROOT / "bench" / "clip_only.py"), *args, "--resume"],
+                           capture_output=True, text=True, timeout=600)
+    assert again.returncode != 0 and "has no NOT_DP.txt" in again.stderr and not (out / "NOT_DP.txt").exists()
