@@ -27,12 +27,32 @@
 #                           with the tensors it changed when they fit in 1 MB (BitFit; not a merged LoRA) (rebuild:
 #                           bench/iterate_average.py --from-parameters);
 #                           a SciFact run is named by its directory under WORK: keep:scifact/<name>-eps<eps>[-seed<s>]
-#   scifact:<name>:<eps>[:<seed>]
+#   scifact:<name>:<eps>[:<seed>[:<steps>:<lr>]]
 #                           the regime carried to SciFact's log (807 units) as a rule: its trainable parameters,
 #                           clip, learning rate, hard negatives and 12 steps per epoch it takes on SQuAD (12 for
 #                           --epochs 1, 48 for --epochs 4), each step taking every unit
 #                           (q = 1: a smaller log gets the largest batch); evaluated on SciFact test; seed 0 unless
-#                           given (another seed: another run; WORK/scifact/<name>-eps<eps>-seed<seed>)
+#                           given (another seed: another run; WORK/scifact/<name>-eps<eps>-seed<seed>); with
+#                           <steps>:<lr>, a small-log schedule chosen on the proxy below instead
+#                           (WORK/scifact/<name>-t<steps>-lr<lr>-eps<eps>[-seed<seed>])
+# The small-log proxy (added 2026-11-28): SciFact's log has 807 units, so at the same epsilon the rule above puts
+# sigma / B = 3.43 / 807 of noise on each averaged step against 0.693 / 512 on SQuAD's 5,747 units, 3.1 times as
+# much. Whether its schedule still fits is asked on a log of SciFact's size with SQuAD's validation split:
+#   small:<name>:<steps>:<lr>[:<seed>]
+#                           the regime at epsilon 8 on WORK/squad-val-807 (the `data` step: the same 4 validation
+#                           articles, 807 of the other 28 articles' questions, a seeded sample), every unit in each
+#                           of <steps> steps at learning rate <lr>; evaluated on validation
+#                           (WORK/small/<name>-t<steps>-lr<lr>[-seed<seed>])
+#   choose-small            the best of those by validation NDCG@10 (mean over a schedule's runs; the public encoder
+#                           when none beats it) -> WORK/small/choice.txt
+# Candidates, fixed 2026-11-28 before any ran, each on the shipped rule's regime (top3-b512-c1-e4-nodrop-pn1):
+#   48 steps at lr 2e-3     the shipped SciFact rule itself;
+#   48 steps at lr 6.4e-4   its learning rate scaled by B / sigma. Under Adam, once the noise dominates a coordinate's
+#                           second moment, a step moves the model along the signal by about lr g B / (sigma C) and
+#                           moves each coordinate at random by about lr, whatever sigma; in a quadratic model the best
+#                           lr then scales as B / sigma. From SQuAD's choice (lr 2e-3 at B / sigma = 512 / 0.693):
+#                           2e-3 * (807 / 3.425) / (512 / 0.693) = 6.4e-4;
+#   12 steps at lr 1.28e-3  the same scaling at 12 steps (sigma 1.713 at epsilon 8): a quarter of the compute.
 # One thread per job; two jobs fit the 2-core machine side by side. Where CUDA is available the runs use it (privret's
 # device auto; PB=128 units per pass fit an H200 easily): a SciFact run of 48 steps took about 2 minutes there.
 #   usage: bench/direct_regimes.sh WORK_DIR STEP...
@@ -117,7 +137,9 @@ for step in "$@"; do
   case $step in
     data)
       [ -d "$D" ] || $P data squad-beir --squad $SQUAD --out "$D" --validation-articles 4
-      [ -d "$work/squad-full" ] || $P data squad-beir --squad $SQUAD --out "$work/squad-full" ;;
+      [ -d "$work/squad-full" ] || $P data squad-beir --squad $SQUAD --out "$work/squad-full"
+      [ -d "$work/squad-val-807" ] || $P data squad-beir --squad $SQUAD --out "$work/squad-val-807" \
+          --validation-articles 4 --train-queries 807 ;;
     zero-shot)
       ev minilm-l6 validation "$work/zero-shot-validation"; ev minilm-l6 test "$work/zero-shot-test" ;;
     original)
@@ -135,16 +157,18 @@ for step in "$@"; do
           --epsilon 8 --out "$work/$n-nonoise"
       ev "$work/$n-nonoise" validation "$work/$n-nonoise-validation"
       echo "$n without noise (not DP) validation: $(ndcg "$work/$n-nonoise-validation")" ;;
-    choose)
-      python3 - "$work" "${!REGIMES[@]}" <<'EOF'
+    choose|choose-small)
+      if [ "$step" = choose ]; then runs=$work; names=("${!REGIMES[@]}")
+      else runs=$work/small; names=(); for d in "$runs"/*-validation; do
+        [[ $d == *-seed*-validation ]] || names+=("$(basename "${d%-validation}")"); done; fi
+      python3 - "$work/zero-shot-validation" "$runs" "${names[@]}" <<'EOF'
 import json, sys
 from pathlib import Path
-work = Path(sys.argv[1])
+base, work = Path(sys.argv[1]), Path(sys.argv[2])  # the public encoder's evaluation; the runs' directory
 metrics = lambda d: json.loads((d / "metrics.json").read_text())
 fmt = lambda d: metrics(d).get("precision", "unrecorded")  # evaluations before 2026-11-27 recorded none
-base = work / "zero-shot-validation"
 best, best_score, want, skipped = "zero-shot", metrics(base)["ndcg@10"], fmt(base), []
-for name in sys.argv[2:]:
+for name in sys.argv[3:]:
     # a regime's runs at epsilon 8: the run: step's and every seed: step's (a private run draws its own noise, so
     # runs of one regime spread by a few 0.001 and one lucky run must not decide)
     runs = [d for d in [work / f"{name}-validation", *sorted(work.glob(f"{name}-seed*-validation"))]
@@ -169,13 +193,22 @@ EOF
       both_splits "$n" "$e" "$s" "$out" ;;
     seed:*)
       IFS=: read -r n s <<<"${step#seed:}"; both_splits "$n" 8 "$s" "$work/$n-seed$s" ;;
+    small:*)
+      IFS=: read -r n t lr s <<<"${step#small:}"; s=${s:-0}; Q=$work/squad-val-807
+      out=$work/small/$n-t$t-lr$lr; [ "$s" = 0 ] || out=$out-seed$s
+      [ -f "$out/privacy_ledger.json" ] || $P retriever train ${BASE/--data $D/--data $Q} ${REGIMES[$n]} \
+          --batch-size 807 --epochs "$t" --lr "$lr" --epsilon 8 --seed "$s" --out "$out"
+      ev "$out" validation "$out-validation"
+      echo "small log, $n, $t steps at lr $lr, seed $s: validation $(ndcg "$out-validation")" ;;
     scifact:*)
-      IFS=: read -r n e s <<<"${step#scifact:}"; s=${s:-0}; S=../shared/data/scifact
-      out=$work/scifact/$n-eps$e; [ "$s" = 0 ] || out=$out-seed$s
-      D=$S ev minilm-l6 test "$work/scifact/zero-shot-test"
+      IFS=: read -r n e s t lr <<<"${step#scifact:}"; s=${s:-0}; S=../shared/data/scifact
       re='--epochs ([0-9]+)'; [[ ${REGIMES[$n]} =~ $re ]]; steps=$((12 * BASH_REMATCH[1]))  # 12 per SQuAD epoch
+      sched=(); out=$work/scifact/$n
+      [ -z "$t" ] || { steps=$t; sched=(--lr "$lr"); out=$out-t$t-lr$lr; }
+      out=$out-eps$e; [ "$s" = 0 ] || out=$out-seed$s
+      D=$S ev minilm-l6 test "$work/scifact/zero-shot-test"
       [ -f "$out/privacy_ledger.json" ] || $P retriever train ${BASE/--data $D/--data $S} ${REGIMES[$n]} \
-          --batch-size 807 --epochs $steps --epsilon "$e" --seed "$s" --out "$out"
+          --batch-size 807 --epochs $steps "${sched[@]}" --epsilon "$e" --seed "$s" --out "$out"
       D=$S ev "$out" test "$out-test"; echo "SciFact $n at epsilon $e, seed $s: test $(ndcg "$out-test")" ;;
     keep:*)  # what survives the machine: ledger, mechanism, settings, per-query evaluations and the trained tensors
       n=${step#keep:}; k=bench/results/direct_regimes/$n; mkdir -p "$k"
