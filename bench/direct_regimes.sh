@@ -27,14 +27,12 @@
 #                           with the tensors it changed when they fit in 1 MB (BitFit; not a merged LoRA) (rebuild:
 #                           bench/iterate_average.py --from-parameters);
 #                           a SciFact run is named by its directory under WORK: keep:scifact/<name>-eps<eps>[-seed<s>]
-#   scifact:<name>:<eps>[:<seed>[:<steps>:<lr>]]
+#   scifact:<name>:<eps>[:<seed>]
 #                           the regime carried to SciFact's log (807 units) as a rule: its trainable parameters,
 #                           clip, learning rate, hard negatives and 12 steps per epoch it takes on SQuAD (12 for
 #                           --epochs 1, 48 for --epochs 4), each step taking every unit
 #                           (q = 1: a smaller log gets the largest batch); evaluated on SciFact test; seed 0 unless
-#                           given (another seed: another run; WORK/scifact/<name>-eps<eps>-seed<seed>); with
-#                           <steps>:<lr>, a small-log schedule chosen on the proxy below instead
-#                           (WORK/scifact/<name>-t<steps>-lr<lr>-eps<eps>[-seed<seed>])
+#                           given (another seed: another run; WORK/scifact/<name>-eps<eps>-seed<seed>)
 # The small-log proxy (added 2026-11-28): SciFact's log has 807 units, so at the same epsilon the rule above puts
 # sigma / B = 3.43 / 807 of noise on each averaged step against 0.693 / 512 on SQuAD's 5,747 units, 3.1 times as
 # much. Whether its schedule still fits is asked on a log of SciFact's size with SQuAD's validation split:
@@ -163,8 +161,9 @@ for step in "$@"; do
       echo "$n without noise (not DP) validation: $(ndcg "$work/$n-nonoise-validation")" ;;
     choose|choose-small)
       if [ "$step" = choose ]; then runs=$work; names=("${!REGIMES[@]}")
-      else runs=$work/small; names=(); for d in "$runs"/*-validation; do
-        [[ $d == *-seed*-validation ]] || names+=("$(basename "${d%-validation}")"); done; fi
+      else runs=$work/small; names=(); [ -d "$runs" ] || { echo "no small-log runs in $runs" >&2; exit 2; }
+        for d in "$runs"/*-validation; do  # one name per schedule; its other seeds are averaged in by name
+          [[ $d == *-seed*-validation ]] || names+=("$(basename "${d%-validation}")"); done; fi
       python3 - "$work/zero-shot-validation" "$runs" "${names[@]}" <<'EOF'
 import json, sys
 from pathlib import Path
@@ -205,14 +204,12 @@ EOF
       ev "$out" validation "$out-validation"
       echo "small log, $n, $t steps at lr $lr, seed $s: validation $(ndcg "$out-validation")" ;;
     scifact:*)
-      IFS=: read -r n e s t lr <<<"${step#scifact:}"; s=${s:-0}; S=../shared/data/scifact
-      re='--epochs ([0-9]+)'; [[ ${REGIMES[$n]} =~ $re ]]; steps=$((12 * BASH_REMATCH[1]))  # 12 per SQuAD epoch
-      sched=(); out=$work/scifact/$n
-      [ -z "$t" ] || { steps=$t; sched=(--lr "$lr"); out=$out-t$t-lr$lr; }
-      out=$out-eps$e; [ "$s" = 0 ] || out=$out-seed$s
+      IFS=: read -r n e s <<<"${step#scifact:}"; s=${s:-0}; S=../shared/data/scifact
+      out=$work/scifact/$n-eps$e; [ "$s" = 0 ] || out=$out-seed$s
       D=$S ev minilm-l6 test "$work/scifact/zero-shot-test"
+      re='--epochs ([0-9]+)'; [[ ${REGIMES[$n]} =~ $re ]]; steps=$((12 * BASH_REMATCH[1]))  # 12 per SQuAD epoch
       [ -f "$out/privacy_ledger.json" ] || $P retriever train ${BASE/--data $D/--data $S} ${REGIMES[$n]} \
-          --batch-size 807 --epochs $steps "${sched[@]}" --epsilon "$e" --seed "$s" --out "$out"
+          --batch-size 807 --epochs $steps --epsilon "$e" --seed "$s" --out "$out"
       D=$S ev "$out" test "$out-test"; echo "SciFact $n at epsilon $e, seed $s: test $(ndcg "$out-test")" ;;
     keep:*)  # what survives the machine: ledger, mechanism, settings, per-query evaluations and the trained tensors
       n=${step#keep:}; k=bench/results/direct_regimes/$n; mkdir -p "$k"
