@@ -129,8 +129,13 @@ declare -A REGIMES=(
 # Evaluations run in float32 (--no-bf16) since 2026-11-27; the ones stored before ran under bf16 autocast on CPUs with
 # native bf16 (about 0.001 NDCG@10; docs/benchmarks.md), and an existing per_query.json is never redone
 ev() { evaluate_once "$1" "$D" "$2" "$3" --no-bf16; }  # $1 model, $2 split, $3 out dir
+dp_train() {  # $1 out dir, $2 regime, $3 data, then options that override the regime's: the DP run, unless done
+  local out=$1 n=$2 data=$3; shift 3
+  [ -f "$out/privacy_ledger.json" ] || $P retriever train ${BASE/--data $D/--data $data} ${REGIMES[$n]} "$@" \
+      --out "$out"
+}
 both_splits() {  # $1 regime, $2 epsilon, $3 seed, $4 out dir: the DP run (unless done), evaluated on both splits
-  [ -f "$4/privacy_ledger.json" ] || $P retriever train $BASE ${REGIMES[$1]} --epsilon "$2" --seed "$3" --out "$4"
+  dp_train "$4" "$1" "$D" --epsilon "$2" --seed "$3"
   ev "$4" validation "$4-validation"; ev "$4" test "$4-test"
   echo "$1 at epsilon $2, seed $3: validation $(ndcg "$4-validation"), test $(ndcg "$4-test")"
 }
@@ -151,7 +156,7 @@ for step in "$@"; do
       echo "original: validation $(ndcg "$work/original-28-validation"), test $(ndcg "$work/original-28-test")" ;;
     run:*)
       n=${step#run:}
-      [ -f "$work/$n/privacy_ledger.json" ] || $P retriever train $BASE ${REGIMES[$n]} --epsilon 8 --out "$work/$n"
+      dp_train "$work/$n" "$n" "$D" --epsilon 8
       ev "$work/$n" validation "$work/$n-validation"; echo "$n validation: $(ndcg "$work/$n-validation")" ;;
     nonoise:*)
       n=${step#nonoise:}
@@ -199,8 +204,7 @@ EOF
     small:*)
       IFS=: read -r n t lr s <<<"${step#small:}"; s=${s:-0}; Q=$work/squad-val-807
       out=$work/small/$n-t$t-lr$lr; [ "$s" = 0 ] || out=$out-seed$s
-      [ -f "$out/privacy_ledger.json" ] || $P retriever train ${BASE/--data $D/--data $Q} ${REGIMES[$n]} \
-          --batch-size 807 --epochs "$t" --lr "$lr" --epsilon 8 --seed "$s" --out "$out"
+      dp_train "$out" "$n" "$Q" --batch-size 807 --epochs "$t" --lr "$lr" --epsilon 8 --seed "$s"
       ev "$out" validation "$out-validation"
       echo "small log, $n, $t steps at lr $lr, seed $s: validation $(ndcg "$out-validation")" ;;
     scifact:*)
@@ -208,8 +212,7 @@ EOF
       out=$work/scifact/$n-eps$e; [ "$s" = 0 ] || out=$out-seed$s
       D=$S ev minilm-l6 test "$work/scifact/zero-shot-test"
       re='--epochs ([0-9]+)'; [[ ${REGIMES[$n]} =~ $re ]]; steps=$((12 * BASH_REMATCH[1]))  # 12 per SQuAD epoch
-      [ -f "$out/privacy_ledger.json" ] || $P retriever train ${BASE/--data $D/--data $S} ${REGIMES[$n]} \
-          --batch-size 807 --epochs $steps --epsilon "$e" --seed "$s" --out "$out"
+      dp_train "$out" "$n" "$S" --batch-size 807 --epochs $steps --epsilon "$e" --seed "$s"
       D=$S ev "$out" test "$out-test"; echo "SciFact $n at epsilon $e, seed $s: test $(ndcg "$out-test")" ;;
     keep:*)  # what survives the machine: ledger, mechanism, settings, per-query evaluations and the trained tensors
       n=${step#keep:}; k=bench/results/direct_regimes/$n; mkdir -p "$k"
