@@ -10,12 +10,11 @@ says how it was treated).
     .venv/bin/python bench/corpus_title_pairs.py ../shared/data/scifact/corpus.jsonl runs/s33/titles/pairs.jsonl
 """
 import argparse
-import json
 import sys
 
 from privret.data.beir import load_corpus
 from privret.errors import InputError
-from privret.io import atomic_path
+from privret.io import atomic_path, write_jsonl
 
 ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 ap.add_argument("corpus", help="a BEIR corpus.jsonl (public documents)")
@@ -27,5 +26,5 @@ except InputError as e:  # the file, line and field, one line
     sys.exit(f"error: {e}")
 pairs = [{"query": d.title.strip(), "doc": d.text.strip()} for d in corpus.values() if d.title.strip() and d.text.strip()]
 with atomic_path(a.out) as staged:
-    staged.write_text("".join(json.dumps(p, ensure_ascii=False) + "\n" for p in pairs), encoding="utf-8")
+    write_jsonl(staged, pairs)
 print(f"{len(pairs)} pairs of {len(corpus)} documents written to {a.out}")
