@@ -11,3 +11,6 @@ evaluate_once() {
   "$P" evaluate --model "$model" --data "$data" --split "$split" --per-query "$out/per_query.json" \
       --json "$out/metrics.json" "$@"
 }
+
+# ndcg OUT: the NDCG@10 that evaluate_once wrote to OUT/metrics.json
+ndcg() { python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['ndcg@10'])" "$1/metrics.json"; }
