@@ -8,6 +8,7 @@ synthetic set, would come out with an epsilon-0 ledger."""
 
 from __future__ import annotations
 
+import json
 import shutil
 
 import pytest
@@ -16,11 +17,14 @@ from privret.config import PipelineConfig
 from privret.data.beir import Document
 from privret.data.pairs import QueryDocPair, TrainingPairs
 from privret.errors import InputError
+from privret.io import file_sha256
 from privret.privacy.ledger import LEDGER_FILE, PrivacyLedger
 from privret.train.interpolated import save_interpolated
 from privret.train.private_selection import select_retriever
 from privret.train.retriever import non_private_ledger, train_retriever
 from privret.train.settings import PrivateSelectionConfig, RetrieverTrainConfig
+
+from helpers import run_cli
 
 PRIVATE = PrivacyLedger(mechanism="direct-public-negatives", epsilon=8.0, delta=1e-3, noise_multiplier=1.0,
                         sample_rate=0.5, steps=2, planned_steps=2, accountant="prv", unit="query", n_units=6,
@@ -119,3 +123,38 @@ def test_generator_training_refuses_a_private_base_model(tmp_path, tiny_llama_di
     with pytest.raises(InputError, match="needs a public model") as err:
         train_generator(_pairs(), tmp_path / "g", GeneratorTrainConfig(model=str(base), epsilon=8.0), data_hash="h")
     assert err.value.field == "model" and not (tmp_path / "g").exists()
+
+
+def _write_pairs(path):
+    rows = [{"query": f"query on topic {i % 3} number {i}", "doc": f"document {i} about topic {i % 3}"}
+            for i in range(6)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+def test_a_retriever_trained_on_declared_public_pairs_is_public_and_adds_nothing_to_a_dp_choice(tiny_bert_dir,
+                                                                                                   tmp_path):
+    """`retriever train --public`: an epsilon-0 ledger with the pairs file's sha256, usable as a public base; a DP
+    choice among it and the base spends its own epsilon and nothing more (no inf from the training pairs)."""
+    pairs = _write_pairs(tmp_path / "public.jsonl")
+    result = run_cli("retriever", "train", "--pairs", str(pairs), "--model", str(tiny_bert_dir), "--out",
+                     str(tmp_path / "r"), "--batch-size", "2", "--public")
+    assert result.returncode == 0, result.stderr
+    ledger = PrivacyLedger.load(tmp_path / "r")
+    assert ledger.is_public and ledger.mechanism == "public-pairs" and ledger.n_pairs == 6
+    assert ledger.provenance == {"public_data_hash": file_sha256(pairs)}
+    save_interpolated(tmp_path / "r", tmp_path / "mixed", base=str(tmp_path / "r"), weight=0.5)  # a public base
+    cfg = PrivateSelectionConfig(epsilon=0.5, base=str(tiny_bert_dir), candidates=[str(tmp_path / "r")],
+                                 weights=[1], max_seq_length=32)
+    select_retriever(_pairs(), tmp_path / "chosen", cfg, data_hash="h", dataset_id="public-pairs-test")
+    chosen = PrivacyLedger.load(tmp_path / "chosen")
+    assert chosen.epsilon == 0.5 and chosen.mechanism == "exponential-mechanism" and not chosen.parts
+
+
+def test_public_training_refuses_dp_and_a_private_starting_model(private_encoder, tmp_path):
+    pairs = _write_pairs(tmp_path / "public.jsonl")
+    for extra, field in ((["--dp", "naive"], "--public"), (["--model", str(private_encoder)], "model")):
+        result = run_cli("retriever", "train", "--pairs", str(pairs), "--out", str(tmp_path / "r"), "--batch-size",
+                         "2", "--public", *extra)
+        assert result.returncode == 2 and field in result.stderr, result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1 and not (tmp_path / "r").exists()

@@ -88,6 +88,10 @@ def retriever_train(
     select_max_epochs: Annotated[int, typer.Option(help="--select: most epochs scored")] = 3,
     validation_pool: Annotated[int, typer.Option(
         help="--select: documents searched by the validation queries besides their relevant ones")] = 1000,
+    public: Annotated[bool, typer.Option(
+        "--public", help="non-private only: the training pairs are public data, no private query among them (your "
+                         "statement; privret cannot check it); the output gets an epsilon-0 ledger with their "
+                         "sha256 as provenance, so that it may be a public base or candidate of DP steps")] = False,
 ) -> None:
     """Train a dual encoder (in-batch softmax) on original or synthetic pairs; --dp trains it with DP directly."""
     from privret.train.settings import RetrieverTrainConfig
@@ -97,6 +101,8 @@ def retriever_train(
     if dp is not None and select is not None:
         raise InputError("applies to non-private training only: a validation split of private queries would need "
                          "a privacy budget of its own", field="--select")
+    if dp is not None and public:
+        raise InputError("applies to non-private training only: DP training is for private data", field="--public")
     lengths = {} if max_doc_tokens is None else {"max_doc_tokens": max_doc_tokens}
     if dp is not None:
         from privret.privacy.budget import dataset_id
@@ -130,7 +136,8 @@ def retriever_train(
                        **lengths, selection=None if select is None else {
                            **({} if select == "default" else {"grid": parse_grid(select)}),
                            "max_epochs": select_max_epochs, "validation_pool": validation_pool})
-    _train_non_private(training, data_hash, out_dir, cfg, model=model, synthetic_set=data if pairs is None else None)
+    _train_non_private(training, data_hash, out_dir, cfg, model=model, synthetic_set=data if pairs is None else None,
+                       public=public)
 
 
 @app.command("select")
@@ -201,15 +208,22 @@ def _check_method(dp: str, data: Path | None) -> None:
                          "corpus.jsonl); documents given inline in --pairs are private", field="--data")
 
 
-def _train_non_private(training, data_hash: str, out_dir: Path, cfg, *, model: str, synthetic_set: Path | None) -> None:
+def _train_non_private(training, data_hash: str, out_dir: Path, cfg, *, model: str, synthetic_set: Path | None,
+                       public: bool) -> None:
     """Train without DP. Its ledger is that of ``synthetic_set`` when it has one (training on a synthetic set is
-    post-processing of it), else the ledger of the original pairs: no guarantee."""
+    post-processing of it); with ``public``, a public epsilon-0 one; else the ledger of the original pairs: no
+    guarantee."""
     from privret.privacy.ledger import PrivacyLedger, has_ledger
     from privret.runlock import RunLock
-    from privret.train.retriever import non_private_ledger, train_retriever
+    from privret.train.retriever import non_private_ledger, public_pairs_ledger, train_retriever
 
     if synthetic_set is not None and has_ledger(synthetic_set):
+        if public:
+            raise InputError("is a synthetic set with its own privacy ledger, which already says what it is",
+                             path=synthetic_set, field="--public")
         ledger = PrivacyLedger.load(synthetic_set)
+    elif public:
+        ledger = public_pairs_ledger(training, model, data_hash, "query")
     else:
         ledger = non_private_ledger(training, model, data_hash, "query")
     with RunLock(out_dir, what="retriever directory"):

@@ -101,12 +101,15 @@ def unit_scores(model, pairs: TrainingPairs, unit, corpus: dict) -> np.ndarray:
 
 def composed_ledger(candidates: list[Candidate], selection: PrivacyLedger) -> PrivacyLedger:
     """The selection composed with every distinct ledger among the candidates' sources (copies of one
-    ledger, e.g. two retrievers trained on one synthetic set, count once); sources without one are public."""
+    ledger, e.g. two retrievers trained on one synthetic set, count once); sources without one, or with a public
+    epsilon-0 one, read no private data and add nothing (their ledgers would only make the composed one describe
+    public data in its first part)."""
     seen: dict[str, PrivacyLedger] = {}
     for c in candidates:
         if c.source is not None and has_ledger(c.source):
             ledger = PrivacyLedger.load(c.source)
-            seen.setdefault(ledger.model_dump_json(), ledger)
+            if not ledger.is_public:
+                seen.setdefault(ledger.model_dump_json(), ledger)
     ledgers = list(seen.values())
     return ledgers[0].compose(*ledgers[1:], selection) if ledgers else selection
 

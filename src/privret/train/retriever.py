@@ -48,6 +48,16 @@ def non_private_ledger(pairs: TrainingPairs, model: str, data_hash: str, unit: s
                          data_hash=data_hash, unit_definition=UNIT_DEFINITIONS[PrivacyUnit(unit)])
 
 
+def public_pairs_ledger(pairs: TrainingPairs, model: str, data_hash: str, unit: str) -> PrivacyLedger:
+    """The ledger of a retriever trained without DP on pairs its user declares public: epsilon = delta = 0.
+
+    The model is a function of public data only (the public pretrained ``model`` and the pairs), so it is 0-DP for
+    any private log; the pairs' sha256 (``data_hash``) is its provenance. The guarantee rests on the declaration:
+    a private query in ``pairs`` would be released without any."""
+    return PrivacyLedger.public("public-pairs", model=model, public_data_hash=data_hash, unit=unit,
+                                n_units=len(pairs.units(unit)), n_pairs=len(pairs.pairs), trainable="all")
+
+
 def batches_without_collisions(pairs, batch_size: int, rng: random.Random) -> list[list[int]]:
     """Shuffle rows into batches; a row whose document is already in the batch waits for the next one."""
     order = list(range(len(pairs)))
