@@ -125,7 +125,12 @@ declare -A REGIMES=(
   # public negatives"). The default's regime with 1 (the least the trainer takes), without dropout (tied with
   # dropout on validation, at 0.6 of its CPU time)
   [top3-b512-c1-e4-nodrop-pn1]="--trainable bias-top:3 --batch-size 512 --epochs 4 --clip-norm 1 --lr 2e-3 --no-dropout --public-negatives 1"
+  [top3-b512-c1-e4-nodrop-pn0]="--trainable bias-top:3 --batch-size 512 --epochs 4 --clip-norm 1 --lr 2e-3 --no-dropout --public-negatives 0"
 )
+# pn0 (added 2026-11-28, fifteenth session, before it ran): the default with no random public negative, each unit's
+# loss over its positive and its 2 own hard negatives alone (every document in it moves with the weights). The rule,
+# fixed before the run: one run at epsilon 8 on validation; if it beats the mean of the default's three runs (0.7856),
+# two more seeds run, and the default changes only when pn0's three-run mean beats it.
 # Evaluations run in float32 (--no-bf16) since 2026-11-27; the ones stored before ran under bf16 autocast on CPUs with
 # native bf16 (about 0.001 NDCG@10; docs/benchmarks.md), and an existing per_query.json is never redone
 ev() { evaluate_once "$1" "$D" "$2" "$3" --no-bf16; }  # $1 model, $2 split, $3 out dir
