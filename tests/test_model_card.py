@@ -59,9 +59,12 @@ def test_non_private_and_public_cards_say_so(tmp_path):
     assert "**No privacy guarantee.**" in card and "| epsilon | inf |" in card
     assert f"`{commit('ab' * 32)}`" in card and f"`{commit('scifact-log')}`" in card and "| pairs | 919 |" in card
     assert "non-private" in _front_matter(card)["tags"]
-    PrivacyLedger.public("public-pairs", model="minilm-l6", public_data_hash="cd" * 32, unit="query").save(
-        tmp_path / "pub")
-    assert "No private data was used" in render_model_card(tmp_path / "pub")
+    PrivacyLedger.public("public-pairs", model="minilm-l6", public_data_hash="cd" * 32, unit="query",
+                         n_pairs=12).save(tmp_path / "pub")
+    card = render_model_card(tmp_path / "pub")
+    assert "No private data was used" in card and f"| public data sha256 | `{'cd' * 32}` |" in card
+    assert "| pairs | 12 |" in card and "private log" not in card
+    assert _front_matter(card)["tags"][-1] == "public-data"
 
 
 def test_evaluations_are_added_replaced_per_split_and_never_written_for_public_models(tmp_path):

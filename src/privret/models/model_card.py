@@ -56,7 +56,7 @@ def guarantee_text(ledger: PrivacyLedger) -> str:
 
 def _front_matter(ledger: PrivacyLedger) -> str:
     tags = ["sentence-transformers", "sentence-similarity", "dense-retrieval", "privret",
-            "differential-privacy" if ledger.is_private else "non-private"]
+            "public-data" if ledger.is_public else "differential-privacy" if ledger.is_private else "non-private"]
     lines = ["---", "library_name: sentence-transformers", "pipeline_tag: sentence-similarity",
              f"base_model: {HUB_IDS.get(ledger.model, ledger.model)}", "tags:", *(f"- {t}" for t in tags), "---"]
     return "\n".join(lines)
@@ -72,7 +72,12 @@ def render_model_card(directory: Path) -> str:
     privacy = [("mechanism", f"`{ledger.mechanism}`"), ("epsilon", format_epsilon(ledger.epsilon, digits=4)), ("delta", f"{ledger.delta:.3g}"),
                ("unit", f"`{ledger.unit}`"), ("accountant", f"`{ledger.accountant}`"),
                ("units in the private log (public by assumption)", str(ledger.n_units))]
-    if ledger.is_private:
+    if ledger.is_public:  # it read no private log: say what public data it read instead
+        privacy = privacy[:-1]
+        data = [("training data", "public data only (sha256 below, unkeyed: the data is public)"),
+                ("public data sha256", f"`{ledger.provenance.get('public_data_hash', '-')}`"),
+                ("pairs", str(ledger.n_pairs))]
+    elif ledger.is_private:
         data = [("training data", "the private log (privacy_ledger.json names it only by a keyed commitment, "
                                   "which reveals nothing without the key of the privret installation that "
                                   "trained this model, and withholds its pair count)")]
