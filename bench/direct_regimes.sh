@@ -144,7 +144,6 @@ both_splits() {  # $1 regime, $2 epsilon, $3 seed, $4 out dir: the DP run (unles
   ev "$4" validation "$4-validation"; ev "$4" test "$4-test"
   echo "$1 at epsilon $2, seed $3: validation $(ndcg "$4-validation"), test $(ndcg "$4-test")"
 }
-ndcg() { python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['ndcg@10'])" "$1/metrics.json"; }
 for step in "$@"; do
   case $step in
     data)
