@@ -876,3 +876,57 @@ def test_a_privately_trained_encoder_is_refused_as_the_starting_point(tmp_path, 
         train_dp_retriever(_pairs(), tmp_path / "r", cfg, data_hash="h", public_corpus=_pairs().corpus,
                            embedding_cache=tmp_path / "cache")
     assert err.value.field == "model" and not (tmp_path / "r").exists() and not (tmp_path / "cache").exists()
+
+
+def test_hold_out_trains_on_the_fit_part_only_and_its_ledger_says_so(tmp_path, tiny_bert_dir, monkeypatch):
+    """With ``hold_out`` every trained row is a fit unit's, q and the ledger count the fit units, and the release is
+    charged to the whole log's dataset (its budget), marked with its part."""
+    from privret.privacy import budget
+    from privret.privacy.partition import FIT, UnitPartition
+
+    pairs = _pairs()
+    partition = UnitPartition(salt="held", heldout_fraction=0.4)
+    fit, held = partition.split(pairs, "query")
+    assert fit.pairs and held.pairs  # the salt splits this log of 10 units both ways
+    seen: list[str] = []
+    real = dptrain.build_batch
+    monkeypatch.setattr(dptrain, "build_batch", lambda *a, **k: (lambda b: seen.extend(b.queries) or b)(real(*a, **k)))
+    cfg = _cfg("batch-clip", tiny_bert_dir, epochs=2.0, batch_size=2, trainable="top:1", hold_out=partition)
+    ledger = train_dp_retriever(pairs, tmp_path / "r", cfg, data_hash="h")
+    assert seen and set(seen) <= {p.query for p in fit.pairs}
+    n_fit = len(fit.units("query"))
+    assert ledger.part == partition.part(FIT) and ledger.n_units == n_fit and ledger.sample_rate == 2 / n_fit
+    assert ledger.dataset_id == budget.dataset_id(pairs)
+    (release,) = budget.releases(ledger.dataset_id)
+    assert release.part == partition.part(FIT)
+    # a resume under another partition (or none) is another privacy plan
+    with pytest.raises(InputError, match="already holds"):
+        train_dp_retriever(pairs, tmp_path / "r", cfg.model_copy(update={"hold_out": None}), data_hash="h",
+                           resume=True)
+
+
+def test_cli_hold_out_reaches_the_dp_config_and_is_refused_without_dp(tmp_path, toy_beir, tiny_bert_dir, monkeypatch):
+    from typer.testing import CliRunner
+
+    from helpers import run_cli
+    from privret.cli import app
+    from privret.privacy.partition import UnitPartition
+
+    seen = {}
+
+    def record(pairs, out_dir, cfg, **kwargs):
+        seen["cfg"] = cfg
+        raise SystemExit(0)
+
+    monkeypatch.setattr(dptrain, "train_dp_retriever", record)
+    CliRunner().invoke(app, ["retriever", "train", "--data", str(toy_beir), "--model", str(tiny_bert_dir), "--out",
+                             str(tmp_path / "r"), "--dp", "batch-clip", "--hold-out", "0.25", "--hold-out-salt",
+                             "mine"], catch_exceptions=False)
+    assert seen["cfg"].hold_out == UnitPartition(salt="mine", heldout_fraction=0.25)
+    for flags in (["--hold-out", "0.2"], ["--dp", "batch-clip", "--hold-out", "1"],
+                  ["--dp", "batch-clip", "--hold-out-salt", "s"]):
+        result = run_cli("retriever", "train", "--data", str(toy_beir), "--model", str(tiny_bert_dir), "--out",
+                         str(tmp_path / "o"), *flags)
+        assert result.returncode == 2 and ("--hold-out-salt" if "--hold-out-salt" in flags else "--hold-out") in \
+            result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
+        assert not (tmp_path / "o").exists()

@@ -9,7 +9,8 @@ import yaml
 
 from privret.data.beir import Document
 from privret.data.pairs import QueryDocPair, TrainingPairs
-from privret.models.model_card import EVALUATIONS_FILE, record_evaluation, render_model_card, write_model_card
+from privret.models.model_card import (EVALUATIONS_FILE, guarantee_text, record_evaluation, render_model_card,
+                                      write_model_card)
 from privret.privacy.commitment import commit
 from privret.privacy.ledger import PrivacyLedger
 from privret.train.retriever import non_private_ledger, train_retriever
@@ -113,3 +114,20 @@ def test_a_direct_dp_retriever_carries_its_guarantee_in_its_card(tiny_bert_dir, 
     assert "direct DP training (`direct-batch-clip`)" in card and "## DP mechanism" in card
     assert "| method | `batch-clip` |" in card and "| sensitivity | `2.0` |" in card
     assert card == render_model_card(tmp_path / "r")
+
+
+def test_the_card_of_a_held_out_choice_says_its_parts_count_in_parallel(tmp_path):
+    from privret.privacy.partition import FIT, HELDOUT, UnitPartition
+    from privret.privacy.private_selection import selection_ledger
+
+    split = UnitPartition(salt="s", heldout_fraction=0.2)
+    run = PrivacyLedger(mechanism="direct-public-negatives", epsilon=8.0, delta=1e-4, noise_multiplier=3.5,
+                        sample_rate=1.0, steps=48, planned_steps=48, accountant="prv", unit="query", n_units=640,
+                        n_pairs=700, clip_norm=1.0, model="minilm-l6", trainable="bias-top:3", data_hash="h",
+                        dataset_id="d", part=split.part(FIT))
+    chosen = run.compose(selection_ledger(epsilon=8.0, n_units=160, unit="query", n_pairs=170, data_hash="h",
+                                          dataset_id="d", part=split.part(HELDOUT)))
+    text = guarantee_text(chosen)
+    assert text.startswith("(8, 0.0001)-differential privacy") and "count in parallel" in text
+    assert "parallel over the parts of partition (salt 's', held out 0.2)" in text
+    assert "count in parallel" not in guarantee_text(run.model_copy(update={"part": None}))

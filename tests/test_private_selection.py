@@ -167,7 +167,7 @@ def test_a_units_score_depends_on_its_own_rows_only(tiny_bert_dir):
     assert after[-1] == 0.0  # its own document is not public, so it is never found
 
 
-def _candidate(base_dir, out, *, epsilon: float = 7.0, noise: float = 0.0):
+def _candidate(base_dir, out, *, epsilon: float = 7.0, noise: float = 0.0, part=None):
     model = load_encoder(str(base_dir), max_seq_length=32)
     with torch.no_grad():
         for p in model.parameters():
@@ -175,7 +175,7 @@ def _candidate(base_dir, out, *, epsilon: float = 7.0, noise: float = 0.0):
     model.save(str(out))
     PrivacyLedger(mechanism="dp-sgd", epsilon=epsilon, delta=1e-3, noise_multiplier=1.0, sample_rate=0.1, steps=10,
                   planned_steps=10, accountant="prv", unit="query", n_units=4, n_pairs=5, clip_norm=1.0,
-                  model="gen", trainable="lora", data_hash="h", dataset_id="d").save(out)
+                  model="gen", trainable="lora", data_hash="h", dataset_id="d", part=part).save(out)
     return out
 
 
@@ -187,9 +187,9 @@ def test_select_retriever_writes_the_choice_with_a_composed_ledger_and_no_scores
     record = select_retriever(_log(), tmp_path / "chosen", cfg, data_hash="h", dataset_id="d")
     out = tmp_path / "chosen"
     assert record == json.loads((out / SELECTION_FILE).read_text())
-    assert set(record) == {"mechanism", "epsilon", "unit", "n_units", "base", "candidates", "chosen",
+    assert set(record) == {"mechanism", "epsilon", "unit", "n_units", "part", "base", "candidates", "chosen",
                            "chosen_source", "chosen_weight"}  # never the candidates' scores
-    assert record["chosen"] in record["candidates"] and record["n_units"] == 4
+    assert record["chosen"] in record["candidates"] and record["n_units"] == 4 and record["part"] is None
     ledger = PrivacyLedger.load(out)
     assert ledger.mechanism == "dp-sgd + exponential-mechanism" and ledger.epsilon == pytest.approx(7.5)
     assert ledger.delta == pytest.approx(1e-3)
@@ -219,6 +219,36 @@ def test_with_a_large_epsilon_the_best_candidate_is_chosen(tiny_bert_dir, tmp_pa
     totals = [s.sum() for s in seen]
     assert totals[0] != totals[1]
     assert record["chosen"] == ["base", str(bad)][int(np.argmax(totals))]
+
+
+def test_a_held_out_choice_scores_the_held_out_units_only_and_costs_the_larger_epsilon(tiny_bert_dir, tmp_path,
+                                                                                       monkeypatch):
+    """With ``hold_out`` only the held-out units are scored, and a candidate trained on the fit part of the same
+    partition composes with the choice in parallel: max(7, 0.5), in the ledger and in the registry."""
+    from privret.privacy.partition import FIT, HELDOUT, UnitPartition
+    from privret.train import private_selection
+
+    partition = UnitPartition(salt="c", heldout_fraction=0.5)
+    fit, held = partition.split(_log(), "query")
+    assert fit.pairs and held.pairs  # this salt splits the 4 units both ways
+    scored = []
+    real = private_selection.unit_scores
+    monkeypatch.setattr(private_selection, "unit_scores",
+                        lambda model, pairs, *a: scored.append({p.query for p in pairs.pairs}) or real(model, pairs, *a))
+    tuned = _candidate(tiny_bert_dir, tmp_path / "tuned", noise=0.05, part=partition.part(FIT))
+    cfg = PrivateSelectionConfig(epsilon=0.5, base=str(tiny_bert_dir), candidates=[str(tuned)], weights=[1],
+                                 max_seq_length=32, hold_out=partition)
+    record = select_retriever(_log(), tmp_path / "chosen", cfg, data_hash="h", dataset_id="d")
+    assert scored == [{p.query for p in held.pairs}] * 2
+    assert record["n_units"] == len(held.units("query")) and record["part"]["side"] == HELDOUT
+    ledger = PrivacyLedger.load(tmp_path / "chosen")
+    assert (ledger.epsilon, ledger.delta) == (7.0, 1e-3) and "parallel" in ledger.composition
+    (release,) = [r for r in budget.releases("d") if r.mechanism == MECHANISM]
+    assert release.part == partition.part(HELDOUT)
+    # the same candidate chosen on the whole log: the two add
+    whole = select_retriever(_log(), tmp_path / "whole", cfg.model_copy(update={"hold_out": None}), data_hash="h",
+                             dataset_id="d2")
+    assert whole["n_units"] == 4 and PrivacyLedger.load(tmp_path / "whole").epsilon == 7.5
 
 
 def test_cli_select_refuses_bad_weights_naming_the_flag(toy_beir, tmp_path):
@@ -254,3 +284,12 @@ def test_cli_interpolate_refuses_a_bad_weight_or_a_model_without_ledger(tiny_ber
     assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
     assert (flag in result.stderr) if flag == "--weight" else ("privacy_ledger.json" in result.stderr)
     assert not (tmp_path / "mixed").exists()
+
+
+@pytest.mark.parametrize("flags, named", [(["--hold-out", "0"], "--hold-out"), (["--hold-out-salt", "s"],
+                                                                                 "--hold-out-salt")])
+def test_cli_select_refuses_a_bad_hold_out_naming_the_flag(toy_beir, tmp_path, flags, named):
+    result = run_cli("retriever", "select", "--data", str(toy_beir), "--candidate", str(tmp_path / "x"), *flags,
+                     "--out", str(tmp_path / "o"))
+    assert result.returncode == 2 and named in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "o").exists()

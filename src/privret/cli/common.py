@@ -60,6 +60,21 @@ def build_config(cls, **values):
         raise error from None
 
 
+def hold_out_partition(fraction: float | None, salt: str | None):
+    """The partition ``--hold-out`` and ``--hold-out-salt`` describe, or None (the whole log)."""
+    from privret.privacy.partition import DEFAULT_SALT, UnitPartition
+
+    if fraction is None:
+        if salt is not None:
+            raise InputError("applies with --hold-out only", field="--hold-out-salt")
+        return None
+    if not 0.0 < fraction < 1.0:
+        raise InputError(f"must lie strictly between 0 and 1, not {fraction:g}", field="--hold-out")
+    if salt is not None and not salt:
+        raise InputError("must not be empty", field="--hold-out-salt")
+    return UnitPartition(salt=DEFAULT_SALT if salt is None else salt, heldout_fraction=fraction)
+
+
 def budget_policy(cap: float | None, allow_over: bool, base=None):
     """``base`` (default: a :class:`~privret.privacy.budget.BudgetPolicy` with the default cap; or a
     pipeline config's ``budget``) with the flags over it: ``--budget-cap`` replaces its cap,

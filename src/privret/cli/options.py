@@ -35,6 +35,17 @@ DatasetNameOpt = Annotated[Optional[str], typer.Option(
     help="charge DP releases to this name in the budget registry (default: the content of the private pairs, "
          "so an edited copy of a log is another dataset unless both are given one name)")]
 
+# a public partition of the log's units (privret.privacy.partition): DP training on the fit part, a DP choice on
+# the held-out part, composed in parallel
+HoldOutOpt = Annotated[Optional[float], typer.Option(
+    "--hold-out", help="the expected share of privacy units held out of the log, in (0, 1), by a public salted hash "
+                       "of each unit's key: retriever train --dp trains on the rest, retriever select scores on "
+                       "these; with the same --hold-out and --hold-out-salt the two cost the larger epsilon, not the "
+                       "sum")]
+HoldOutSaltOpt = Annotated[Optional[str], typer.Option(
+    "--hold-out-salt", help="--hold-out: the public salt of the hash (any text fixed without looking at the log; "
+                            "default privret-hold-out)")]
+
 # training
 EpochsOpt = Annotated[float, typer.Option()]
 LearningRateOpt = Annotated[float, typer.Option("--lr")]

@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from privret.cli.common import budget_policy, build_config, out, training_pairs
+from privret.cli.common import budget_policy, build_config, hold_out_partition, out, training_pairs
 from privret.cli.options import (
     ACCOUNTANT_HELP,
     DELTA_HELP,
@@ -19,6 +19,8 @@ from privret.cli.options import (
     DataOpt,
     DatasetNameOpt,
     EpochsOpt,
+    HoldOutOpt,
+    HoldOutSaltOpt,
     LearningRateOpt,
     PairsOpt,
     ResumeOpt,
@@ -80,6 +82,8 @@ def retriever_train(
     budget_cap: BudgetCapOpt = None,
     allow_over_budget: AllowOverOpt = False,
     dataset_name: DatasetNameOpt = None,
+    hold_out: HoldOutOpt = None,
+    hold_out_salt: HoldOutSaltOpt = None,
     select: Annotated[Optional[str], typer.Option(
         help="non-private only: choose the recipe on a validation split of the training pairs; a grid "
              "'name=v1,v2;name=v1,v2' over learning_rate, temperature, batch_size, max_doc_tokens, "
@@ -104,6 +108,7 @@ def retriever_train(
     if dp is not None and public:
         raise InputError("applies to non-private training only: DP training is for private data", field="--public")
     lengths = {} if max_doc_tokens is None else {"max_doc_tokens": max_doc_tokens}
+    partition = hold_out_partition(hold_out, hold_out_salt)
     if dp is not None:
         from privret.privacy.budget import dataset_id
         from privret.train.dp_retriever import train_dp_retriever
@@ -117,7 +122,7 @@ def retriever_train(
                               public_negatives=public_negatives, hard_negatives=hard_negatives,
                               hard_negative_depth=hard_negative_depth, physical_batch=physical_batch, accountant=accountant,
                               optimizer=optimizer, seed=seed, checkpoint_every=checkpoint_every, secure_rng=secure_rng,
-                              dropout=dropout, **lengths)
+                              dropout=dropout, hold_out=partition, **lengths)
         # --data's corpus plus any documents inline in --pairs: train_dp_retriever leaves the inline ones out
         ledger = train_dp_retriever(training, out_dir, dp_cfg, data_hash=data_hash,
                                     dataset_id=dataset_id(training, dataset_name), public_corpus=training.corpus,
@@ -128,7 +133,8 @@ def retriever_train(
                                   "draws no noise"), ("--optimizer", optimizer != "adam", "uses AdamW"),
                                   ("--hard-negatives", hard_negatives > 0, "uses in-batch negatives"),
                                   ("--cache-dir", cache_dir is not None, "mines no hard negatives"),
-                                  ("--no-dropout", not dropout, "keeps sentence-transformers' dropout")):
+                                  ("--no-dropout", not dropout, "keeps sentence-transformers' dropout"),
+                                  ("--hold-out", partition is not None, "has no DP choice to hold units out for")):
         if given:
             raise InputError(f"applies to DP training (--dp) only; non-private training {why}", field=flag_name)
     cfg = build_config(RetrieverTrainConfig, model=model, epochs=epochs, batch_size=batch_size,
@@ -159,10 +165,13 @@ def retriever_select(
     budget_cap: BudgetCapOpt = None,
     allow_over_budget: AllowOverOpt = False,
     dataset_name: DatasetNameOpt = None,
+    hold_out: HoldOutOpt = None,
+    hold_out_salt: HoldOutSaltOpt = None,
 ) -> None:
     """Choose, with DP, the best of the base encoder, the candidates and their interpolations by NDCG@10 on
     the private log (exponential mechanism; guards against negative transfer of synthetic data)."""
     from privret.privacy.budget import dataset_id
+    from privret.privacy.ledger import PrivacyLedger
     from privret.train.private_selection import select_retriever
     from privret.train.settings import PrivateSelectionConfig
 
@@ -173,11 +182,13 @@ def retriever_select(
     except ValueError:
         raise InputError(f"'{weights}' is not a comma-separated list of numbers", field="--weights") from None
     cfg = build_config(PrivateSelectionConfig, epsilon=epsilon, base=base, candidates=[str(c) for c in candidate],
-                       weights=alphas, unit=unit)
+                       weights=alphas, unit=unit, hold_out=hold_out_partition(hold_out, hold_out_salt))
     record = select_retriever(training, out_dir, cfg, data_hash=data_hash,
                               dataset_id=dataset_id(training, dataset_name), budget=policy)
+    ledger = PrivacyLedger.load(out_dir)
     out.print(f"chose {record['chosen']} of {len(record['candidates'])} candidates (epsilon {epsilon:g}); "
-              f"written to {out_dir}")
+              f"written to {out_dir}; its ledger: epsilon {ledger.epsilon:.3g}, delta {ledger.delta:.2g}"
+              + (f" ({ledger.composition})" if ledger.composition else ""))
 
 
 @app.command("interpolate")

@@ -47,6 +47,10 @@ def guarantee_text(ledger: PrivacyLedger) -> str:
         kind += ", whose documents were chosen by a DP partition selection"
     if "exponential-mechanism" in rest:
         kind += ", then a DP choice among candidate models scored on the private log (exponential mechanism)"
+    if any(part.part is not None for part in ledger.parts or [ledger]):
+        kind += (" (one or more of these read only one part of the log, split by a public salted hash of each unit's "
+                 "key; mechanisms on complementary parts count in parallel under add/remove neighbours: "
+                 f"{ledger.composition or ledger.part.describe()})")
     return (f"({ledger.epsilon:.4g}, {ledger.delta:.3g})-differential privacy with respect to one privacy unit "
             f"(`{ledger.unit}`: {ledger.unit_definition or ledger.unit}) of the private log, through {kind}. "
             "The guarantee covers the weights and anything computed from them; it does not cover the public "
@@ -71,7 +75,9 @@ def render_model_card(directory: Path) -> str:
     ledger = PrivacyLedger.load(directory)
     privacy = [("mechanism", f"`{ledger.mechanism}`"), ("epsilon", format_epsilon(ledger.epsilon, digits=4)), ("delta", f"{ledger.delta:.3g}"),
                ("unit", f"`{ledger.unit}`"), ("accountant", f"`{ledger.accountant}`"),
-               ("units in the private log (public by assumption)", str(ledger.n_units))]
+               ("units in the private log (public by assumption)" if ledger.part is None else
+                f"units in the {ledger.part.describe()} of the private log it read (public by assumption)",
+                str(ledger.n_units))]
     if ledger.is_public:  # it read no private log: say what public data it read instead
         privacy = privacy[:-1]
         data = [("training data", "public data only (sha256 below, unkeyed: the data is public)"),

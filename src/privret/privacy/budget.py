@@ -43,7 +43,11 @@ unit (releases under another unit protect another kind of neighbour and are not 
 * any other release (unknown mechanism, no noise multiplier) adds its own (epsilon_i, delta_i)
   by basic composition (Dwork and Roth 2014, Theorem 3.16), which is conservative.
 
-Total: ``epsilon = epsilon_G + sum epsilon_i``, ``delta = delta_G + sum delta_i``. Non-private
+Total: ``epsilon = epsilon_G + sum epsilon_i``, ``delta = delta_G + sum delta_i``, for the releases
+that read the whole dataset. Releases that read one side of a partition of it (``Release.part``:
+a DP run on the fit part, a DP choice on the held-out part; :mod:`privret.privacy.partition`) are
+recorded under the whole dataset's key: each side's releases compose by the rule above, the larger
+side counts (parallel composition, add/remove neighbours), and that adds to the total. Non-private
 runs (epsilon = inf) are not DP releases and are not recorded: releasing such a model voids
 every guarantee on its data, whatever this registry says.
 """
@@ -70,6 +74,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from privret.errors import InputError
 from privret.io import append_log_record, read_log_records
 from privret.privacy.commitment import commit, is_committed
+from privret.privacy.partition import LogPart, compose_parts
 
 if TYPE_CHECKING:
     from privret.data.pairs import TrainingPairs
@@ -111,6 +116,7 @@ class Release(BaseModel):
     steps: int
     delta: float
     epsilon: float
+    part: LogPart | None = None
     artefact: str = ""
     recorded_at: str = ""
 
@@ -130,7 +136,7 @@ class Release(BaseModel):
                    dataset_id=ledger.dataset_id, unit=ledger.unit,
                    n_units=ledger.n_units, mechanism=ledger.mechanism, accountant=ledger.accountant,
                    noise_multiplier=ledger.noise_multiplier, sample_rate=ledger.sample_rate, steps=ledger.steps,
-                   delta=ledger.delta, epsilon=ledger.epsilon, artefact=str(artefact))
+                   delta=ledger.delta, epsilon=ledger.epsilon, part=ledger.part, artefact=str(artefact))
 
 
 class Composition(BaseModel):
@@ -280,6 +286,12 @@ def compose(items: list[Release], *, unit: str | None = None) -> Composition:
         items = [r for r in items if r.unit == unit]
     if not items:
         return Composition(epsilon=0.0, delta=0.0, releases=0, method="none", unit=unit or "")
+    eps, delta, method = compose_parts(items, lambda r: r.part, _compose_on_one_part)
+    return Composition(epsilon=eps, delta=delta, releases=len(items), method=method, unit=unit or items[0].unit)
+
+
+def _compose_on_one_part(items: list[Release]) -> tuple[float, float, str]:
+    """Releases that read the same data: the accountant over the Gaussian ones, plus the others' sum."""
     gaussian = [r for r in items if r.gaussian]
     other = [r for r in items if not r.gaussian]
     eps, delta, methods = 0.0, 0.0, []
@@ -293,8 +305,7 @@ def compose(items: list[Release], *, unit: str | None = None) -> Composition:
         eps += sum(r.epsilon for r in other)
         delta += sum(r.delta for r in other)
         methods.append(f"basic composition of {len(other)} other releases")
-    return Composition(epsilon=eps, delta=delta, releases=len(items), method="; ".join(methods),
-                       unit=unit or items[0].unit)
+    return eps, delta, "; ".join(methods) or "no steps taken"
 
 
 def check_and_record(release: Release, policy: BudgetPolicy | None = None) -> Composition | None:
@@ -352,7 +363,9 @@ def compose_ledgers(ledgers: list) -> Composition:
     """What releasing all these artefacts together costs (one unit; non-private ledgers make it inf)."""
     if any(not math.isfinite(ledger.epsilon) for ledger in ledgers):
         return Composition(epsilon=math.inf, delta=0.0, releases=len(ledgers), method="a non-private release")
-    items = [Release.from_ledger(ledger, release_id=str(k), status="final") for k, ledger in enumerate(ledgers)]
+    # a composed ledger (a chosen retriever, a synthetic set) counts part by part: its top level describes parts[0]
+    parts = [part for ledger in ledgers for part in (ledger.parts or [ledger])]
+    items = [Release.from_ledger(part, release_id=str(k), status="final") for k, part in enumerate(parts)]
     units = {r.unit for r in items}
     if len(units) > 1:
         raise InputError(f"cannot compose releases under different privacy units ({', '.join(sorted(units))})")

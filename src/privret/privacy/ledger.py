@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, model_serializer
 from privret.errors import InputError
 from privret.io import write_text_atomic
 from privret.privacy.commitment import commit
+from privret.privacy.partition import LogPart, compose_parts
 
 LEDGER_FILE = "privacy_ledger.json"
 PUBLIC_MECHANISMS = ("public-prompted", "public-pairs")  # models made from public data only
@@ -61,10 +62,15 @@ class PrivacyLedger(BaseModel):
     by one whole unit). ``n_units`` is treated as public: it sets the sample rate q = B / n and
     the default delta = 1 / (2n), and it is printed here.
 
+    ``part``: set when the release read only one part of the log (:mod:`privret.privacy.partition`: a
+    DP run on the fit part, a DP choice on the held-out part); ``n_units`` then counts that part's
+    units, and ``data_hash`` and ``dataset_id`` are still those of the whole log (its budget).
+
     A *composed* ledger (:meth:`compose`) covers several mechanisms run on the same private data
-    (DP fine-tuning plus a DP choice of documents): ``epsilon`` and ``delta`` are then the sums
-    over ``parts`` (basic composition, Dwork and Roth 2014, Theorem 3.16), and the other fields
-    describe ``parts[0]``.
+    (DP fine-tuning plus a DP choice of documents): ``epsilon`` and ``delta`` are then those of
+    ``parts`` composed as ``composition`` says (sums, by basic composition, Dwork and Roth 2014,
+    Theorem 3.16, except that parts on complementary sides of one partition count in parallel),
+    and the other fields describe ``parts[0]``.
 
     A *public* ledger (:meth:`public`) belongs to a model made without any private data (a public
     generator prompted with public examples, or fine-tuned on public pairs): epsilon = delta = 0,
@@ -99,7 +105,9 @@ class PrivacyLedger(BaseModel):
     dataset_id: str = ""
     secure_rng: bool = False
     unit_definition: str = ""
+    part: LogPart | None = None
     parts: list[PrivacyLedger] = []
+    composition: str = ""
     provenance: dict = {}
     created_at: str = ""
 
@@ -142,19 +150,21 @@ class PrivacyLedger(BaseModel):
         return self.epsilon == 0.0 and self.delta == 0.0 and self.mechanism in PUBLIC_MECHANISMS
 
     def compose(self, *others: PrivacyLedger) -> PrivacyLedger:
-        """This ledger and ``others`` (mechanisms on the same data and unit) as one guarantee.
+        """This ledger and ``others`` (mechanisms on the same data and unit, in any adaptive order) as one
+        guarantee.
 
-        Basic composition: epsilons and deltas add. Conservative; an accountant that composes
-        Gaussian mechanisms exactly (the budget registry's) can only give a smaller total.
+        Basic composition, epsilons and deltas add, except that parts which read complementary sides of one
+        partition of the log count in parallel, the larger side only (:func:`~privret.privacy.partition.compose_parts`,
+        add/remove neighbours). Conservative; an accountant that composes Gaussian mechanisms exactly (the budget
+        registry's) can only give a smaller total.
         """
         parts = [part for ledger in (self, *others) for part in (ledger.parts or [ledger])]
         units = {part.unit for part in parts}
         if len(units) > 1:
             raise InputError(f"cannot compose ledgers of different privacy units ({', '.join(sorted(units))})")
-        return self.model_copy(update={
-            "mechanism": " + ".join(part.mechanism for part in parts),
-            "epsilon": sum(part.epsilon for part in parts), "delta": sum(part.delta for part in parts),
-            "parts": parts})
+        epsilon, delta, how = compose_parts(parts, lambda ledger: ledger.part, _basic_composition)
+        return self.model_copy(update={"mechanism": " + ".join(part.mechanism for part in parts), "epsilon": epsilon,
+                                       "delta": delta, "parts": parts, "part": None, "composition": how})
 
     def save(self, directory: str | Path) -> Path:
         stamped = self.model_copy(update={"created_at": self.created_at or datetime.now(timezone.utc).isoformat()})
@@ -177,5 +187,12 @@ class PrivacyLedger(BaseModel):
             return f"no private data ({self.mechanism}, public data sha256 {self.provenance['public_data_hash'][:12]})"
         if not self.is_private:
             return f"non-private (epsilon = inf), unit={self.unit}, n={self.n_units}"
+        read = "" if self.part is None else f", read the log's {self.part.describe()} only"
         return (f"({self.epsilon:.3g}, {self.delta:.2g})-DP per {self.unit}, sigma={self.noise_multiplier:.3g}, "
-                f"q={self.sample_rate:.3g}, steps={self.steps}, C={self.clip_norm:g}, {self.accountant}")
+                f"q={self.sample_rate:.3g}, steps={self.steps}, C={self.clip_norm:g}, {self.accountant}{read}")
+
+
+def _basic_composition(ledgers: list[PrivacyLedger]) -> tuple[float, float, str]:
+    """Epsilons and deltas add (Dwork and Roth 2014, Theorem 3.16)."""
+    return (sum(ledger.epsilon for ledger in ledgers), sum(ledger.delta for ledger in ledgers),
+            f"sum of {len(ledgers)}" if len(ledgers) > 1 else ledgers[0].mechanism)

@@ -1,39 +1,52 @@
-"""A private log split into a fit part and a held-out part by a public salted hash of each unit's key.
+"""A private log split into a fit part and a held-out part, and what mechanisms on the two parts cost together.
 
-Work in progress (branch ``heldout-choice``): the building block of a held-out DP choice at no extra epsilon.
-A DP run trains on the fit part and ``retriever select`` scores the candidates on the held-out part. Under
-add/remove neighbours (two logs differ by one whole privacy unit) the added or removed unit lies in exactly one part,
-because its side depends on its own key and the public salt alone (never on the other units). So a mechanism that
-reads only the fit part and one that reads only the held-out part compose in parallel: the pair is
-max(eps_fit, eps_heldout)-DP, not the sum (McSherry, "Privacy integrated queries", SIGMOD 2009, Theorem 4).
-Not yet wired: the ledger's record of the side and the parallel rule in ``composed_ledger``.
+**The split.** A :class:`UnitPartition` is a public ``salt`` (any text, fixed without looking at the log) and a
+``heldout_fraction``. A unit's key is its query text (unit ``query``), its user id (``user``) or its query and
+document id (``pair``); the unit is *held out* when sha256(salt, key), read as a number in [0, 1), is below the
+fraction, and *fit* otherwise. Every row of a unit goes with its unit. A unit's side depends on its own key and
+the partition only, never on the other units.
 
-A unit's key: its query text (unit ``query``), its user id (``user``), or its query and document id (``pair``).
-Its side: ``heldout`` when sha256(salt, key), read as a number in [0, 1), is below ``heldout_fraction``.
+**Parallel composition.** Two logs are neighbours when one has a whole unit the other lacks (add/remove, the
+relation of the DP-SGD accountant). The added or removed unit lies in exactly one part, and the other part is the
+same in both logs. So mechanisms that read only the fit part, followed (even adaptively, given their outputs) by
+mechanisms that read only the held-out part, are together (max(eps_fit, eps_held), max(delta_fit, delta_held))-DP,
+where each side's (eps, delta) composes that side's mechanisms (McSherry, "Privacy integrated queries", SIGMOD
+2009, Theorem 4; the adaptive case: the side that did not change contributes the same distribution given any
+output of the other). Under *replacement* neighbours a unit could leave one part and join the other, and the
+parts would add; privret's ledgers and registry state add/remove.
+
+:func:`compose_parts` applies this to any list of releases on one log: releases on the whole log compose with
+the caller's rule; the releases on the sides of one partition compose side by side, then the larger side counts;
+the groups then add (basic composition, Dwork and Roth 2014, Theorem 3.16). Two different partitions (another
+salt or another fraction) are different groups and add.
 """
 
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from typing import Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from privret.data.pairs import PrivacyUnit, QueryDocPair, TrainingPairs
+from privret.errors import InputError
 
 FIT, HELDOUT = "fit", "heldout"
+DEFAULT_SALT = "privret-hold-out"
+Side = Literal["fit", "heldout"]
+T = TypeVar("T")
 
 
-@dataclass(frozen=True)
-class UnitPartition:
-    """The public partition: ``salt`` (any string, fixed without the log) and the held-out share of units."""
+class UnitPartition(BaseModel):
+    """The public partition of a log's units: ``salt`` and the held-out share of units."""
 
-    salt: str
-    heldout_fraction: float
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
-    def __post_init__(self) -> None:
-        if not 0.0 < self.heldout_fraction < 1.0:
-            raise ValueError(f"heldout_fraction {self.heldout_fraction:g} is not in (0, 1)")
+    salt: str = Field(DEFAULT_SALT, min_length=1, description="public text fixed without the log")
+    heldout_fraction: float = Field(gt=0.0, lt=1.0, description="the expected share of units held out")
 
-    def side(self, key: str) -> str:
+    def side_of(self, key: str) -> Side:
         """``heldout`` or ``fit`` for a unit's key: a function of the key and this partition only."""
         digest = hashlib.sha256(f"{self.salt}\x00{key}".encode("utf-8")).digest()
         return HELDOUT if int.from_bytes(digest, "big") / 2.0 ** 256 < self.heldout_fraction else FIT
@@ -41,11 +54,36 @@ class UnitPartition:
     def split(self, pairs: TrainingPairs, unit: PrivacyUnit | str) -> tuple[TrainingPairs, TrainingPairs]:
         """(fit pairs, held-out pairs): every row of a unit on its unit's side; both keep the whole corpus."""
         unit = PrivacyUnit(unit)
-        sides = {FIT: [], HELDOUT: []}
-        for rows in pairs.units(unit):
-            sides[self.side(unit_key(pairs.pairs[rows[0]], unit))].extend(rows)
-        return tuple(TrainingPairs([pairs.pairs[i] for i in sorted(sides[s])], pairs.corpus, pairs.inline_doc_ids)
-                     for s in (FIT, HELDOUT))
+        rows = {FIT: [], HELDOUT: []}
+        for unit_rows in pairs.units(unit):
+            rows[self.side_of(unit_key(pairs.pairs[unit_rows[0]], unit))].extend(unit_rows)
+        return tuple(TrainingPairs([pairs.pairs[i] for i in sorted(rows[side])], pairs.corpus, pairs.inline_doc_ids)
+                     for side in (FIT, HELDOUT))
+
+    def part(self, side: Side) -> LogPart:
+        return LogPart(salt=self.salt, heldout_fraction=self.heldout_fraction, side=side)
+
+
+class LogPart(UnitPartition):
+    """One side of a :class:`UnitPartition`: what a ledger records of a release that read only that part."""
+
+    side: Side
+
+    @property
+    def partition(self) -> UnitPartition:
+        return UnitPartition(salt=self.salt, heldout_fraction=self.heldout_fraction)
+
+    def take(self, pairs: TrainingPairs, unit: PrivacyUnit | str) -> TrainingPairs:
+        """The rows of ``pairs`` on this side; refuses an empty side (nothing to train or score on)."""
+        chosen = self.partition.split(pairs, unit)[0 if self.side == FIT else 1]
+        if not chosen.pairs:
+            raise InputError(f"the {self.side} part of the log is empty (held-out fraction {self.heldout_fraction:g}, "
+                             f"{len(pairs.units(unit))} units)", field="hold_out")
+        return chosen
+
+    def describe(self) -> str:
+        share = self.heldout_fraction if self.side == HELDOUT else 1 - self.heldout_fraction
+        return f"{self.side} part (about {share:.0%} of units; salt '{self.salt}')"
 
 
 def unit_key(pair: QueryDocPair, unit: PrivacyUnit) -> str:
@@ -55,3 +93,29 @@ def unit_key(pair: QueryDocPair, unit: PrivacyUnit) -> str:
     if unit is PrivacyUnit.pair:
         return f"pair\x00{pair.query}\x00{pair.doc_id}"
     return f"query\x00{pair.query}"
+
+
+def compose_parts(items: Sequence[T], part_of: Callable[[T], LogPart | None],
+                  compose: Callable[[list[T]], tuple[float, float, str]]) -> tuple[float, float, str]:
+    """(epsilon, delta, how) of ``items``, releases on one log under add/remove neighbours (module docstring).
+
+    ``part_of(item)``: the part of the log the item read (None: the whole log). ``compose(group)``: the caller's
+    rule for releases that read the same data, as (epsilon, delta, how).
+    """
+    whole = [item for item in items if part_of(item) is None]
+    partitions: dict[UnitPartition, dict[str, list[T]]] = {}
+    for item in items:
+        if (part := part_of(item)) is not None:
+            partitions.setdefault(part.partition, {}).setdefault(part.side, []).append(item)
+    costs = [compose(whole)] if whole else []
+    if not items:
+        return 0.0, 0.0, "nothing released"
+    for partition, sides in partitions.items():
+        per_side = {side: compose(group) for side, group in sorted(sides.items())}
+        costs.append((max(eps for eps, _, _ in per_side.values()), max(delta for _, delta, _ in per_side.values()),
+                      f"parallel over the parts of partition (salt '{partition.salt}', held out "
+                      f"{partition.heldout_fraction:g}): the larger of "
+                      + " and ".join(f"{side} [{how}]" for side, (_, _, how) in per_side.items())))
+    epsilon, delta = sum(c[0] for c in costs), sum(c[1] for c in costs)
+    how = costs[0][2] if len(costs) == 1 else "basic composition of " + "; ".join(f"[{c[2]}]" for c in costs)
+    return epsilon, delta, how

@@ -37,6 +37,7 @@ import numpy as np
 from privret.data.pairs import UNIT_DEFINITIONS, PrivacyUnit
 from privret.errors import InputError
 from privret.privacy.ledger import PrivacyLedger
+from privret.privacy.partition import LogPart
 from privret.privacy.secure_rng import SecureRandom
 
 MECHANISM = "exponential-mechanism"
@@ -44,16 +45,17 @@ SENSITIVITY = 1.0  # each unit's score lies in [0, 1]
 
 
 def selection_ledger(*, epsilon: float, n_units: int, unit: str, n_pairs: int, data_hash: str,
-                     dataset_id: str) -> PrivacyLedger:
+                     dataset_id: str, part: LogPart | None = None) -> PrivacyLedger:
     """What one choice costs: (epsilon, 0)-DP per ``unit``; it depends on the log only through n (public).
-    ``noise_multiplier`` records the Gumbel scale 2 Delta / epsilon, ``clip_norm`` the score bound Delta."""
+    ``noise_multiplier`` records the Gumbel scale 2 Delta / epsilon, ``clip_norm`` the score bound Delta.
+    ``part``: the part of the log the scores read, when they read one part only."""
     if not (epsilon > 0 and math.isfinite(epsilon)):
         raise InputError(f"must be a positive finite number, not {epsilon:g}", field="epsilon")
     return PrivacyLedger(mechanism=MECHANISM, epsilon=epsilon, delta=0.0, noise_multiplier=2 * SENSITIVITY / epsilon,
                          sample_rate=1.0, steps=1, planned_steps=1, accountant="exponential", unit=unit,
                          n_units=n_units, n_pairs=n_pairs, clip_norm=SENSITIVITY, model="", trainable="",
                          data_hash=data_hash, dataset_id=dataset_id, secure_rng=True,
-                         unit_definition=UNIT_DEFINITIONS[PrivacyUnit(unit)])
+                         unit_definition=UNIT_DEFINITIONS[PrivacyUnit(unit)], part=part)
 
 
 def choose(scores: np.ndarray, epsilon: float, *, rng: SecureRandom | None = None) -> int:

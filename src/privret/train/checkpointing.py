@@ -56,10 +56,10 @@ CHECKPOINT_DIR = "checkpoint"
 
 # Ledger fields a checkpoint must share with the run resuming it (the privacy plan and the data).
 PLAN_KEYS = ("mechanism", "noise_multiplier", "sample_rate", "planned_steps", "unit", "n_units", "clip_norm",
-             "data_hash", "model", "trainable", "delta", "accountant", "provenance")
+             "data_hash", "model", "trainable", "delta", "accountant", "provenance", "part")
 # Ledger fields a finished output must share with a run pointed at it again.
 FINISHED_KEYS = ("mechanism", "noise_multiplier", "sample_rate", "planned_steps", "unit", "n_units", "clip_norm",
-                 "data_hash", "model", "delta", "provenance")
+                 "data_hash", "model", "delta", "provenance", "part")
 
 
 # --- the step log -------------------------------------------------------------------------------

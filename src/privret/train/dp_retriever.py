@@ -80,6 +80,7 @@ from privret.models.model_card import write_model_card
 from privret.privacy import budget as budget_registry
 from privret.privacy.ledger import PrivacyLedger, require_public
 from privret.privacy.logit_dp import logit_dp_factor
+from privret.privacy.partition import FIT, LogPart
 from privret.privacy.secure_rng import SecureRandom
 from privret.progress import Progress
 from privret.train.clipped_sums import StepBatch, clipped_sum
@@ -231,9 +232,13 @@ def train_dp_retriever(pairs: TrainingPairs, out_dir: str | Path, cfg: DPRetriev
     ``out_dir`` (see the module docstring); a finished one is returned as it is, spending nothing more.
     ``embedding_cache``: where the hard-negative mining keeps the public encoder's embeddings of the public pool
     (:func:`~privret.train.hard_negatives.mine_candidates`); changes nothing trained. ``cfg.model`` must be public:
-    one with a privacy ledger that is not an epsilon = 0 one is refused.
+    one with a privacy ledger that is not an epsilon = 0 one is refused. ``cfg.hold_out``: train on that partition's
+    fit part only (its ledger records the part; :mod:`privret.privacy.partition`), keeping the held-out part for a
+    DP choice (``retriever select`` with the same partition) that composes with this run in parallel.
     """
-    dataset_id = dataset_id or budget_registry.dataset_id(pairs)
+    dataset_id = dataset_id or budget_registry.dataset_id(pairs)  # the whole log's: its budget, also with hold_out
+    part = None if cfg.hold_out is None else cfg.hold_out.part(FIT)
+    pairs = pairs if part is None else part.take(pairs, cfg.unit)
     require_public(cfg.model, field="model", use="direct DP training (its hard negatives and cached embeddings)")
     if distributed.launched().distributed and cfg.method not in PARALLEL_METHODS:
         raise InputError(f"{cfg.method} couples the units of a batch (in-batch negatives or a batch-wide clip), so "
@@ -242,7 +247,7 @@ def train_dp_retriever(pairs: TrainingPairs, out_dir: str | Path, cfg: DPRetriev
     with distributed.main_lock(Path(out_dir), what="retriever directory"):
         return _train_dp_retriever(pairs, Path(out_dir), cfg, data_hash=data_hash, dataset_id=dataset_id,
                                    public_corpus=public_corpus, budget=budget, resume=resume,
-                                   embedding_cache=embedding_cache)
+                                   embedding_cache=embedding_cache, part=part)
 
 
 def negative_pool(pairs: TrainingPairs, public_corpus: dict[str, Document] | None) -> list[Document]:
@@ -270,7 +275,8 @@ def resume_settings(cfg: DPRetrieverConfig) -> dict:
 
 
 def _train_dp_retriever(pairs: TrainingPairs, out_dir: Path, cfg: DPRetrieverConfig, *, data_hash: str,
-                        dataset_id: str, public_corpus, budget, resume: bool, embedding_cache) -> PrivacyLedger:
+                        dataset_id: str, public_corpus, budget, resume: bool, embedding_cache,
+                        part: LogPart | None) -> PrivacyLedger:
     units = pairs.units(cfg.unit)
     run_plan = plan_run(cfg, len(units))
     mech = mechanism(cfg, run_plan.sigma)
@@ -281,7 +287,7 @@ def _train_dp_retriever(pairs: TrainingPairs, out_dir: Path, cfg: DPRetrieverCon
             sample_rate=run_plan.sample_rate, epsilon=epsilon, steps=steps, planned_steps=run_plan.steps,
             accountant=cfg.accountant, unit=cfg.unit.value, n_units=run_plan.n_units, n_pairs=len(pairs.pairs),
             clip_norm=cfg.clip_norm, model=cfg.model, trainable=cfg.trainable, data_hash=data_hash,
-            dataset_id=dataset_id, secure_rng=secure_rng, unit_definition=UNIT_DEFINITIONS[cfg.unit])
+            dataset_id=dataset_id, secure_rng=secure_rng, unit_definition=UNIT_DEFINITIONS[cfg.unit], part=part)
 
     def load() -> _RetrieverTrainer:
         public = negative_pool(pairs, public_corpus) if cfg.method == "public-negatives" else None

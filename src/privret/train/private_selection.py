@@ -6,13 +6,15 @@ and only real queries can show it (:mod:`privret.privacy.private_selection`). Th
 1. builds the candidates: the public ``base`` encoder, each fine-tuned retriever in ``candidates``, and
    its weight-space interpolations with the base at ``weights``
    (:func:`privret.models.interpolation.interpolate`);
-2. scores each candidate on every privacy unit of the private log: the unit's queries (one per
+2. scores each candidate on every privacy unit of the private log (with ``hold_out``: of its held-out part
+   only, :mod:`privret.privacy.partition`): the unit's queries (one per
    distinct query text of the unit, its documents relevant) search the *public* corpus (documents
    given inline with private pairs are left out: they are not public), and the unit's score is the
    mean NDCG@10 of its queries, in [0, 1], a function of that unit's rows alone;
 3. draws the choice with the exponential mechanism (recorded in the budget registry before step 2);
 4. writes the chosen model with a ledger that composes the choice with every distinct ledger of the
-   candidates (the choice depends on all of them), ``private_selection.json`` (the candidates and the
+   candidates (the choice depends on all of them; a candidate trained on the fit part of the partition
+   the choice held out composes with it in parallel), ``private_selection.json`` (the candidates and the
    one chosen; never their scores, which are not DP) and a model card.
 """
 
@@ -33,6 +35,7 @@ from privret.models.model_card import write_model_card
 from privret.privacy import budget as budget_registry
 from privret.privacy import private_selection as mechanism
 from privret.privacy.ledger import PrivacyLedger, has_ledger, require_public
+from privret.privacy.partition import HELDOUT
 from privret.retrieval.metrics import per_query_metrics
 from privret.retrieval.search import search
 from privret.runlock import RunLock
@@ -118,6 +121,10 @@ def select_retriever(pairs: TrainingPairs, out_dir: str | Path, cfg: PrivateSele
                      dataset_id: str, budget=None) -> dict:
     """Score the candidates on ``pairs`` (the private log), choose one with epsilon-DP, save it to ``out_dir``.
 
+    ``cfg.hold_out``: score on that partition's held-out part only. Candidates trained with DP on its fit part
+    (``retriever train --dp`` with the same partition) then compose with the choice in parallel: the chosen
+    model's ledger costs the larger of the two epsilons, not their sum (:mod:`privret.privacy.partition`).
+
     Returns the record written to ``private_selection.json``. The release is recorded in the budget
     registry (``budget``: a :class:`~privret.privacy.budget.BudgetPolicy`) first, so a run past the cap is
     refused before any work, and a crash later counts the release without a model (conservative).
@@ -129,9 +136,12 @@ def select_retriever(pairs: TrainingPairs, out_dir: str | Path, cfg: PrivateSele
         raise InputError("give at least one fine-tuned retriever to choose from", field="candidates")
     require_public(cfg.base, field="base", use="a DP choice (the base is a candidate whose ledger is not composed)")
     candidates = build_candidates(cfg)
-    units = pairs.units(cfg.unit)
+    part = None if cfg.hold_out is None else cfg.hold_out.part(HELDOUT)
+    scored = pairs if part is None else part.take(pairs, cfg.unit)
+    units = scored.units(cfg.unit)
     selection = mechanism.selection_ledger(epsilon=cfg.epsilon, n_units=len(units), unit=cfg.unit.value,
-                                           n_pairs=len(pairs.pairs), data_hash=data_hash, dataset_id=dataset_id)
+                                           n_pairs=len(scored.pairs), data_hash=data_hash, dataset_id=dataset_id,
+                                           part=part)
     ledger = composed_ledger(candidates, selection)  # refuses candidates of another privacy unit, early
     corpus = public_corpus(pairs)
     if not corpus:
@@ -142,11 +152,11 @@ def select_retriever(pairs: TrainingPairs, out_dir: str | Path, cfg: PrivateSele
             selection, release_id=budget_registry.new_release_id(), status="final", artefact=out_dir.absolute()),
             budget)
         base = load_encoder(cfg.base, max_seq_length=cfg.max_seq_length)
-        scores = np.stack([unit_scores(materialise(c, cfg, base=base), pairs, cfg.unit, corpus)
+        scores = np.stack([unit_scores(materialise(c, cfg, base=base), scored, cfg.unit, corpus)
                            for c in candidates], axis=1)
         chosen = candidates[mechanism.choose(scores, cfg.epsilon)]
         record = {"mechanism": mechanism.MECHANISM, "epsilon": cfg.epsilon, "unit": cfg.unit.value,
-                  "n_units": len(units), "base": cfg.base, "candidates": [c.name for c in candidates],
+                  "n_units": len(units), "part": None if part is None else part.model_dump(), "base": cfg.base, "candidates": [c.name for c in candidates],
                   "chosen": chosen.name, "chosen_source": chosen.source or cfg.base, "chosen_weight": chosen.weight}
         with atomic_path(out_dir) as staged:
             materialise(chosen, cfg, base=base).save(str(staged), safe_serialization=True)

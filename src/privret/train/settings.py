@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from privret.data.pairs import PrivacyUnit
 from privret.models.registry import DEFAULT_ENCODER, DEFAULT_GENERATOR
+from privret.privacy.partition import UnitPartition
 
 
 SELECTABLE = ("learning_rate", "temperature", "batch_size", "max_doc_tokens", "max_query_tokens", "warmup_fraction")
@@ -137,6 +138,9 @@ class DPRetrieverConfig(BaseModel):
     seed: int = 0
     checkpoint_every: int = Field(10, gt=0, description="steps between checkpoints (resume with resume=True)")
     secure_rng: bool = Field(False, description="DP noise and sampling from the OS CSPRNG (os.urandom)")
+    hold_out: UnitPartition | None = Field(None, description="train on the fit part of this partition of the log "
+                                                             "only (privret.privacy.partition), keeping the held-out "
+                                                             "part for a DP choice at no added epsilon")
 
     @model_validator(mode="after")
     def _method_options(self):
@@ -186,3 +190,6 @@ class PrivateSelectionConfig(SelectionSettings):
     base: str = Field(DEFAULT_ENCODER, description="the public model the candidates were fine-tuned from")
     candidates: list[str] = Field(default_factory=list, description="fine-tuned retrievers (directories)")
     unit: PrivacyUnit = PrivacyUnit.query
+    hold_out: UnitPartition | None = Field(None, description="score on the held-out part of this partition of the "
+                                                             "log only: with candidates trained on its fit part, the "
+                                                             "choice and they compose in parallel")
