@@ -26,12 +26,13 @@ from pathlib import Path
 
 
 def scale_update(base: dict, run: dict, weight: float) -> dict:
-    """{name: base[name] + weight (run[name] - base[name])} for every tensor of ``run`` (float32 arithmetic)."""
+    """{name: base[name] + weight (run[name] - base[name])} for every tensor of ``run`` (privret's ``blend``)."""
+    from privret.models.interpolation import blend
+
     missing = [name for name in run if name not in base]
     if missing:
         raise ValueError(f"{len(missing)} tensors of the run are not in the base model, e.g. {missing[0]}")
-    return {name: (base[name].float() + weight * (value.float() - base[name].float())).to(base[name].dtype)
-            for name, value in run.items()}
+    return {name: blend(base[name], value, weight) for name, value in run.items()}
 
 
 def main() -> None:

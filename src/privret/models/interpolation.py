@@ -16,6 +16,13 @@ from privret.errors import InputError
 from privret.models.encoder import load_encoder
 
 
+def blend(base, tuned, weight: float):
+    """``base + weight (tuned - base)`` for one floating-point tensor, in ``base``'s dtype: the interpolation for
+    weight in [0, 1], an extrapolation along the fine-tune's update for weight > 1 (task arithmetic; the caller
+    fixes the weight, and only a weight chosen without the private log keeps a DP model's guarantee)."""
+    return base + weight * (tuned.to(base.dtype) - base)
+
+
 def interpolate(base, tuned, alpha: float, *, name: str = "tuned"):
     """A new model (a deep copy of ``base``) with weights ``(1 - alpha) base + alpha tuned``; ``name``
     labels ``tuned`` in errors."""
@@ -32,7 +39,7 @@ def interpolate(base, tuned, alpha: float, *, name: str = "tuned"):
         if b.shape != t.shape:
             raise InputError(f"{name} is not a fine-tune of the base model: {key} has shape {tuple(t.shape)}, "
                              f"not {tuple(b.shape)}", field="base")
-        mixed[key] = (b + alpha * (t.to(b.dtype) - b)) if b.is_floating_point() else b.clone()
+        mixed[key] = blend(b, t, alpha) if b.is_floating_point() else b.clone()
     model = copy.deepcopy(base)
     model.load_state_dict(mixed)
     return model
