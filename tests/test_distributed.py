@@ -96,7 +96,7 @@ def _check_step(result: dict) -> None:
 
 GUARANTEE = ("mechanism", "epsilon", "delta", "noise_multiplier", "sample_rate", "steps", "planned_steps",
              "accountant", "unit", "n_units", "n_pairs", "clip_norm", "model", "trainable", "data_hash",
-             "dataset_id", "secure_rng", "unit_definition", "parts", "provenance")
+             "dataset_id", "secure_rng", "unit_definition", "part", "parts", "composition", "provenance")
 
 
 def _guarantee(directory: Path) -> str:
