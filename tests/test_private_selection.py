@@ -293,3 +293,21 @@ def test_cli_select_refuses_a_bad_hold_out_naming_the_flag(toy_beir, tmp_path, f
                      "--out", str(tmp_path / "o"))
     assert result.returncode == 2 and named in result.stderr and len(result.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "o").exists()
+
+
+def test_cli_select_with_hold_out_prints_how_the_ledger_composed(toy_beir, tiny_bert_dir, tmp_path):
+    """The printed composition keeps its [bracketed] parts (rich would read them as markup and drop them)."""
+    from helpers import TOY_TRAIN
+    from privret.privacy.partition import FIT, UnitPartition
+
+    texts = [text for _, text, _ in TOY_TRAIN]
+    salt = next(s for s in map(str, range(100))  # a salt that splits the toy log's units both ways
+                if 0 < sum(UnitPartition(salt=s, heldout_fraction=0.5).side_of(f"query\x00{t}") == "heldout"
+                           for t in texts) < len(texts))
+    tuned = _candidate(tiny_bert_dir, tmp_path / "tuned", part=UnitPartition(salt=salt, heldout_fraction=0.5).part(FIT))
+    result = run_cli("retriever", "select", "--data", str(toy_beir), "--candidate", str(tuned), "--base",
+                     str(tiny_bert_dir), "--epsilon", "1", "--weights", "1", "--hold-out", "0.5", "--hold-out-salt",
+                     salt, "--out", str(tmp_path / "o"))
+    assert result.returncode == 0, result.stderr
+    assert "epsilon 7, delta 0.001" in " ".join(result.stdout.split())
+    assert "fit [dp-sgd] and heldout [exponential-mechanism]" in " ".join(result.stdout.split())

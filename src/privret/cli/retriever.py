@@ -188,7 +188,7 @@ def retriever_select(
     ledger = PrivacyLedger.load(out_dir)
     out.print(f"chose {record['chosen']} of {len(record['candidates'])} candidates (epsilon {epsilon:g}); "
               f"written to {out_dir}; its ledger: epsilon {ledger.epsilon:.3g}, delta {ledger.delta:.2g}"
-              + (f" ({ledger.composition})" if ledger.composition else ""))
+              + (f" ({ledger.composition})" if ledger.composition else ""), markup=False)  # it holds [brackets]
 
 
 @app.command("interpolate")
