@@ -17,7 +17,8 @@
 # public proxy sees SciFact's domain. The held-out units can, for the price of training on 80% of the log.
 # Steps (each skips what exists, so running the same command again resumes):
 #   seed:<s>    the fit run, the choice and their test evaluations for run s (WORK/scifact-heldout/*-seed<s>*)
-#   keep:<s>    ledgers, the choice's record and the per-query test evaluations to bench/results/heldout_choice/seed<s>
+#   keep:<s>    ledgers, the choice's record, the per-query test evaluations and the fit run's changed tensors to
+#               bench/results/heldout_choice/seed<s>
 #   usage: bench/heldout_choice.sh WORK_DIR STEP...
 set -euo pipefail
 work=$1; shift
@@ -47,7 +48,10 @@ for step in "$@"; do
       fit=$work/scifact-heldout/$R-eps8-fit-seed$s; chosen=$work/scifact-heldout/choice-seed$s
       cp "$fit"/{privacy_ledger.json,dp_mechanism.json,train_config.json} "$k/fit/"
       cp "$chosen"/{privacy_ledger.json,private_selection.json} "$k/choice/"
-      cp "$fit-test"/*.json "$k/fit/test/"; cp "$chosen-test"/*.json "$k/choice/test/" ;;
+      cp "$fit-test"/*.json "$k/fit/test/"; cp "$chosen-test"/*.json "$k/choice/test/"
+      # the fit run's changed tensors (BitFit: about 60 KB), from which the chosen model is rebuilt
+      .venv/bin/python bench/iterate_average.py --keep-changed --final-model "$fit" --save-parameters "$fit-parameters.safetensors"
+      cp "$fit-parameters.safetensors" "$k/fit/parameters.safetensors" ;;
     *) echo "unknown step $step" >&2; exit 2 ;;
   esac
 done
