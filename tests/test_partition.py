@@ -154,6 +154,23 @@ def test_a_composed_ledger_counts_every_part_when_artefacts_are_released_togethe
     assert budget.compose_ledgers([parallel]).epsilon == pytest.approx(max(run_alone, 1.0))
 
 
+def test_a_release_carried_by_two_artefacts_counts_once_and_two_releases_count_twice(tmp_path):
+    """Two retrievers chosen from one published DP run carry its ledger: released together, the run counts once.
+    Two choices, or two runs made with the same settings, are separate releases and add; so do unpublished ones."""
+    def published(ledger, name):
+        ledger.save(tmp_path / name)
+        return PrivacyLedger.load(tmp_path / name)
+
+    run = published(_dp_run(), "run")
+    run_alone = budget.compose_ledgers([run]).epsilon
+    first, second = (published(run.compose(_choice(epsilon=1.0)), name) for name in ("first", "second"))
+    assert all(part.created_at for part in first.parts) and first.parts[1].created_at != second.parts[1].created_at
+    assert budget.compose_ledgers([first, second]).epsilon == pytest.approx(run_alone + 2.0)
+    assert budget.compose_ledgers([run, published(run, "copy")]).epsilon == pytest.approx(run_alone)
+    assert budget.compose_ledgers([run, published(_dp_run(), "again")]).epsilon > run_alone + 1.0
+    assert budget.compose_ledgers([_dp_run(), _dp_run()]).epsilon > run_alone + 1.0
+
+
 def test_a_checkpoint_of_another_part_is_not_resumed():
     assert "part" in PLAN_KEYS
     difference = first_difference(_dp_run(SPLIT.part(FIT)), _dp_run(SPLIT.part(HELDOUT)), PLAN_KEYS)

@@ -16,7 +16,8 @@ out = Console()
 # (InputError.field); the CLI shows the flag. Fields whose flag is not ``--`` + their name with dashes:
 FLAG_OF_FIELD = {"learning_rate": "--lr", "cap": "--budget-cap", "allow_over": "--allow-over-budget",
                  "selection": "--select", "selection_grid": "--select", "selection_max_epochs": "--select-max-epochs",
-                 "selection_validation_pool": "--validation-pool", "candidates": "--candidate"}
+                 "selection_validation_pool": "--validation-pool", "candidates": "--candidate",
+                 "hold_out_heldout_fraction": "--hold-out"}
 # Fields that library functions raise errors on and that the commands take as flags of the same name: a bare
 # name here is always that flag (config files name their fields with a path, or with their section: a.b).
 OPTION_FIELDS = ("datasets", "label", "max_texts", "min_tokens", "sample", "subsample", "md5", "archive", "resume",
@@ -60,19 +61,14 @@ def build_config(cls, **values):
         raise error from None
 
 
-def hold_out_partition(fraction: float | None, salt: str | None):
-    """The partition ``--hold-out`` and ``--hold-out-salt`` describe, or None (the whole log)."""
-    from privret.privacy.partition import DEFAULT_SALT, UnitPartition
-
+def hold_out_partition(fraction: float | None, salt: str | None) -> dict | None:
+    """The ``hold_out`` field (a :class:`~privret.privacy.partition.UnitPartition`'s values) that ``--hold-out`` and
+    ``--hold-out-salt`` give, or None (the whole log); :func:`build_config` checks it and names the flag."""
     if fraction is None:
         if salt is not None:
             raise InputError("applies with --hold-out only", field="--hold-out-salt")
         return None
-    if not 0.0 < fraction < 1.0:
-        raise InputError(f"must lie strictly between 0 and 1, not {fraction:g}", field="--hold-out")
-    if salt is not None and not salt:
-        raise InputError("must not be empty", field="--hold-out-salt")
-    return UnitPartition(salt=DEFAULT_SALT if salt is None else salt, heldout_fraction=fraction)
+    return {"heldout_fraction": fraction} | ({} if salt is None else {"salt": salt})
 
 
 def budget_policy(cap: float | None, allow_over: bool, base=None):

@@ -134,7 +134,7 @@ def retriever_train(
                                   ("--hard-negatives", hard_negatives > 0, "uses in-batch negatives"),
                                   ("--cache-dir", cache_dir is not None, "mines no hard negatives"),
                                   ("--no-dropout", not dropout, "keeps sentence-transformers' dropout"),
-                                  ("--hold-out", partition is not None, "has no DP choice to hold units out for")):
+                                  ("--hold-out", hold_out is not None, "has no DP choice to hold units out for")):
         if given:
             raise InputError(f"applies to DP training (--dp) only; non-private training {why}", field=flag_name)
     cfg = build_config(RetrieverTrainConfig, model=model, epochs=epochs, batch_size=batch_size,

@@ -363,8 +363,16 @@ def compose_ledgers(ledgers: list) -> Composition:
     """What releasing all these artefacts together costs (one unit; non-private ledgers make it inf)."""
     if any(not math.isfinite(ledger.epsilon) for ledger in ledgers):
         return Composition(epsilon=math.inf, delta=0.0, releases=len(ledgers), method="a non-private release")
-    # a composed ledger (a chosen retriever, a synthetic set) counts part by part: its top level describes parts[0]
-    parts = [part for ledger in ledgers for part in (ledger.parts or [ledger])]
+    # A composed ledger (a chosen retriever, a synthetic set) counts part by part: its top level describes parts[0].
+    # A part carried by several ledgers (one DP run under two chosen retrievers: post-processing) is one release and
+    # counts once: published parts are told apart by the stamp PrivacyLedger.save gives each release. An unstamped
+    # part (never saved, or saved before parts were stamped) always counts (conservative).
+    parts, seen = [], set()
+    for part in (part for ledger in ledgers for part in (ledger.parts or [ledger])):
+        key = part.model_dump_json() if part.created_at else None
+        if key is None or key not in seen:
+            parts.append(part)
+            seen.add(key)
     items = [Release.from_ledger(part, release_id=str(k), status="final") for k, part in enumerate(parts)]
     units = {r.unit for r in items}
     if len(units) > 1:

@@ -167,7 +167,11 @@ class PrivacyLedger(BaseModel):
                                        "delta": delta, "parts": parts, "part": None, "composition": how})
 
     def save(self, directory: str | Path) -> Path:
-        stamped = self.model_copy(update={"created_at": self.created_at or datetime.now(timezone.utc).isoformat()})
+        """Writes the ledger, stamping it and each of its parts not stamped yet with the time of this first
+        publication: a release's stamp tells it apart from any other, and copies of it keep the stamp."""
+        now = datetime.now(timezone.utc).isoformat()
+        parts = [part.model_copy(update={"created_at": part.created_at or now}) for part in self.parts]
+        stamped = self.model_copy(update={"created_at": self.created_at or now, "parts": parts})
         path = Path(directory) / LEDGER_FILE
         write_text_atomic(path, stamped.model_dump_json(indent=2) + "\n")
         return path
