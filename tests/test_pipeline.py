@@ -635,3 +635,61 @@ def test_selected_row_composes_one_generator_ledger_with_the_choice(tiny_config,
     monkeypatch.setattr(pipeline, "select_retriever", lambda *a, **k: pytest.fail("finished choice ran again"))
     again = pipeline.run_pipeline(cfg, run_dir)
     assert [r["ndcg@10"] for r in again] == [r["ndcg@10"] for r in rows]
+
+
+@pytest.mark.slow
+def test_a_direct_row_that_holds_units_out_is_followed_by_a_free_choice_on_them(tiny_config, tmp_path, monkeypatch):
+    """A direct method with ``hold_out`` trains on the fit part and adds direct-<m>-eps-<e>-selected: a DP choice on
+    the held-out units only, at the row's epsilon, among the public encoder and the row's retriever interpolated
+    with it. Its ledger and the run's joint release cost the row's epsilon, not twice it (parallel composition);
+    a config with a choice but no held-out units is refused; a re-run skips the finished choice."""
+    from privret.config import load_config
+    from privret.pipeline import run as pipeline
+    from privret.privacy.partition import UnitPartition
+    from privret.report.collect import collect
+    from privret.train import private_selection
+
+    partition = UnitPartition(salt="held", heldout_fraction=0.4)
+    fit, held = partition.split(pairs_from_beir(load_beir(tiny_config.dataset), "train"), "query")
+    assert fit.pairs and held.pairs  # the salt splits the toy log both ways
+    grid = tiny_config.direct_dp.model_copy(update={
+        "methods": ["batch-clip"], "per_method": {"batch-clip": {"trainable": "top:1", "hold_out": partition}},
+        "held_out_choice": {"weights": [0.5, 1.0]}})
+    cfg = tiny_config.model_copy(update={"epsilons": [4.0], "synthetic_filter": None,
+                                         "direct_dp": DirectDPGrid.model_validate(grid.model_dump())})
+    scored = []
+    real_scores = private_selection.unit_scores
+
+    def spy(model, pairs, *args, **kwargs):
+        scored.append({p.query for p in pairs.pairs})
+        return real_scores(model, pairs, *args, **kwargs)
+
+    monkeypatch.setattr(private_selection, "unit_scores", spy)
+    run_dir = tmp_path / "run"
+    rows = pipeline.run_pipeline(cfg, run_dir)
+    by_stage = {r["stage"]: r for r in rows}
+    trained, chosen = by_stage["direct-batch-clip-eps-4"], by_stage["direct-batch-clip-eps-4-selected"]
+    assert chosen["row"] == "direct DP batch-clip, chosen with DP on held-out units (epsilon=4)"
+    assert scored == [{p.query for p in held.pairs}] * 3  # each candidate scored on the held-out units only
+    assert trained["epsilon"] == pytest.approx(4.0, rel=0.01)
+    assert (chosen["epsilon"], chosen["delta"]) == pytest.approx((max(trained["epsilon"], 4.0), trained["delta"]))
+    record = json.loads((run_dir / "direct-batch-clip-eps-4-selected" / "retriever" / "private_selection.json")
+                        .read_text())
+    retriever = f"{run_dir}/direct-batch-clip-eps-4/retriever"
+    assert record["candidates"] == ["base", f"{retriever}@0.5", retriever] and record["part"]["side"] == "heldout"
+    assert chosen["per_query"] == pytest.approx(
+        _toy_ndcg_by_hand(run_dir / "direct-batch-clip-eps-4-selected" / "retriever"), abs=1e-5)
+    joint = json.loads((run_dir / "budget.json").read_text())
+    assert joint["releases"] == ["eps-4", "direct-batch-clip-eps-4", "direct-batch-clip-eps-4-selected"]
+    generator = by_stage["eps-4"]["epsilon"]
+    assert joint["composition"]["query"]["epsilon"] == pytest.approx(generator + chosen["epsilon"], rel=0.02)
+    report = {r.key: r for r in collect(run_dir).rows}
+    assert report["direct-batch-clip-eps-4-selected"].method == "direct-batch-clip-selected"
+    assert report["direct-batch-clip-eps-4-selected"].label.startswith("direct batch-clip, chosen with DP on held-out")
+    monkeypatch.setattr(pipeline, "select_retriever", lambda *a, **k: pytest.fail("finished choice ran again"))
+    assert [r["ndcg@10"] for r in pipeline.run_pipeline(cfg, run_dir)] == [r["ndcg@10"] for r in rows]
+    config = tmp_path / "c.yaml"
+    config.write_text(f"name: t\ndataset: {tiny_config.dataset}\nepsilons: [4]\ndirect_dp:\n  methods: [batch-clip]\n"
+                      "  epsilons: [4]\n  held_out_choice: {weights: [1]}\n")
+    with pytest.raises(InputError, match="hold_out"):
+        load_config(config)

@@ -21,8 +21,8 @@ from privret.models.device_spec import DeviceSpec
 from privret.privacy.budget import DEFAULT_CAP, BudgetPolicy, Cap
 from privret.retrieval.index import SearchIndex
 from privret.synth.settings import DocumentChoice, GenerateConfig, RoundTripFilterConfig
-from privret.train.settings import (METHODS, DPRetrieverConfig, GeneratorTrainConfig, RetrieverTrainConfig,
-                                    SelectionSettings)
+from privret.train.settings import (METHODS, CandidateGrid, DPRetrieverConfig, GeneratorTrainConfig,
+                                    PrivateSelectionConfig, RetrieverTrainConfig, SelectionSettings)
 
 
 class GeneratorStage(GeneratorTrainConfig):
@@ -86,7 +86,13 @@ class PublicRows(BaseModel):
 
 
 class DirectDPGrid(BaseModel):
-    """Direct DP training of the retriever on the original pairs: one row per (method, epsilon)."""
+    """Direct DP training of the retriever on the original pairs: one row per (method, epsilon).
+
+    A method whose settings hold units out (``hold_out``: a public partition of the log, see
+    :mod:`privret.privacy.partition`) trains on the fit part, and its row is followed by a DP choice on the
+    held-out part among the public encoder and the row's retriever interpolated with it (``held_out_choice``).
+    The choice spends the row's own epsilon on the other part, so the chosen model costs what the row costs
+    (parallel composition, add/remove neighbours)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -95,6 +101,9 @@ class DirectDPGrid(BaseModel):
     settings: dict = Field(default_factory=dict, description="DPRetrieverConfig fields shared by every row")
     per_method: dict[str, dict] = Field(default_factory=dict,
                                         description="DPRetrieverConfig fields for one method, over `settings`")
+    held_out_choice: CandidateGrid = Field(
+        CandidateGrid(), description="the candidates of the DP choice after each row that holds units out (extra "
+                                     "rows direct-<method>-eps-<e>-selected, at the row's epsilon on the held-out part)")
 
     @field_validator("methods")
     @classmethod
@@ -118,9 +127,26 @@ class DirectDPGrid(BaseModel):
                 raise ValueError(f"direct DP epsilons must be finite and > 0, got {eps}")
         return values
 
+    @model_validator(mode="after")
+    def _choice_has_held_out_units(self) -> DirectDPGrid:
+        if "held_out_choice" in self.model_fields_set and not any(
+                {**self.settings, **self.per_method.get(method, {})}.get("hold_out") for method in self.methods):
+            raise ValueError("`held_out_choice` needs a method whose settings hold units out (`hold_out`)")
+        return self
+
     def config(self, method: str, epsilon: float, unit: PrivacyUnit) -> DPRetrieverConfig:
         return DPRetrieverConfig(**{**self.settings, **self.per_method.get(method, {}), "method": method,
                                     "epsilon": epsilon, "unit": unit})
+
+    def held_out_selection(self, method: str, epsilon: float, unit: PrivacyUnit) -> PrivateSelectionConfig | None:
+        """The DP choice that follows the row (``method``, ``epsilon``): on the held-out part of its partition, at
+        its epsilon, among its public model and the row's retriever (``candidates``, set by the run); None when
+        the row holds no units out."""
+        trained = self.config(method, epsilon, unit)
+        if trained.hold_out is None:
+            return None
+        return PrivateSelectionConfig(**self.held_out_choice.model_dump(), epsilon=epsilon, base=trained.model,
+                                      unit=unit, hold_out=trained.hold_out)
 
 
 class BudgetSettings(BaseModel):

@@ -17,6 +17,7 @@ FILTERED_SUFFIX = "-filtered"  # eps-<e>-filtered: its round-trip-filtered copy
 SELECTED_SUFFIX = "-selected"  # eps-<e>-selected: the DP choice among the public encoder and its retrievers
 CHOICE = "choice"  # eps-<e>-selected/choice/: the ledger of the choice alone (one release of the run)
 DIRECT_ROW_PREFIX = "direct-"  # direct-<method>-eps-<e>: a directly trained DP retriever
+# direct-<method>-eps-<e>-selected: the DP choice on the held-out units, when that retriever trained on the fit part
 PUBLIC_PROMPTED, PUBLIC_PAIRS = "public-prompted", "public-pairs"  # rows without private data
 PUBLIC_ROWS = {PUBLIC_PROMPTED: "no private data (prompted)", PUBLIC_PAIRS: "no private data (public pairs)"}
 

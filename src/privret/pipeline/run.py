@@ -210,6 +210,10 @@ def _run_grid(cfg: PipelineConfig, run_dir: Path) -> list[dict]:
     for row in plan.direct:
         console.rule(f"direct DP training of the retriever: {row.method}, epsilon = {format_epsilon(row.epsilon)}")
         rows.append(_direct_row(run, row))
+        if row.selected is not None:
+            console.rule(f"DP choice on the held-out units: {row.method}, epsilon = {format_epsilon(row.epsilon)}")
+            choice = run.cfg.direct_dp.held_out_selection(row.method, row.epsilon, run.cfg.unit)
+            rows.append(_selected_row(run, row.selected, choice))
     write_summary(run_dir, rows, cfg)
     return rows
 
@@ -274,27 +278,27 @@ def _synthetic_row(run: Run, row: SyntheticRow, make_generator, documents: list,
     if row.selected is not None:
         console.rule(f"DP choice of the retriever on the private log, epsilon = {format_epsilon(row.epsilon)} + "
                      f"{format_epsilon(run.cfg.private_selection.epsilon)}")
-        rows.append(_selected_row(run, row.selected))
+        rows.append(_selected_row(run, row.selected, PrivateSelectionConfig(
+            **run.cfg.private_selection.model_dump(), base=run.cfg.retriever.model, unit=run.cfg.unit)))
     return rows
 
 
-def _selected_row(run: Run, row: TrainedRow) -> dict:
-    """The DP choice among the public encoder, the candidates (the stages ``row`` is made from) and their
-    interpolations, unless done; its ledger composes the candidates' with the choice's epsilon."""
+def _selected_row(run: Run, row: TrainedRow, choice: PrivateSelectionConfig) -> dict:
+    """The DP choice ``choice`` among its base, the candidates (the stages ``row`` is made from) and their
+    interpolations, unless done; its ledger composes the candidates' with the choice's."""
     stage = row.retriever
     if not stage.done.exists():
         started = time.time()
-        cfg = PrivateSelectionConfig(**run.cfg.private_selection.model_dump(), base=run.cfg.retriever.model,
-                                     candidates=[str(s.output) for s in stage.after], unit=run.cfg.unit)
+        cfg = choice.model_copy(update={"candidates": [str(s.output) for s in stage.after]})
         select_retriever(run.pairs, stage.output, cfg, data_hash=run.data_hash, dataset_id=run.charged_to,
                          budget=run.budget)  # atomic: a crash leaves no directory, and a re-run chooses anew
         write_record(stage)
         _add_timing(row.directory, {"selection_seconds": round(time.time() - started, 1)})
         release_memory()
     ledger = PrivacyLedger.load(stage.output)
-    (choice,) = [part for part in ledger.parts if part.mechanism == CHOICE_MECHANISM]
+    (release,) = [part for part in ledger.parts if part.mechanism == CHOICE_MECHANISM]
     if not (row.directory / CHOICE / LEDGER_FILE).is_file():  # the choice's own release, for budget.json
-        choice.save(row.directory / CHOICE)
+        release.save(row.directory / CHOICE)
     return run.evaluate(row.metrics, str(stage.output), {"row": row.label, "epsilon": ledger.epsilon,
                                                          "delta": ledger.delta})
 

@@ -92,6 +92,7 @@ class DirectRow(TrainedRow):
 
     method: str = ""
     epsilon: float = math.inf
+    selected: TrainedRow | None = None  # the DP choice on the held-out units, when the row holds units out
 
 
 @dataclass
@@ -183,12 +184,19 @@ def plan_stages(cfg: PipelineConfig, run_dir: Path, *, data_hash: str, evaluatio
         plan.dp.append(_synthetic_row(plan, row, generator, cfg, train, metrics, epsilon=epsilon, corpus=corpus))
     for epsilon in cfg.direct_dp.epsilons:  # every method at the first epsilon before the next epsilon
         for method in cfg.direct_dp.methods:
+            row, eps = f"{DIRECT_ROW_PREFIX}{method}-eps-{format_epsilon(epsilon)}", format_epsilon(epsilon)
             trained = plan.trained_row(
-                f"{DIRECT_ROW_PREFIX}{method}-eps-{format_epsilon(epsilon)}",
-                f"direct DP {method} (epsilon={format_epsilon(epsilon)})",
+                row, f"direct DP {method} (epsilon={eps})",
                 {"direct_dp": direct_dp_fingerprint(cfg.direct_dp.config(method, epsilon, cfg.unit)), "corpus": corpus,
                  **train}, metrics, done=MECHANISM_FILE, resumable=True)
-            plan.direct.append(DirectRow(trained.label, trained.retriever, trained.metrics, method, epsilon))
+            direct = DirectRow(trained.label, trained.retriever, trained.metrics, method, epsilon)
+            choice = cfg.direct_dp.held_out_selection(method, epsilon, cfg.unit)
+            if choice is not None:
+                direct.selected = plan.trained_row(
+                    f"{row}{SELECTED_SUFFIX}", f"direct DP {method}, chosen with DP on held-out units (epsilon={eps})",
+                    {"private_selection": choice.model_dump(mode="json"), **train}, metrics, after=(trained.retriever,),
+                    done=SELECTION_FILE)
+            plan.direct.append(direct)
     return plan
 
 

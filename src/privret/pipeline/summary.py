@@ -96,14 +96,17 @@ def run_releases(run_dir: Path) -> list[tuple[str, Path]]:
     They are the DP document selection (``documents``, if any), the generators (``eps-*/generator``;
     the synthetic sets and retrievers derived from one carry its ledger, composed with the
     selection's, and are post-processing of them, so they are not counted again) and the direct DP
-    retrievers (``direct-*/retriever``) and the DP choices of retriever (``eps-*-selected/choice``: the choice
-    alone; the chosen retriever's own ledger composes it with the generator's). Every row in the directory
+    retrievers (``direct-*/retriever``) and the DP choices of retriever (``eps-*-selected/choice`` and
+    ``direct-*-selected/choice``: the choice alone; the chosen retriever's own ledger composes it with the
+    generator's or the direct retriever's). Every row in the directory
     counts, also one that the current config no longer has: it was made, and may have been released.
     """
+    direct = [path for path in sorted(run_dir.glob(f"{DIRECT_ROW_PREFIX}*/{RETRIEVER}/{LEDGER_FILE}"))
+              if not path.parent.parent.name.endswith(SELECTED_SUFFIX)]
     ledgers = (sorted(run_dir.glob(f"{DOCUMENTS}/{LEDGER_FILE}"))
                + sorted(run_dir.glob(f"{DP_ROW_PREFIX}*/{GENERATOR}/{LEDGER_FILE}"))
                + sorted(run_dir.glob(f"{DP_ROW_PREFIX}*{SELECTED_SUFFIX}/{CHOICE}/{LEDGER_FILE}"))
-               + sorted(run_dir.glob(f"{DIRECT_ROW_PREFIX}*/{RETRIEVER}/{LEDGER_FILE}")))
+               + direct + sorted(run_dir.glob(f"{DIRECT_ROW_PREFIX}*{SELECTED_SUFFIX}/{CHOICE}/{LEDGER_FILE}")))
     return [(path.relative_to(run_dir).parts[0], path.parent) for path in ledgers]
 
 

@@ -8,7 +8,8 @@ Required: at least one ``metrics.json`` row. Everything else is optional and sho
 * ``eps-<e>/metrics.json`` + ``eps-<e>/generator/privacy_ledger.json`` (DP synthetic queries),
   ``eps-<e>/synthetic/`` (examples, ``manifest.json``), ``eps-<e>/timing.json``;
 * ``direct-<method>-eps-<e>/metrics.json`` with a ledger in ``retriever/`` or beside the metrics
-  (direct DP training of the retriever);
+  (direct DP training of the retriever), and ``direct-<method>-eps-<e>-selected/`` (the DP choice on the
+  held-out units, when that retriever trained on the fit part);
 * ``similarity.json`` (BLEU/MAUVE), ``canaries.json`` or ``canaries/canaries.json`` (canary
   audit), any top-level JSON shaped like ``privret evaluate --datasets`` output (zero-shot across
   datasets), ``config.json``.
@@ -34,7 +35,8 @@ from privret.privacy.ledger import LEDGER_FILE, format_epsilon
 
 _EPS_DIR = re.compile(rf"^{re.escape(DP_ROW_PREFIX)}(?P<eps>inf|[0-9.eE+-]+?)"
                       rf"(?P<suffix>{re.escape(FILTERED_SUFFIX)}|{re.escape(SELECTED_SUFFIX)})?$")
-_DIRECT_DIR = re.compile(rf"^{re.escape(DIRECT_ROW_PREFIX)}(?P<method>.+)-eps-(?P<eps>inf|[0-9.eE+-]+)$")
+_DIRECT_DIR = re.compile(rf"^{re.escape(DIRECT_ROW_PREFIX)}(?P<method>.+)-eps-(?P<eps>inf|[0-9.eE+-]+?)"
+                         rf"(?P<suffix>{re.escape(SELECTED_SUFFIX)})?$")
 
 
 @dataclass
@@ -125,6 +127,9 @@ def method_label(method: str) -> str:
         return "DP synthetic queries, round-trip filtered"
     if method == "dp-synthetic-selected":
         return "DP synthetic queries, retriever chosen with DP on the private log"
+    if method.startswith("direct-") and method.endswith(SELECTED_SUFFIX):
+        return f"direct DP ({method.removeprefix('direct-').removesuffix(SELECTED_SUFFIX)}), chosen with DP on " \
+               "held-out units"
     if method.startswith("direct-"):
         return f"direct DP ({method.removeprefix('direct-')})"
     return method
@@ -170,9 +175,10 @@ def collect(run_dir: str | Path, *, show_private_queries: bool = False, examples
         elif m := _DIRECT_DIR.match(child.name):
             ledger, source = _ledger(child / RETRIEVER, child)
             eps = ledger["epsilon"] if ledger else parse_eps(m["eps"])
-            stages.append(Row(child.name, f"direct {m['method']} (ε={format_epsilon(parse_eps(m['eps']))})",
-                              f"direct-{m['method']}", eps, _metrics(child / METRICS_FILE), ledger, source,
-                              _timing(child)))
+            chosen = ", chosen with DP on held-out units" if m["suffix"] else ""
+            stages.append(Row(child.name, f"direct {m['method']}{chosen} (ε={format_epsilon(parse_eps(m['eps']))})",
+                              f"direct-{m['method']}{m['suffix'] or ''}", eps, _metrics(child / METRICS_FILE), ledger,
+                              source, _timing(child)))
     stages.sort(key=lambda r: (not r.method.startswith("dp-synthetic"), r.method, -r.epsilon if r.epsilon is not None else 0))
     rows += stages
     for r in rows:

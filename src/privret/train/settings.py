@@ -163,13 +163,12 @@ class DPRetrieverConfig(BaseModel):
         return self.max_batch_units or self.batch_size + math.ceil(4 * math.sqrt(self.batch_size))
 
 
-class SelectionSettings(BaseModel):
-    """How a DP choice among retrievers is made (:mod:`privret.privacy.private_selection`): its epsilon, the
-    interpolation weights of each fine-tuned candidate with the base, and the token limit when scoring."""
+class CandidateGrid(BaseModel):
+    """The candidates of a DP choice among retrievers (:mod:`privret.privacy.private_selection`): the public base,
+    and each fine-tuned retriever interpolated with it at ``weights``; and the token limit when scoring them."""
 
     model_config = ConfigDict(extra="forbid")
 
-    epsilon: float = Field(1.0, gt=0, allow_inf_nan=False, description="epsilon of the choice (pure DP, delta 0)")
     weights: list[float] = Field(default_factory=lambda: [0.5, 1.0],
                                  description="interpolation weights alpha in (0, 1] of each candidate with base")
     max_seq_length: int = Field(256, gt=0, description="token limit of queries and documents when scoring")
@@ -180,6 +179,12 @@ class SelectionSettings(BaseModel):
         if not weights or any(not 0 < w <= 1 for w in weights):
             raise ValueError("give one or more weights in (0, 1] (the base model itself is always a candidate)")
         return sorted(set(weights))
+
+
+class SelectionSettings(CandidateGrid):
+    """How a DP choice among retrievers is made: its candidates and its epsilon."""
+
+    epsilon: float = Field(1.0, gt=0, allow_inf_nan=False, description="epsilon of the choice (pure DP, delta 0)")
 
 
 class PrivateSelectionConfig(SelectionSettings):
