@@ -101,9 +101,10 @@ class DirectDPGrid(BaseModel):
     settings: dict = Field(default_factory=dict, description="DPRetrieverConfig fields shared by every row")
     per_method: dict[str, dict] = Field(default_factory=dict,
                                         description="DPRetrieverConfig fields for one method, over `settings`")
-    held_out_choice: CandidateGrid = Field(
-        CandidateGrid(), description="the candidates of the DP choice after each row that holds units out (extra "
-                                     "rows direct-<method>-eps-<e>-selected, at the row's epsilon on the held-out part)")
+    held_out_choice: CandidateGrid | None = Field(
+        None, description="the candidates of the DP choice after each row that holds units out (extra rows "
+                          "direct-<method>-eps-<e>-selected, at the row's epsilon on the held-out part); default: "
+                          "CandidateGrid's")
 
     @field_validator("methods")
     @classmethod
@@ -129,7 +130,7 @@ class DirectDPGrid(BaseModel):
 
     @model_validator(mode="after")
     def _choice_has_held_out_units(self) -> DirectDPGrid:
-        if "held_out_choice" in self.model_fields_set and not any(
+        if self.held_out_choice is not None and not any(
                 {**self.settings, **self.per_method.get(method, {})}.get("hold_out") for method in self.methods):
             raise ValueError("`held_out_choice` needs a method whose settings hold units out (`hold_out`)")
         return self
@@ -145,8 +146,8 @@ class DirectDPGrid(BaseModel):
         trained = self.config(method, epsilon, unit)
         if trained.hold_out is None:
             return None
-        return PrivateSelectionConfig(**self.held_out_choice.model_dump(), epsilon=epsilon, base=trained.model,
-                                      unit=unit, hold_out=trained.hold_out)
+        return PrivateSelectionConfig(**(self.held_out_choice or CandidateGrid()).model_dump(), epsilon=epsilon,
+                                      base=trained.model, unit=unit, hold_out=trained.hold_out)
 
 
 class BudgetSettings(BaseModel):
