@@ -274,3 +274,36 @@ def test_non_private_steps_forward_at_most_physical_batch_rows(tiny_llama_dir, t
     ledger = train_generator(pairs, tmp_path / "gen", cfg, data_hash="h")
     assert ledger.steps == 2 and sum(forwarded) == 2 * len(pairs.pairs) == 22  # every row, in every step
     assert max(forwarded) <= cfg.physical_batch
+
+
+def test_hold_out_trains_the_generator_on_the_fit_part_only(tiny_llama_dir, tmp_path, monkeypatch):
+    """With ``hold_out`` the generator reads only fit units' rows; q, delta and the ledger count the fit units, the
+    ledger records the part, and the release is charged to the whole log's dataset. A non-private generator
+    cannot hold units out (there is no guarantee to keep)."""
+    from privret.privacy import budget
+    from privret.privacy.partition import FIT, UnitPartition
+
+    pairs = generator_pairs()
+    partition = UnitPartition(salt="held", heldout_fraction=0.4)
+    fit, held = partition.split(pairs, "query")
+    assert fit.pairs and held.pairs  # the salt splits this log both ways
+    read: list[set[str]] = []
+    real_prepare = gtrain._GeneratorTrainer.prepare
+
+    def spy(self, progress):
+        read.append({p.query for p in self.pairs.pairs})
+        return real_prepare(self, progress)
+
+    monkeypatch.setattr(gtrain._GeneratorTrainer, "prepare", spy)
+    cfg = GeneratorTrainConfig(model=str(tiny_llama_dir), epsilon=4.0, batch_size=2, epochs=1, trained_layers=1,
+                               lora_rank=4, bf16=False, hold_out=partition)
+    ledger = train_generator(pairs, tmp_path / "gen", cfg, data_hash="abc")
+    assert read == [{p.query for p in fit.pairs}]
+    n_fit = len(fit.units("query"))
+    assert ledger.part == partition.part(FIT) and ledger.n_units == n_fit
+    assert ledger.sample_rate == pytest.approx(2 / n_fit) and ledger.delta == pytest.approx(1 / (2 * n_fit))
+    assert ledger.dataset_id == budget.dataset_id(pairs)
+    (release,) = budget.releases(ledger.dataset_id)
+    assert release.part == partition.part(FIT)
+    with pytest.raises(ValueError, match="non-private"):
+        GeneratorTrainConfig(epsilon=math.inf, hold_out=partition)

@@ -693,3 +693,41 @@ def test_a_direct_row_that_holds_units_out_is_followed_by_a_free_choice_on_them(
                       "  epsilons: [4]\n  held_out_choice: {weights: [1]}\n")
     with pytest.raises(InputError, match="hold_out"):
         load_config(config)
+
+
+@pytest.mark.slow
+def test_a_generator_that_holds_units_out_makes_the_choice_of_its_retrievers_free(tiny_config, tmp_path, monkeypatch):
+    """generator.hold_out: the DP generator trains on the fit part, and eps-<e>-selected scores only the held-out
+    units, so the chosen retriever costs the larger epsilon, not the sum; the non-private row (epsilon inf) trains
+    on the whole log."""
+    from privret.pipeline import run as pipeline
+    from privret.privacy.partition import UnitPartition
+    from privret.train import private_selection
+    from privret.train.settings import SelectionSettings
+
+    partition = UnitPartition(salt="held", heldout_fraction=0.4)
+    fit, held = partition.split(pairs_from_beir(load_beir(tiny_config.dataset), "train"), "query")
+    assert fit.pairs and held.pairs
+    cfg = tiny_config.model_copy(update={
+        "epsilons": [math.inf, 4.0], "direct_dp": DirectDPGrid(), "synthetic_filter": None,
+        "generator": tiny_config.generator.model_copy(update={"hold_out": partition}),
+        "private_selection": SelectionSettings(epsilon=4.0, weights=[1.0])})
+    scored = []
+    real_scores = private_selection.unit_scores
+
+    def spy(model, pairs, *args, **kwargs):
+        scored.append({p.query for p in pairs.pairs})
+        return real_scores(model, pairs, *args, **kwargs)
+
+    monkeypatch.setattr(private_selection, "unit_scores", spy)
+    run_dir = tmp_path / "run"
+    by_stage = {r["stage"]: r for r in pipeline.run_pipeline(cfg, run_dir)}
+    generator = json.loads((run_dir / "eps-4" / "generator" / "privacy_ledger.json").read_text())
+    assert generator["part"]["side"] == "fit" and generator["n_units"] == len(fit.units("query"))
+    assert json.loads((run_dir / "eps-inf" / "generator" / "train_config.json").read_text())["hold_out"] is None
+    assert scored[-2:] == [{p.query for p in held.pairs}] * 2  # eps-4-selected: base and the retriever
+    selected = by_stage["eps-4-selected"]
+    assert selected["epsilon"] == pytest.approx(max(by_stage["eps-4"]["epsilon"], 4.0))
+    joint = json.loads((run_dir / "budget.json").read_text())  # eps-inf-selected chose on the whole log: it adds
+    assert joint["releases"] == ["eps-4", "eps-4-selected", "eps-inf-selected"]
+    assert joint["composition"]["query"]["epsilon"] == pytest.approx(4.0 + selected["epsilon"], rel=1e-3)

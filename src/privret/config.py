@@ -215,8 +215,10 @@ class PipelineConfig(BaseModel):
         return self
 
     def generator_config(self, epsilon: float) -> GeneratorTrainConfig:
-        return GeneratorTrainConfig(**{**self.generator.model_dump(exclude={"epsilon", "warm_start"}),
-                                       "epsilon": epsilon, "unit": self.unit})
+        """The generator of the row at ``epsilon``; a non-private one (epsilon inf) trains on the whole log."""
+        dropped = {"epsilon", "warm_start"} | (set() if math.isfinite(epsilon) else {"hold_out"})
+        return GeneratorTrainConfig(**{**self.generator.model_dump(exclude=dropped), "epsilon": epsilon,
+                                       "unit": self.unit})
 
 
 MAX_CONFIG_BYTES = 1 << 20  # a pipeline config is a few hundred bytes; PyYAML is slow on megabytes

@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from privret.cli.common import budget_policy, build_config, out, training_pairs
+from privret.cli.common import budget_policy, build_config, hold_out_partition, out, training_pairs
 from privret.cli.options import (
     ACCOUNTANT_HELP,
     DELTA_HELP,
@@ -20,6 +20,8 @@ from privret.cli.options import (
     CheckpointEveryOpt,
     DataOpt,
     DatasetNameOpt,
+    HoldOutOpt,
+    HoldOutSaltOpt,
     PairsOpt,
     ResumeOpt,
     SecureRngOpt,
@@ -57,6 +59,8 @@ def generator_train(
     resume: ResumeOpt = False,
     checkpoint_every: CheckpointEveryOpt = 10,
     secure_rng: SecureRngOpt = False,
+    hold_out: HoldOutOpt = None,
+    hold_out_salt: HoldOutSaltOpt = None,
     budget_cap: BudgetCapOpt = None,
     allow_over_budget: AllowOverOpt = False,
     dataset_name: DatasetNameOpt = None,
@@ -76,7 +80,8 @@ def generator_train(
                          "--warm-start",
                          field="--public-pairs")
     values = dict(model=model, delta=delta, unit=unit, **fine_tuning, accountant=accountant, seed=seed,
-                  checkpoint_every=checkpoint_every, secure_rng=secure_rng)
+                  checkpoint_every=checkpoint_every, secure_rng=secure_rng,
+                  hold_out=hold_out_partition(hold_out, hold_out_salt))
     if public_pairs is not None:
         cfg = build_config(GeneratorTrainConfig, epsilon=math.inf, **values)
         ledger = train_public_generator(public_pairs, out_dir, cfg, resume=resume)

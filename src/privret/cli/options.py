@@ -39,9 +39,9 @@ DatasetNameOpt = Annotated[Optional[str], typer.Option(
 # the held-out part, composed in parallel
 HoldOutOpt = Annotated[Optional[float], typer.Option(
     "--hold-out", help="the expected share of privacy units held out of the log, in (0, 1), by a public salted hash "
-                       "of each unit's key: retriever train --dp trains on the rest, retriever select scores on "
-                       "these; with the same --hold-out and --hold-out-salt the two cost the larger epsilon, not the "
-                       "sum")]
+                       "of each unit's key: retriever train --dp and generator train train on the rest, retriever "
+                       "select scores on these; with the same --hold-out and --hold-out-salt the two cost the larger "
+                       "epsilon, not the sum")]
 HoldOutSaltOpt = Annotated[Optional[str], typer.Option(
     "--hold-out-salt", help="--hold-out: the public salt of the hash (any text fixed without looking at the log; "
                             "default privret-hold-out)")]

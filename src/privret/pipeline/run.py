@@ -278,8 +278,9 @@ def _synthetic_row(run: Run, row: SyntheticRow, make_generator, documents: list,
     if row.selected is not None:
         console.rule(f"DP choice of the retriever on the private log, epsilon = {format_epsilon(row.epsilon)} + "
                      f"{format_epsilon(run.cfg.private_selection.epsilon)}")
-        rows.append(_selected_row(run, row.selected, PrivateSelectionConfig(
-            **run.cfg.private_selection.model_dump(), base=run.cfg.retriever.model, unit=run.cfg.unit)))
+        rows.append(_selected_row(run, row.selected, PrivateSelectionConfig(  # held out where the generator was
+            **run.cfg.private_selection.model_dump(), base=run.cfg.retriever.model, unit=run.cfg.unit,
+            hold_out=run.cfg.generator_config(row.epsilon).hold_out)))
     return rows
 
 

@@ -52,6 +52,7 @@ from privret.models.generator import (GENERATOR_FILE, WARM_START_DIR, QueryGener
 from privret.privacy import budget as budget_registry
 from privret.privacy.clipping import clip_units
 from privret.privacy.ledger import PrivacyLedger, require_public
+from privret.privacy.partition import FIT, LogPart
 from privret.distributed import SINGLE, Group
 from privret.privacy.secure_rng import SecureRandom
 from privret.progress import Progress
@@ -103,21 +104,25 @@ def train_generator(pairs: TrainingPairs, out_dir: str | Path, cfg: GeneratorTra
     ``dataset_id``: the dataset a DP run is charged to in the budget registry (default: that of
     ``pairs``, :func:`~privret.privacy.budget.dataset_id`). ``budget``: cap and registry location
     (default: record in ``$PRIVRET_BUDGET_DIR``, the default cap). ``public``: ``pairs`` are public
-    data (see the module docstring).
+    data (see the module docstring). ``cfg.hold_out``: train on that partition's fit part only (the ledger
+    records the part), keeping the held-out part for a DP choice among the retrievers trained on this
+    generator's queries (``retriever select`` with the same partition), which then composes in parallel.
     """
     if public and math.isfinite(cfg.epsilon):
         raise InputError("public pairs are trained on without DP; the epsilon must be inf", field="epsilon")
     require_public(cfg.model, field="model", use="generator training (its ledger covers this run only)")
-    dataset_id = dataset_id or budget_registry.dataset_id(pairs)
+    dataset_id = dataset_id or budget_registry.dataset_id(pairs)  # the whole log's: its budget, also with hold_out
+    part = None if cfg.hold_out is None else cfg.hold_out.part(FIT)
+    pairs = pairs if part is None else part.take(pairs, cfg.unit)
     with distributed.main_lock(Path(out_dir), what="generator directory"):
         return _train_generator(pairs, Path(out_dir), cfg, data_hash=data_hash, dataset_id=dataset_id, resume=resume,
                                 budget=budget, public=public,
-                                warm_start=Path(warm_start) if warm_start is not None else None)
+                                warm_start=Path(warm_start) if warm_start is not None else None, part=part)
 
 
 def _train_generator(pairs: TrainingPairs, out_dir: Path, cfg: GeneratorTrainConfig, *, data_hash: str,
                      dataset_id: str, resume: bool, budget: budget_registry.BudgetPolicy | None, public: bool,
-                     warm_start: Path | None) -> PrivacyLedger:
+                     warm_start: Path | None, part: LogPart | None) -> PrivacyLedger:
     units = pairs.units(cfg.unit)
     run_plan = plan_run(cfg, len(units))
     private = run_plan.private
@@ -137,7 +142,7 @@ def _train_generator(pairs: TrainingPairs, out_dir: Path, cfg: GeneratorTrainCon
                              n_units=run_plan.n_units, n_pairs=len(pairs.pairs),
                              clip_norm=cfg.clip_norm if private else math.inf, model=cfg.model, trainable=trainable,
                              data_hash=data_hash, dataset_id=dataset_id, secure_rng=secure_rng,
-                             unit_definition=UNIT_DEFINITIONS[cfg.unit], provenance=provenance)
+                             unit_definition=UNIT_DEFINITIONS[cfg.unit], provenance=provenance, part=part)
 
     def load() -> _GeneratorTrainer:
         settings = dict(max_doc_tokens=cfg.max_doc_tokens, max_query_tokens=cfg.max_query_tokens,

@@ -90,6 +90,16 @@ class GeneratorTrainConfig(BaseModel):
     seed: int = 0
     checkpoint_every: int = Field(10, gt=0)
     secure_rng: bool = Field(False, description="DP noise and Poisson sampling from the OS CSPRNG (os.urandom)")
+    hold_out: UnitPartition | None = Field(None, description="train on the fit part of this partition of the log "
+                                                             "only (privret.privacy.partition), keeping the held-out "
+                                                             "part for a DP choice at no added epsilon")
+
+    @model_validator(mode="after")
+    def _hold_out_is_for_dp(self):
+        if self.hold_out is not None and not math.isfinite(self.epsilon):
+            raise ValueError("`hold_out` keeps units for a DP choice; a non-private generator (epsilon inf) has no "
+                             "guarantee to keep")
+        return self
 
 
 METHODS = ("naive", "batch-clip", "logit-dp", "public-negatives")
