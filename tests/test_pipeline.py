@@ -637,6 +637,20 @@ def test_selected_row_composes_one_generator_ledger_with_the_choice(tiny_config,
     assert [r["ndcg@10"] for r in again] == [r["ndcg@10"] for r in rows]
 
 
+def _scored_queries(monkeypatch) -> list[set[str]]:
+    """The query texts of each log a DP choice scores its candidates on, one set per candidate, as they come."""
+    from privret.train import private_selection
+
+    scored, real_scores = [], private_selection.unit_scores
+
+    def spy(model, pairs, *args, **kwargs):
+        scored.append({p.query for p in pairs.pairs})
+        return real_scores(model, pairs, *args, **kwargs)
+
+    monkeypatch.setattr(private_selection, "unit_scores", spy)
+    return scored
+
+
 @pytest.mark.slow
 def test_a_direct_row_that_holds_units_out_is_followed_by_a_free_choice_on_them(tiny_config, tmp_path, monkeypatch):
     """A direct method with ``hold_out`` trains on the fit part and adds direct-<m>-eps-<e>-selected: a DP choice on
@@ -647,7 +661,6 @@ def test_a_direct_row_that_holds_units_out_is_followed_by_a_free_choice_on_them(
     from privret.pipeline import run as pipeline
     from privret.privacy.partition import UnitPartition
     from privret.report.collect import collect
-    from privret.train import private_selection
 
     partition = UnitPartition(salt="held", heldout_fraction=0.4)
     fit, held = partition.split(pairs_from_beir(load_beir(tiny_config.dataset), "train"), "query")
@@ -657,14 +670,7 @@ def test_a_direct_row_that_holds_units_out_is_followed_by_a_free_choice_on_them(
         "held_out_choice": {"weights": [0.5, 1.0]}})
     cfg = tiny_config.model_copy(update={"epsilons": [4.0], "synthetic_filter": None,
                                          "direct_dp": DirectDPGrid.model_validate(grid.model_dump())})
-    scored = []
-    real_scores = private_selection.unit_scores
-
-    def spy(model, pairs, *args, **kwargs):
-        scored.append({p.query for p in pairs.pairs})
-        return real_scores(model, pairs, *args, **kwargs)
-
-    monkeypatch.setattr(private_selection, "unit_scores", spy)
+    scored = _scored_queries(monkeypatch)
     run_dir = tmp_path / "run"
     rows = pipeline.run_pipeline(cfg, run_dir)
     by_stage = {r["stage"]: r for r in rows}
@@ -702,7 +708,7 @@ def test_a_generator_that_holds_units_out_makes_the_choice_of_its_retrievers_fre
     on the whole log."""
     from privret.pipeline import run as pipeline
     from privret.privacy.partition import UnitPartition
-    from privret.train import private_selection
+    from privret.config import load_config
     from privret.train.settings import SelectionSettings
 
     partition = UnitPartition(salt="held", heldout_fraction=0.4)
@@ -712,19 +718,17 @@ def test_a_generator_that_holds_units_out_makes_the_choice_of_its_retrievers_fre
         "epsilons": [math.inf, 4.0], "direct_dp": DirectDPGrid(), "synthetic_filter": None,
         "generator": tiny_config.generator.model_copy(update={"hold_out": partition}),
         "private_selection": SelectionSettings(epsilon=4.0, weights=[1.0])})
-    scored = []
-    real_scores = private_selection.unit_scores
-
-    def spy(model, pairs, *args, **kwargs):
-        scored.append({p.query for p in pairs.pairs})
-        return real_scores(model, pairs, *args, **kwargs)
-
-    monkeypatch.setattr(private_selection, "unit_scores", spy)
+    scored = _scored_queries(monkeypatch)
     run_dir = tmp_path / "run"
     by_stage = {r["stage"]: r for r in pipeline.run_pipeline(cfg, run_dir)}
     generator = json.loads((run_dir / "eps-4" / "generator" / "privacy_ledger.json").read_text())
     assert generator["part"]["side"] == "fit" and generator["n_units"] == len(fit.units("query"))
     assert json.loads((run_dir / "eps-inf" / "generator" / "train_config.json").read_text())["hold_out"] is None
+    config = tmp_path / "c.yaml"  # a config file says it the same way
+    config.write_text(f"name: t\ndataset: {tiny_config.dataset}\nepsilons: [.inf, 4]\n"
+                      "generator: {hold_out: {salt: held, heldout_fraction: 0.4}}\n")
+    loaded = load_config(config)
+    assert loaded.generator_config(4.0).hold_out == partition and loaded.generator_config(math.inf).hold_out is None
     assert scored[-2:] == [{p.query for p in held.pairs}] * 2  # eps-4-selected: base and the retriever
     selected = by_stage["eps-4-selected"]
     assert selected["epsilon"] == pytest.approx(max(by_stage["eps-4"]["epsilon"], 4.0))

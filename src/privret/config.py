@@ -32,6 +32,12 @@ class GeneratorStage(GeneratorTrainConfig):
     warm_start: Literal["public-pairs"] | None = Field(
         None, description="start DP fine-tuning from the public-pairs row's generator (public_rows.public_pairs)")
 
+    @model_validator(mode="after")
+    def _hold_out_is_for_dp(self):
+        """Any ``hold_out`` is fine here: the DP rows train with it, the non-private row without
+        (:meth:`PipelineConfig.generator_config`)."""
+        return self
+
 
 class PublicExample(BaseModel):
     """One public (document, query) pair shown to the prompted generator: the document's text (``doc``), or the
