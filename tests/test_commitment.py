@@ -63,7 +63,10 @@ def test_a_saved_dp_ledger_holds_commitments_and_no_pair_count(tmp_path):
     assert all(part["data_hash"] == commitment.commit(RAW) for part in saved["parts"])
     assert ledger.n_pairs == 612 and ledger.data_hash == RAW  # in memory: raw, for the budget registry
     loaded = PrivacyLedger.load(tmp_path)
-    assert loaded.model_copy(update={"created_at": ""}) == ledger.published() and loaded.published() == loaded
+    assert loaded.created_at and all(part.created_at for part in loaded.parts)  # each release stamped when saved
+    unstamped = loaded.model_copy(update={"created_at": "", "parts": [
+        part.model_copy(update={"created_at": ""}) for part in loaded.parts]})
+    assert unstamped == ledger.published() and loaded.published() == loaded
     assert RAW not in json.dumps({"ledger": ledger.model_dump(mode="json")})  # manifests and results JSON too
 
 

@@ -661,13 +661,14 @@ def test_a_direct_row_that_holds_units_out_is_followed_by_a_free_choice_on_them(
     from privret.pipeline import run as pipeline
     from privret.privacy.partition import UnitPartition
     from privret.report.collect import collect
+    from privret.train.settings import CandidateGrid
 
     partition = UnitPartition(salt="held", heldout_fraction=0.4)
     fit, held = partition.split(pairs_from_beir(load_beir(tiny_config.dataset), "train"), "query")
     assert fit.pairs and held.pairs  # the salt splits the toy log both ways
     grid = tiny_config.direct_dp.model_copy(update={
         "methods": ["batch-clip"], "per_method": {"batch-clip": {"trainable": "top:1", "hold_out": partition}},
-        "held_out_choice": {"weights": [0.5, 1.0]}})
+        "held_out_choice": CandidateGrid(weights=[0.5, 1.0])})
     cfg = tiny_config.model_copy(update={"epsilons": [4.0], "synthetic_filter": None,
                                          "direct_dp": DirectDPGrid.model_validate(grid.model_dump())})
     scored = _scored_queries(monkeypatch)
