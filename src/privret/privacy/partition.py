@@ -86,6 +86,15 @@ class LogPart(UnitPartition):
         return f"{self.side} part (about {share:.0%} of units; salt '{self.salt}')"
 
 
+def fit_part(hold_out: UnitPartition | None, pairs: TrainingPairs,
+             unit: PrivacyUnit | str) -> tuple[LogPart | None, TrainingPairs]:
+    """What a DP training run reads: the fit part of ``hold_out`` and its rows, or (None, the whole log)."""
+    if hold_out is None:
+        return None, pairs
+    part = hold_out.part(FIT)
+    return part, part.take(pairs, unit)
+
+
 def unit_key(pair: QueryDocPair, unit: PrivacyUnit) -> str:
     """What identifies the unit a row belongs to (the grouping of :func:`privret.data.pairs.group_units`)."""
     if unit is PrivacyUnit.user:

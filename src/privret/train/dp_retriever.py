@@ -80,7 +80,7 @@ from privret.models.model_card import write_model_card
 from privret.privacy import budget as budget_registry
 from privret.privacy.ledger import PrivacyLedger, require_public
 from privret.privacy.logit_dp import logit_dp_factor
-from privret.privacy.partition import FIT, LogPart
+from privret.privacy.partition import LogPart, fit_part
 from privret.privacy.secure_rng import SecureRandom
 from privret.progress import Progress
 from privret.train.clipped_sums import StepBatch, clipped_sum
@@ -237,8 +237,7 @@ def train_dp_retriever(pairs: TrainingPairs, out_dir: str | Path, cfg: DPRetriev
     DP choice (``retriever select`` with the same partition) that composes with this run in parallel.
     """
     dataset_id = dataset_id or budget_registry.dataset_id(pairs)  # the whole log's: its budget, also with hold_out
-    part = None if cfg.hold_out is None else cfg.hold_out.part(FIT)
-    pairs = pairs if part is None else part.take(pairs, cfg.unit)
+    part, pairs = fit_part(cfg.hold_out, pairs, cfg.unit)
     require_public(cfg.model, field="model", use="direct DP training (its hard negatives and cached embeddings)")
     if distributed.launched().distributed and cfg.method not in PARALLEL_METHODS:
         raise InputError(f"{cfg.method} couples the units of a batch (in-batch negatives or a batch-wide clip), so "

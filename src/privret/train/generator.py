@@ -52,7 +52,7 @@ from privret.models.generator import (GENERATOR_FILE, WARM_START_DIR, QueryGener
 from privret.privacy import budget as budget_registry
 from privret.privacy.clipping import clip_units
 from privret.privacy.ledger import PrivacyLedger, require_public
-from privret.privacy.partition import FIT, LogPart
+from privret.privacy.partition import LogPart, fit_part
 from privret.distributed import SINGLE, Group
 from privret.privacy.secure_rng import SecureRandom
 from privret.progress import Progress
@@ -112,8 +112,7 @@ def train_generator(pairs: TrainingPairs, out_dir: str | Path, cfg: GeneratorTra
         raise InputError("public pairs are trained on without DP; the epsilon must be inf", field="epsilon")
     require_public(cfg.model, field="model", use="generator training (its ledger covers this run only)")
     dataset_id = dataset_id or budget_registry.dataset_id(pairs)  # the whole log's: its budget, also with hold_out
-    part = None if cfg.hold_out is None else cfg.hold_out.part(FIT)
-    pairs = pairs if part is None else part.take(pairs, cfg.unit)
+    part, pairs = fit_part(cfg.hold_out, pairs, cfg.unit)
     with distributed.main_lock(Path(out_dir), what="generator directory"):
         return _train_generator(pairs, Path(out_dir), cfg, data_hash=data_hash, dataset_id=dataset_id, resume=resume,
                                 budget=budget, public=public,

@@ -18,6 +18,8 @@ from privret.models.registry import DEFAULT_ENCODER, DEFAULT_GENERATOR
 from privret.privacy.partition import UnitPartition
 
 
+HOLD_OUT_FOR_TRAINING = ("train on the fit part of this partition of the log only (privret.privacy.partition), "
+                         "keeping the held-out part for a DP choice at no added epsilon")
 SELECTABLE = ("learning_rate", "temperature", "batch_size", "max_doc_tokens", "max_query_tokens", "warmup_fraction")
 
 
@@ -90,9 +92,7 @@ class GeneratorTrainConfig(BaseModel):
     seed: int = 0
     checkpoint_every: int = Field(10, gt=0)
     secure_rng: bool = Field(False, description="DP noise and Poisson sampling from the OS CSPRNG (os.urandom)")
-    hold_out: UnitPartition | None = Field(None, description="train on the fit part of this partition of the log "
-                                                             "only (privret.privacy.partition), keeping the held-out "
-                                                             "part for a DP choice at no added epsilon")
+    hold_out: UnitPartition | None = Field(None, description=HOLD_OUT_FOR_TRAINING)
 
     @model_validator(mode="after")
     def _hold_out_is_for_dp(self):
@@ -148,9 +148,7 @@ class DPRetrieverConfig(BaseModel):
     seed: int = 0
     checkpoint_every: int = Field(10, gt=0, description="steps between checkpoints (resume with resume=True)")
     secure_rng: bool = Field(False, description="DP noise and sampling from the OS CSPRNG (os.urandom)")
-    hold_out: UnitPartition | None = Field(None, description="train on the fit part of this partition of the log "
-                                                             "only (privret.privacy.partition), keeping the held-out "
-                                                             "part for a DP choice at no added epsilon")
+    hold_out: UnitPartition | None = Field(None, description=HOLD_OUT_FOR_TRAINING)
 
     @model_validator(mode="after")
     def _method_options(self):
