@@ -259,6 +259,18 @@ def test_config_refuses_documents_picked_by_the_private_log(toy_beir):
         PipelineConfig(name="x", dataset=toy_beir, epsilons=[8.0], synthetic_documents="training")
 
 
+def test_the_generator_section_takes_neither_an_epsilon_nor_a_unit(toy_beir):
+    """Each row's epsilon comes from the grid and the unit from the config: a generator section that names either
+    is refused, not silently overridden."""
+    from pydantic import ValidationError
+
+    for field, value in (("epsilon", 1.0), ("unit", "pair")):
+        with pytest.raises(ValidationError, match=f"generator.{field}"):
+            PipelineConfig(name="x", dataset=toy_beir, epsilons=[8.0], unit="query", generator={field: value})
+    cfg = PipelineConfig(name="x", dataset=toy_beir, epsilons=[8.0], unit="pair", generator={"epochs": 2})
+    assert (cfg.generator_config(8.0).epsilon, cfg.generator_config(8.0).unit.value) == (8.0, "pair")
+
+
 def test_generation_resumes_after_a_torn_write(tiny_config, tmp_path, monkeypatch):
     from privret.data.pairs import pairs_from_beir
     from privret.models import generator as genmod

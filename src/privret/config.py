@@ -21,22 +21,17 @@ from privret.models.device_spec import DeviceSpec
 from privret.privacy.budget import DEFAULT_CAP, BudgetPolicy, Cap
 from privret.retrieval.index import SearchIndex
 from privret.synth.settings import DocumentChoice, GenerateConfig, RoundTripFilterConfig
-from privret.train.settings import (METHODS, CandidateGrid, DPRetrieverConfig, GeneratorTrainConfig,
+from privret.train.settings import (METHODS, CandidateGrid, DPRetrieverConfig, GeneratorSettings, GeneratorTrainConfig,
                                     PrivateSelectionConfig, RetrieverTrainConfig, SelectionSettings)
 
 
-class GeneratorStage(GeneratorTrainConfig):
-    """Generator settings shared by every epsilon of the grid (epsilon itself comes from the grid)."""
+class GeneratorStage(GeneratorSettings):
+    """Generator settings shared by every epsilon of the grid: each row's epsilon comes from the grid and the unit
+    from the config (:meth:`PipelineConfig.generator_config`). A ``hold_out`` is for the DP rows: the non-private
+    row trains on the whole log."""
 
-    epsilon: float = Field(math.inf, exclude=True)
     warm_start: Literal["public-pairs"] | None = Field(
         None, description="start DP fine-tuning from the public-pairs row's generator (public_rows.public_pairs)")
-
-    @model_validator(mode="after")
-    def _hold_out_is_for_dp(self):
-        """Any ``hold_out`` is fine here: the DP rows train with it, the non-private row without
-        (:meth:`PipelineConfig.generator_config`)."""
-        return self
 
 
 class PublicExample(BaseModel):
@@ -198,8 +193,9 @@ class PipelineConfig(BaseModel):
     budget: BudgetSettings = BudgetSettings()
     search: SearchIndex = Field(SearchIndex(), description="the FAISS index every evaluation searches: exact "
                                                             "(default), hnsw or ivf (privret.retrieval.index)")
-    device: DeviceSpec = Field("auto", description="where models run: auto (CUDA when available, else CPU), cpu, cuda or "
-                                            "cuda:N (privret.models.device); the command line's --device overrides it")
+    device: DeviceSpec = Field("auto", description="where models run: auto (CUDA when available, else CPU), cpu, "
+                                                    "cuda or cuda:N (privret.models.device); the command line's "
+                                                    "--device overrides it")
 
 
     @field_validator("epsilons")
@@ -222,7 +218,7 @@ class PipelineConfig(BaseModel):
 
     def generator_config(self, epsilon: float) -> GeneratorTrainConfig:
         """The generator of the row at ``epsilon``; a non-private one (epsilon inf) trains on the whole log."""
-        dropped = {"epsilon", "warm_start"} | (set() if math.isfinite(epsilon) else {"hold_out"})
+        dropped = {"warm_start"} | (set() if math.isfinite(epsilon) else {"hold_out"})
         return GeneratorTrainConfig(**{**self.generator.model_dump(exclude=dropped), "epsilon": epsilon,
                                        "unit": self.unit})
 

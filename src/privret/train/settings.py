@@ -1,8 +1,8 @@
 """The trainers' settings: validated pydantic models, free of torch so that reading a config never loads a model.
 
 :class:`RetrieverTrainConfig` (with :class:`RecipeSelection`) configures the non-private retriever
-(:mod:`privret.train.retriever`), :class:`GeneratorTrainConfig` the (DP) generator
-(:mod:`privret.train.generator`), :class:`DPRetrieverConfig` the direct DP retriever
+(:mod:`privret.train.retriever`), :class:`GeneratorTrainConfig` (:class:`GeneratorSettings` with an epsilon)
+the (DP) generator (:mod:`privret.train.generator`), :class:`DPRetrieverConfig` the direct DP retriever
 (:mod:`privret.train.dp_retriever`). The privacy meaning of each field is stated in those modules.
 """
 
@@ -70,13 +70,14 @@ class RetrieverTrainConfig(BaseModel):
         None, description="choose epochs and the grid's settings on a validation split of the training pairs")
 
 
-class GeneratorTrainConfig(BaseModel):
+class GeneratorSettings(BaseModel):
+    """How the generator is fine-tuned, whatever its epsilon: what a pipeline's ``generator`` section gives once for
+    every row of its epsilon grid (:class:`privret.config.GeneratorStage`)."""
+
     model_config = ConfigDict(extra="forbid")
 
     model: str = DEFAULT_GENERATOR
-    epsilon: float = Field(8.0, description="target epsilon; inf = non-private")
     delta: float | None = Field(None, description="default 1/(2n), n = number of units")
-    unit: PrivacyUnit = PrivacyUnit.query
     clip_norm: float = Field(1.0, gt=0, allow_inf_nan=False)
     batch_size: int = Field(64, gt=0, description="expected number of units per step")
     epochs: float = Field(3.0, gt=0, allow_inf_nan=False)
@@ -93,6 +94,13 @@ class GeneratorTrainConfig(BaseModel):
     checkpoint_every: int = Field(10, gt=0)
     secure_rng: bool = Field(False, description="DP noise and Poisson sampling from the OS CSPRNG (os.urandom)")
     hold_out: UnitPartition | None = Field(None, description=HOLD_OUT_FOR_TRAINING)
+
+
+class GeneratorTrainConfig(GeneratorSettings):
+    """One generator fine-tune: the settings, its target epsilon and the privacy unit."""
+
+    epsilon: float = Field(8.0, description="target epsilon; inf = non-private")
+    unit: PrivacyUnit = PrivacyUnit.query
 
     @model_validator(mode="after")
     def _hold_out_is_for_dp(self):
