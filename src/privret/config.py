@@ -197,7 +197,6 @@ class PipelineConfig(BaseModel):
                                                     "cuda or cuda:N (privret.models.device); the command line's "
                                                     "--device overrides it")
 
-
     @field_validator("epsilons")
     @classmethod
     def _positive(cls, values: list[float]) -> list[float]:
