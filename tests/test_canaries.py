@@ -167,7 +167,7 @@ def test_fast_scoring_equals_the_loss_module(digit_llama):
 def test_memorised_canaries_are_caught_unseen_ones_are_not(digit_llama, tmp_path):
     cfg = audit.CanaryAuditConfig(epsilons=[math.inf], trials=2, repetitions=[50], candidates=100, samples=4,
                               seed=0,
-                              generator={"model": str(digit_llama), "unit": "pair", "trainable": "full",
+                              unit="pair", generator={"model": str(digit_llama), "trainable": "full",
                                          "trained_layers": None, "epochs": 12, "batch_size": 32,
                                          "learning_rate": 0.01, "max_doc_tokens": 32, "physical_batch": 64,
                                          "bf16": False})
@@ -197,10 +197,28 @@ def test_memorised_canaries_are_caught_unseen_ones_are_not(digit_llama, tmp_path
         audit.run_canary_audit(toy_pairs(), tmp_path / "audit", cfg.model_copy(update={"trials": 3}), data_hash="toy")
 
 
+def test_audit_settings_match_directories_written_before_the_generator_was_typed():
+    """Audits written before 2026-11-29 kept the generator's fields as given (unit included) under ``audit``; they
+    must still resume, and only with the same settings."""
+    cfg = audit.CanaryAuditConfig(trials=2, unit="pair", generator={"model": "tiny", "learning_rate": 0.01})
+    current = audit.audit_settings(cfg, "data", 10)
+    assert "generator" not in current["audit"] and current["generator"]["unit"] == "pair"
+    old_audit = {**current["audit"], "generator": {"model": "tiny", "unit": "pair", "learning_rate": 0.01}}
+    assert audit.same_settings({**current, "audit": old_audit}, current)
+    assert audit.same_settings(current, current)
+    for changed in (cfg.model_copy(update={"unit": "query"}), cfg.model_copy(update={"trials": 3}),
+                    cfg.model_copy(update={"generator": cfg.generator.model_copy(update={"learning_rate": 0.02})})):
+        assert not audit.same_settings({**current, "audit": old_audit}, audit.audit_settings(changed, "data", 10))
+    assert not audit.same_settings(current, audit.audit_settings(cfg, "other data", 10))
+    # trial t trains with seed generator.seed + t, at the unit of the audit
+    assert cfg.generator_config(8.0, trial=1).seed == 1 and cfg.generator_config(8.0).unit == "pair"
+
+
 def test_cli_rejects_bad_lists(tmp_path, toy_beir):
     result = run_cli("audit", "canaries", "--data", str(toy_beir), "--out", str(tmp_path / "a"), "--epsilons", "inf,abc")
     assert result.returncode == 2 and "--epsilons" in result.stderr and len(result.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "a").exists()
-    result = run_cli("audit", "canaries", "--data", str(toy_beir), "--out", str(tmp_path / "a"), "--epochs", "-1")
-    assert result.returncode == 2 and "generator.epochs" in result.stderr, result.stderr
+    for flag, value in (("--epochs", "-1"), ("--candidates", "1"), ("--unit", "group")):
+        result = run_cli("audit", "canaries", "--data", str(toy_beir), "--out", str(tmp_path / "a"), flag, value)
+        assert result.returncode == 2 and f"'{flag}'" in result.stderr, result.stderr
     assert not (tmp_path / "a").exists()

@@ -23,13 +23,13 @@ import math
 import re
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from privret.audit.canaries import KINDS, Canary, insert_canaries, make_canaries, subsample_pairs
 from privret.audit.canary_scoring import fast_log_likelihoods
 from privret.audit.canary_statistics import exposure, secret_rank, summarise
-from privret.data.pairs import TrainingPairs
-from privret.errors import InputError, invalid_input
+from privret.data.pairs import PrivacyUnit, TrainingPairs
+from privret.errors import InputError
 from privret.io import write_json_atomic
 from privret.models.generator import load_trained_generator
 from privret.privacy import budget as budget_registry
@@ -38,7 +38,7 @@ from privret.privacy.commitment import commit
 from privret.privacy.ledger import PrivacyLedger
 from privret.progress import Progress
 from privret.train.generator import train_generator
-from privret.train.settings import GeneratorTrainConfig
+from privret.train.settings import GeneratorSettings, GeneratorTrainConfig
 
 
 def eps_label(epsilon: float) -> str:
@@ -50,7 +50,8 @@ def _digits(text: str) -> str:
 
 
 class CanaryAuditConfig(BaseModel):
-    """Settings of one audit; the generator settings mirror :class:`GeneratorTrainConfig`."""
+    """Settings of one audit: the canaries, the generator's fine-tune (each epsilon of ``epsilons`` in turn; trial
+    ``t`` trains with seed ``generator.seed + t``) and the privacy unit the canaries are counted in."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -63,7 +64,13 @@ class CanaryAuditConfig(BaseModel):
     subsample: int | None = Field(None, gt=0, description="private pairs kept (uniform, seeded); None = all")
     alpha: float = Field(0.05, gt=0, lt=1, description="confidence of the epsilon lower bound is 1 - alpha")
     seed: int = 0
-    generator: dict = Field(default_factory=dict, description="GeneratorTrainConfig fields (epsilon aside)")
+    generator: GeneratorSettings = Field(default_factory=GeneratorSettings)
+    unit: PrivacyUnit = Field(PrivacyUnit.query, description="query: a canary is one unit; pair: k units")
+
+    def generator_config(self, epsilon: float, trial: int = 0) -> GeneratorTrainConfig:
+        """The fine-tune of ``trial`` at ``epsilon``."""
+        return GeneratorTrainConfig(**{**self.generator.model_dump(), "seed": self.generator.seed + trial},
+                                    unit=self.unit, epsilon=epsilon)
 
     @field_validator("epsilons")
     @classmethod
@@ -79,6 +86,24 @@ class CanaryAuditConfig(BaseModel):
         if any(k <= 0 for k in values) or len(set(values)) != len(values):
             raise ValueError("repetitions must be distinct positive integers")
         return sorted(values)
+
+
+def audit_settings(cfg: CanaryAuditConfig, data_hash: str, n_pairs: int) -> dict:
+    """What an audit directory's ``settings.json`` holds: a re-run must match it (epsilons aside; they are checked
+    trial by trial, so that more can be added later). The data is named as ledgers name it (a commitment)."""
+    return json.loads(json.dumps({"audit": cfg.model_dump(mode="json", exclude={"epsilons", "generator", "unit"}),
+                                  "generator": cfg.generator_config(math.inf).model_dump(mode="json"),
+                                  "data_hash": commit(data_hash), "pairs": n_pairs}))
+
+
+def same_settings(saved: dict, settings: dict) -> bool:
+    """Does an audit directory's ``settings.json`` (``saved``) hold the audit of ``settings``?
+
+    Audits written before the generator's settings were typed (to 2026-11-29) also kept the generator's fields as
+    given under ``audit`` (``audit.generator``, a partial dict with the unit); the resolved ``generator`` entry, which
+    both kinds hold, says the same in full, so that partial copy is not compared."""
+    saved = {**saved, "audit": {k: v for k, v in saved.get("audit", {}).items() if k != "generator"}}
+    return saved == settings
 
 
 def _query_fits(model: str, max_query_tokens: int):
@@ -125,18 +150,11 @@ def run_canary_audit(pairs: TrainingPairs, out_dir: str | Path, cfg: CanaryAudit
     out_dir = Path(out_dir)
     dataset_id = dataset_id or budget_registry.dataset_id(pairs)
     base = subsample_pairs(pairs, cfg.subsample, cfg.seed)
-    gen_fields = {**cfg.generator}
-    gen_fields.pop("epsilon", None)
-    try:
-        probe = GeneratorTrainConfig(**gen_fields, epsilon=math.inf)
-    except ValidationError as err:
-        raise invalid_input(err, under="generator", what="invalid generator setting") from None
-    settings = {"audit": cfg.model_dump(mode="json", exclude={"epsilons"}), "generator": probe.model_dump(mode="json"),
-                "data_hash": commit(data_hash), "pairs": len(base.pairs)}  # the data named as ledgers name it
+    probe = cfg.generator_config(math.inf)
+    settings = audit_settings(cfg, data_hash, len(base.pairs))
     settings_file = out_dir / "settings.json"
     if settings_file.exists():
-        saved = json.loads(settings_file.read_text())
-        if saved != json.loads(json.dumps(settings)):
+        if not same_settings(json.loads(settings_file.read_text()), settings):
             raise InputError("holds an audit with other settings; choose another output directory", path=out_dir)
     else:
         write_json_atomic(settings_file, settings)
@@ -155,8 +173,7 @@ def run_canary_audit(pairs: TrainingPairs, out_dir: str | Path, cfg: CanaryAudit
                 result_file = trial_dir / "result.json"
                 if not result_file.exists():
                     training = insert_canaries(base, canaries)
-                    gen_cfg = GeneratorTrainConfig(**{**gen_fields, "epsilon": epsilon,
-                                                      "seed": gen_fields.get("seed", 0) + t})
+                    gen_cfg = cfg.generator_config(epsilon, trial=t)
                     if not (trial_dir / "generator" / "generator.json").exists():
                         train_generator(training, trial_dir / "generator", gen_cfg, data_hash=data_hash,
                                         dataset_id=dataset_id, resume=True, budget=budget)

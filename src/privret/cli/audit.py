@@ -115,6 +115,7 @@ def audit_canaries(
     Every DP trial counts in the data's privacy-budget registry, like any DP training on it."""
     from privret.audit.canary_audit import CanaryAuditConfig, canary_table_markdown, run_canary_audit
     from privret.privacy.budget import dataset_id
+    from privret.train.settings import GeneratorSettings
 
     def numbers(text: str, field: str, cast):
         try:
@@ -124,10 +125,12 @@ def audit_canaries(
 
     policy = budget_policy(budget_cap, allow_over_budget)
     training, data_hash = training_pairs(data, split, pairs)
-    generator = {"model": model, "unit": unit, **fine_tuning, "seed": seed}
-    cfg = build_config(CanaryAuditConfig, epsilons=numbers(epsilons, "--epsilons", float), trials=trials,
+    generator = build_config(GeneratorSettings, model=model, **fine_tuning, seed=seed)
+    cfg = build_config(CanaryAuditConfig, flag_of={"candidates": "--candidates"},
+                       epsilons=numbers(epsilons, "--epsilons", float), trials=trials,
                        repetitions=numbers(repetitions, "--repetitions", int), candidates=candidates,
-                       samples=samples, top_p=top_p, subsample=subsample, alpha=alpha, seed=seed, generator=generator)
+                       samples=samples, top_p=top_p, subsample=subsample, alpha=alpha, seed=seed, generator=generator,
+                       unit=unit)
     report = run_canary_audit(training, out_dir, cfg, data_hash=data_hash,
                               dataset_id=dataset_id(training, dataset_name), budget=policy)
     typer.echo(canary_table_markdown(report))

@@ -48,15 +48,20 @@ def as_flags(err: InputError) -> InputError:
     return err
 
 
-def build_config(cls, **values):
+def build_config(cls, *, flag_of: dict[str, str] | None = None, **values):
     """``cls(**values)``; a pydantic validation error becomes an :class:`InputError` naming the flag (an error of
-    the whole config, with no location, names its fields in backquotes: those are shown as flags too)."""
+    the whole config, with no location, names its fields in backquotes: those are shown as flags too).
+    ``flag_of`` names this command's flags that differ from :data:`FLAG_OF_FIELD`'s."""
     from pydantic import ValidationError
+
+    def name(location: tuple) -> str | None:
+        field = "_".join(str(p) for p in location)
+        return (flag_of or {}).get(field) or flag(field) if location else None
 
     try:
         return cls(**values)
     except ValidationError as err:
-        error = invalid_input(err, name=lambda location: flag("_".join(str(p) for p in location)) if location else None)
+        error = invalid_input(err, name=name)
         error.message = flags_in(error.message, cls.model_fields)
         raise error from None
 
