@@ -18,7 +18,7 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} PRIVRET_BUDGET_DIR=${PRIVRET_BUDGET
 P=.venv/bin/privret
 source bench/lib.sh
 D=../shared/data/scifact
-ev() { evaluate_once "$1" "$D" test "$2"; }  # $1 model, $2 out dir
+ev() { evaluate_once "$1" "$D" test "$2" --no-bf16; }  # $1 model, $2 out dir; float32 as the headline file
 choose() {  # $1 candidate, $2 output, $3 weights: the DP choice, then every candidate on test (reporting only)
   [ -d "$2" ] || $P retriever select --data $D --split train --candidate "$1" --weights "$3" --epsilon 1 \
                    --out "$2" --allow-over-budget
