@@ -134,6 +134,20 @@ def test_pipeline_config_errors(tmp_path):
                       "  settings: {dropout: sometimes}}\n")
     result = run_cli("pipeline", str(config))
     assert result.returncode == 2 and "direct_dp.settings.dropout" in result.stderr
+    # a row's method, epsilon and unit come from the grid and the config: a section that sets them is refused, not
+    # silently overridden
+    for section, field in (("settings: {unit: pair}", "settings"), ("per_method: {naive: {epsilon: 3}}", "per_method")):
+        config.write_text(f"name: x\ndataset: data\nepsilons: [8]\ndirect_dp: {{methods: [naive], epsilons: [8],\n"
+                          f"  {section}}}\n")
+        result = run_cli("pipeline", str(config))
+        assert result.returncode == 2 and f"'direct_dp.{field}'" in result.stderr and "each row's own" in result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    # a setting the method refuses: one line naming the method, no traceback
+    config.write_text("name: x\ndataset: data\nepsilons: [8]\ndirect_dp: {methods: [naive], epsilons: [8],\n"
+                      "  settings: {spreadout_weight: 0.1}}\n")
+    result = run_cli("pipeline", str(config))
+    assert result.returncode == 2 and "method naive" in result.stderr and "spreadout_weight" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
     config.write_text("name: [unclosed\n")
     result = run_cli("pipeline", str(config))
     assert result.returncode == 2 and "invalid YAML" in result.stderr

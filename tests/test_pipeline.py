@@ -271,6 +271,27 @@ def test_the_generator_section_takes_neither_an_epsilon_nor_a_unit(toy_beir):
     assert (cfg.generator_config(8.0).epsilon, cfg.generator_config(8.0).unit.value) == (8.0, "pair")
 
 
+def test_direct_dp_rows_take_the_grid_s_method_and_epsilon_and_per_method_sets_only_what_it_gives(toy_beir):
+    """``per_method`` overrides ``settings`` only in the fields it gives, also after a dump is read back; a row's
+    method, epsilon and unit come from the grid and the config, never from the settings."""
+    from pydantic import ValidationError
+
+    grid = DirectDPGrid(methods=["naive", "batch-clip"], epsilons=[3.0],
+                        settings={"batch_size": 8, "learning_rate": 1e-3}, per_method={"naive": {"batch_size": 4}})
+    for again in (grid, DirectDPGrid.model_validate(grid.model_dump()),
+                  DirectDPGrid.model_validate_json(grid.model_dump_json())):
+        naive, clip = again.config("naive", 3.0, "pair"), again.config("batch-clip", 3.0, "pair")
+        assert (naive.batch_size, naive.learning_rate, naive.method, naive.epsilon, naive.unit.value) == (
+            4, 1e-3, "naive", 3.0, "pair")
+        assert (clip.batch_size, clip.learning_rate) == (8, 1e-3)
+        assert again.section("naive", "batch_size") == "per_method.naive"
+        assert again.section("naive", "learning_rate") == again.section("batch-clip", "batch_size") == "settings"
+    for section in ({"settings": {"epsilon": 1.0}}, {"per_method": {"naive": {"unit": "query"}}},
+                    {"settings": {"method": "naive"}}):
+        with pytest.raises(ValidationError, match="each row's own"):
+            DirectDPGrid(methods=["naive"], epsilons=[3.0], **section)
+
+
 def test_generation_resumes_after_a_torn_write(tiny_config, tmp_path, monkeypatch):
     from privret.data.pairs import pairs_from_beir
     from privret.models import generator as genmod
@@ -478,11 +499,12 @@ def test_interrupted_direct_dp_stage_resumes_with_its_settings_only(small_config
     from privret.privacy import budget
     from privret.privacy.ledger import PrivacyLedger
     from privret.train import dp_retriever, dp_run
+    from privret.train.settings import DPRetrieverSettings
 
     cfg = small_config.model_copy(update={"direct_dp": small_config.direct_dp.model_copy(update={
         "methods": ["batch-clip"], "epsilons": [4.0],
-        "settings": {"model": small_config.retriever.model, "batch_size": 2, "trainable": "top:1",
-                     "checkpoint_every": 1}})})
+        "settings": DPRetrieverSettings(model=small_config.retriever.model, batch_size=2, trainable="top:1",
+                                        checkpoint_every=1)})})
     stage = tmp_path / "run" / "direct-batch-clip-eps-4" / "retriever"
     real = dp_run.save_checkpoint
 
@@ -497,7 +519,7 @@ def test_interrupted_direct_dp_stage_resumes_with_its_settings_only(small_config
     monkeypatch.setattr(dp_run, "save_checkpoint", real)
     assert (stage / "stage.json").is_file() and (stage / "checkpoint").is_dir() and (stage / "steps.jsonl").is_file()
     with pytest.raises(InputError, match="direct-batch-clip-eps-4/retriever.*learning_rate.*interrupted run"):
-        pipeline.run_pipeline(_changed(cfg, "direct_dp", settings={**cfg.direct_dp.settings, "learning_rate": 1e-3}),
+        pipeline.run_pipeline(_changed(cfg, "direct_dp", settings=cfg.direct_dp.settings.model_copy(update={"learning_rate": 1e-3})),
                               tmp_path / "run")
     seen = []
     monkeypatch.setattr(pipeline, "train_dp_retriever", lambda *a, **kw: seen.append(kw["resume"]) or
@@ -673,16 +695,15 @@ def test_a_direct_row_that_holds_units_out_is_followed_by_a_free_choice_on_them(
     from privret.pipeline import run as pipeline
     from privret.privacy.partition import UnitPartition
     from privret.report.collect import collect
-    from privret.train.settings import CandidateGrid
 
     partition = UnitPartition(salt="held", heldout_fraction=0.4)
     fit, held = partition.split(pairs_from_beir(load_beir(tiny_config.dataset), "train"), "query")
     assert fit.pairs and held.pairs  # the salt splits the toy log both ways
-    grid = tiny_config.direct_dp.model_copy(update={
-        "methods": ["batch-clip"], "per_method": {"batch-clip": {"trainable": "top:1", "hold_out": partition}},
-        "held_out_choice": CandidateGrid(weights=[0.5, 1.0])})
-    cfg = tiny_config.model_copy(update={"epsilons": [4.0], "synthetic_filter": None,
-                                         "direct_dp": DirectDPGrid.model_validate(grid.model_dump())})
+    grid = DirectDPGrid.model_validate({
+        **tiny_config.direct_dp.model_dump(), "methods": ["batch-clip"],
+        "per_method": {"batch-clip": {"trainable": "top:1", "hold_out": partition.model_dump()}},
+        "held_out_choice": {"weights": [0.5, 1.0]}})
+    cfg = tiny_config.model_copy(update={"epsilons": [4.0], "synthetic_filter": None, "direct_dp": grid})
     scored = _scored_queries(monkeypatch)
     run_dir = tmp_path / "run"
     rows = pipeline.run_pipeline(cfg, run_dir)

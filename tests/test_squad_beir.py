@@ -165,9 +165,10 @@ def test_squad_config_loads_once_the_dataset_exists(tmp_path):
     assert cfg.epsilons == [float("inf"), 8, 3]
     # the direct-DP regime chosen on the carved validation split (bench/direct_regimes.sh), validated at load
     assert cfg.direct_dp.methods == ["public-negatives"] and cfg.direct_dp.epsilons == [8, 3]
-    assert cfg.direct_dp.settings["trainable"] == "bias-top:3" and cfg.direct_dp.settings["hard_negatives"] == 2
+    row = cfg.direct_dp.config("public-negatives", 8, cfg.unit)
+    assert row.trainable == "bias-top:3" and row.hard_negatives == 2
     # one random public negative a step, no dropout: the choice of 2026-11-27 (docs/benchmarks.md)
-    assert cfg.direct_dp.settings["public_negatives"] == 1 and cfg.direct_dp.settings["dropout"] is False
+    assert row.public_negatives == 1 and row.dropout is False
 
 
 @pytest.mark.skipif(not (SHARED_DATA / "scifact").is_dir(), reason="../shared/data/scifact not present")

@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, ValidationError, field_serializer, field_validator,
+                      model_validator)
 
 from privret.config_path import ConfigPath
 from privret.data.beir import Document
@@ -21,8 +22,9 @@ from privret.models.device_spec import DeviceSpec
 from privret.privacy.budget import DEFAULT_CAP, BudgetPolicy, Cap
 from privret.retrieval.index import SearchIndex
 from privret.synth.settings import DocumentChoice, GenerateConfig, RoundTripFilterConfig
-from privret.train.settings import (METHODS, CandidateGrid, DPRetrieverConfig, GeneratorSettings, GeneratorTrainConfig,
-                                    PrivateSelectionConfig, RetrieverTrainConfig, SelectionSettings)
+from privret.train.settings import (METHODS, CandidateGrid, DPRetrieverConfig, DPRetrieverSettings, GeneratorSettings,
+                                    GeneratorTrainConfig, PrivateSelectionConfig, RetrieverTrainConfig,
+                                    SelectionSettings)
 
 
 class GeneratorStage(GeneratorSettings):
@@ -86,6 +88,10 @@ class PublicRows(BaseModel):
         return shots
 
 
+# The fields of a direct DP row that the grid sets, not its settings: where each comes from.
+GRID_OWNED = {"method": "direct_dp.methods", "epsilon": "direct_dp.epsilons", "unit": "the config's `unit`"}
+
+
 class DirectDPGrid(BaseModel):
     """Direct DP training of the retriever on the original pairs: one row per (method, epsilon).
 
@@ -93,15 +99,16 @@ class DirectDPGrid(BaseModel):
     :mod:`privret.privacy.partition`) trains on the fit part, and its row is followed by a DP choice on the
     held-out part among the public encoder and the row's retriever interpolated with it (``held_out_choice``).
     The choice spends the row's own epsilon on the other part, so the chosen model costs what the row costs
-    (parallel composition, add/remove neighbours)."""
+    (parallel composition, add/remove neighbours). Each row's method and epsilon come from the grid and its unit
+    from the config, so ``settings`` and ``per_method`` take neither (:class:`DPRetrieverSettings`)."""
 
     model_config = ConfigDict(extra="forbid")
 
     methods: list[str] = Field(default_factory=list, description=f"any of {', '.join(METHODS)}")
     epsilons: list[float] = Field(default_factory=list)
-    settings: dict = Field(default_factory=dict, description="DPRetrieverConfig fields shared by every row")
-    per_method: dict[str, dict] = Field(default_factory=dict,
-                                        description="DPRetrieverConfig fields for one method, over `settings`")
+    settings: DPRetrieverSettings = Field(DPRetrieverSettings(), description="settings shared by every row")
+    per_method: dict[str, DPRetrieverSettings] = Field(
+        default_factory=dict, description="the settings one method's rows set over `settings` (only those given)")
     held_out_choice: CandidateGrid | None = Field(
         None, description="the candidates of the DP choice after each row that holds units out (extra rows "
                           "direct-<method>-eps-<e>-selected, at the row's epsilon on the held-out part); default: "
@@ -114,6 +121,21 @@ class DirectDPGrid(BaseModel):
             if method not in METHODS:
                 raise ValueError(f"unknown direct DP method '{method}' (choose from {', '.join(METHODS)})")
         return values
+
+    @field_validator("settings", "per_method", mode="before")
+    @classmethod
+    def _no_row_fields(cls, values, info):
+        sections = values.values() if info.field_name == "per_method" and isinstance(values, Mapping) else [values]
+        for section in sections:
+            for field, source in GRID_OWNED.items():
+                if isinstance(section, Mapping) and field in section:
+                    raise ValueError(f"`{field}` is each row's own: it comes from {source}")
+        return values
+
+    @field_serializer("per_method")
+    def _only_what_is_set(self, per_method: dict[str, DPRetrieverSettings], info) -> dict[str, dict]:
+        """Each method's settings as given, so that a dump read back sets over ``settings`` what it set before."""
+        return {m: own.model_dump(mode=info.mode, exclude_unset=True) for m, own in per_method.items()}
 
     @field_validator("per_method")
     @classmethod
@@ -131,14 +153,22 @@ class DirectDPGrid(BaseModel):
 
     @model_validator(mode="after")
     def _choice_has_held_out_units(self) -> DirectDPGrid:
-        if self.held_out_choice is not None and not any(
-                {**self.settings, **self.per_method.get(method, {})}.get("hold_out") for method in self.methods):
+        if self.held_out_choice is not None and not any(self.settings_of(m)["hold_out"] for m in self.methods):
             raise ValueError("`held_out_choice` needs a method whose settings hold units out (`hold_out`)")
         return self
 
+    def section(self, method: str, field: str) -> str:
+        """Where ``method``'s ``field`` is set: ``per_method.<method>`` when it sets it, else ``settings``."""
+        own = self.per_method.get(method)
+        return f"per_method.{method}" if own is not None and field in own.model_fields_set else "settings"
+
+    def settings_of(self, method: str) -> dict:
+        """``settings`` with what ``per_method[method]`` sets over it."""
+        own = self.per_method.get(method)
+        return {**self.settings.model_dump(), **(own.model_dump(exclude_unset=True) if own is not None else {})}
+
     def config(self, method: str, epsilon: float, unit: PrivacyUnit) -> DPRetrieverConfig:
-        return DPRetrieverConfig(**{**self.settings, **self.per_method.get(method, {}), "method": method,
-                                    "epsilon": epsilon, "unit": unit})
+        return DPRetrieverConfig(**self.settings_of(method), method=method, epsilon=epsilon, unit=unit)
 
     def held_out_selection(self, method: str, epsilon: float, unit: PrivacyUnit) -> PrivateSelectionConfig | None:
         """The DP choice that follows the row (``method``, ``epsilon``): on the held-out part of its partition, at
@@ -266,13 +296,11 @@ def load_config(path: str | Path) -> PipelineConfig:
     except ValidationError as err:
         raise invalid_input(err, path=path) from None
     grid = config.direct_dp
-    for method in grid.methods:  # settings are checked now, not hours into the run
+    for method in grid.methods:  # settings that need the method are checked now, not hours into the run
         try:
             grid.config(method, (grid.epsilons or [1.0])[0], config.unit)
         except ValidationError as err:
-            own = err.errors()[0]["loc"][0] in grid.per_method.get(method, {})
-            section = f"per_method.{method}" if own else "settings"
-            raise invalid_input(err, path=path, under=f"direct_dp.{section}") from None
+            raise invalid_input(err, path=path, under="direct_dp", what=f"method {method}") from None
     config.dataset = _beside(path, config.dataset)
     if config.public_rows.public_pairs is not None:
         config.public_rows.public_pairs = _beside(path, config.public_rows.public_pairs)

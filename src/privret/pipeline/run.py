@@ -168,9 +168,7 @@ def _require_public_models(cfg: PipelineConfig) -> None:
     grid = cfg.direct_dp
     for method in grid.methods if grid.epsilons else []:
         model = grid.config(method, grid.epsilons[0], cfg.unit).model
-        own = "model" in grid.per_method.get(method, {})
-        require_public(model, field=f"direct_dp.{f'per_method.{method}' if own else 'settings'}.model",
-                       use="direct DP training")
+        require_public(model, field=f"direct_dp.{grid.section(method, 'model')}.model", use="direct DP training")
 
 
 def _run_grid(cfg: PipelineConfig, run_dir: Path) -> list[dict]:

@@ -114,17 +114,14 @@ METHODS = ("naive", "batch-clip", "logit-dp", "public-negatives")
 Method = Literal["naive", "batch-clip", "logit-dp", "public-negatives"]
 
 
-class DPRetrieverConfig(BaseModel):
-    """Configuration of :func:`privret.train.dp_retriever.train_dp_retriever` (see that module's docstring for each
-    method)."""
+class DPRetrieverSettings(BaseModel):
+    """How the encoder is DP-trained, whatever its method, epsilon and privacy unit: what a pipeline's
+    ``direct_dp.settings`` gives every row (and ``direct_dp.per_method`` one method's rows)."""
 
     model_config = ConfigDict(extra="forbid")
 
-    method: Method = "logit-dp"
     model: str = DEFAULT_ENCODER
-    epsilon: float = Field(8.0, gt=0, allow_inf_nan=False, description="target epsilon (finite)")
     delta: float | None = Field(None, description="default 1/(2n), n = number of units")
-    unit: PrivacyUnit = PrivacyUnit.query
     clip_norm: float = Field(1.0, gt=0, allow_inf_nan=False, description="C (per unit / batch) or B (per pair)")
     batch_size: int = Field(32, gt=1, description="expected number of units per step (Poisson)")
     max_batch_units: int | None = Field(None, gt=1, description="cap K on units per step (naive; logit-dp)")
@@ -157,6 +154,15 @@ class DPRetrieverConfig(BaseModel):
     checkpoint_every: int = Field(10, gt=0, description="steps between checkpoints (resume with resume=True)")
     secure_rng: bool = Field(False, description="DP noise and sampling from the OS CSPRNG (os.urandom)")
     hold_out: UnitPartition | None = Field(None, description=HOLD_OUT_FOR_TRAINING)
+
+
+class DPRetrieverConfig(DPRetrieverSettings):
+    """Configuration of :func:`privret.train.dp_retriever.train_dp_retriever`: the settings, the method (see that
+    module's docstring for each), the target epsilon and the privacy unit."""
+
+    method: Method = "logit-dp"
+    epsilon: float = Field(8.0, gt=0, allow_inf_nan=False, description="target epsilon (finite)")
+    unit: PrivacyUnit = PrivacyUnit.query
 
     @model_validator(mode="after")
     def _method_options(self):
