@@ -129,6 +129,11 @@ def test_cli_federated_train_bm25_and_bad_config(tiny_squad, tmp_path):
                               "--baseline", "bm25", "--dp-epsilon", "8"])
     assert isinstance(res.exception, InputError) and res.exception.field == "--dp-epsilon"
     assert not (tmp_path / "r3").exists()
+    # a target epsilon sets the noise multiplier: one given beside it would be silently overridden, so it is refused
+    res = runner.invoke(app, ["federated", "train", "--data", str(tmp_path / "fed"), "--out", str(tmp_path / "r3"),
+                              "--dp", "server", "--dp-epsilon", "8", "--dp-noise-multiplier", "0.5"])
+    assert isinstance(res.exception, InputError) and "give one of them" in res.exception.message
+    assert not (tmp_path / "r3").exists()
     res = runner.invoke(app, ["federated", "train", "--data", str(tmp_path / "fed"), "--out", str(tmp_path / "r4"),
                               "--baseline", "bm25", "--wire-dtype", "float8"])
     assert isinstance(res.exception, InputError) and not (tmp_path / "r4").exists()

@@ -65,7 +65,8 @@ def federated_train(
         help="test (default) or validation: the training questions --train-fraction leaves out, to choose "
              "settings without looking at test")] = None,
     dp: Annotated[Optional[str], typer.Option(help="none, server or client (Flower DP-FedAvg wrappers)")] = None,
-    dp_noise_multiplier: Annotated[Optional[float], typer.Option()] = None,
+    dp_noise_multiplier: Annotated[Optional[float], typer.Option(
+        help="noise std / clip norm of DP-FedAvg (--dp server or client); or let --dp-epsilon set it")] = None,
     dp_epsilon: Annotated[Optional[float], typer.Option(
         help="target client-level epsilon over --rounds: sets the noise multiplier (--dp server or client)")] = None,
     dp_clip_norm: Annotated[Optional[float], typer.Option()] = None,
@@ -89,6 +90,9 @@ def federated_train(
 
         if cfg.dp == "none":
             raise InputError("--dp-epsilon needs --dp server or --dp client", field="--dp-epsilon")
+        if dp_noise_multiplier is not None:
+            raise InputError("sets the noise multiplier that --dp-noise-multiplier gives: give one of them",
+                             field="--dp-epsilon")
         cfg = with_target_epsilon(cfg, dp_epsilon)
     checked_device(cfg.device, field="--device" if device is not None else "device",
                    path=None if device is not None else config)
