@@ -827,7 +827,11 @@ def test_cli_checkpoint_every(tmp_path, tiny_bert_dir, monkeypatch):
 
 
 @pytest.mark.parametrize("flag", [["--optimizer", "sgd"], ["--resume"], ["--secure-rng"], ["--hard-negatives", "2"],
-                                  ["--cache-dir", "embeddings"], ["--no-dropout"]])
+                                  ["--cache-dir", "embeddings"], ["--no-dropout"],
+                                  # a forgotten --dp must not train without noise under an epsilon the user typed,
+                                  # even its default value
+                                  ["--epsilon", "1"], ["--epsilon", "8"], ["--unit", "pair"], ["--clip-norm", "0.5"],
+                                  ["--trainable", "bias"], ["--budget-cap", "5"]])
 def test_cli_dp_only_flags_are_refused_without_dp(flag, tmp_path, toy_beir, tiny_bert_dir):
     from helpers import run_cli
 

@@ -48,6 +48,19 @@ def as_flags(err: InputError) -> InputError:
     return err
 
 
+def given_flags(*names: str) -> list[str]:
+    """The flags of the command's parameters ``names`` that its command line gave rather than left at their
+    defaults, in that order (none outside a command line)."""
+    import click
+    from click.core import ParameterSource
+
+    ctx = click.get_current_context(silent=True)
+    if ctx is None:
+        return []
+    params = {p.name: p for p in ctx.command.params}
+    return [params[n].opts[0] for n in names if ctx.get_parameter_source(n) not in (None, ParameterSource.DEFAULT)]
+
+
 def build_config(cls, *, flag_of: dict[str, str] | None = None, **values):
     """``cls(**values)``; a pydantic validation error becomes an :class:`InputError` naming the flag (an error of
     the whole config, with no location, names its fields in backquotes: those are shown as flags too).

@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from privret.cli.common import budget_policy, build_config, hold_out_partition, out, training_pairs
+from privret.cli.common import budget_policy, build_config, given_flags, hold_out_partition, out, training_pairs
 from privret.cli.options import (
     ACCOUNTANT_HELP,
     DELTA_HELP,
@@ -102,6 +102,8 @@ def retriever_train(
 
     policy = budget_policy(budget_cap, allow_over_budget)
     training, data_hash = training_pairs(data, split, pairs)
+    if select is None and given_flags("select_max_epochs", "validation_pool"):
+        raise InputError("applies with --select only", field=given_flags("select_max_epochs", "validation_pool")[0])
     if dp is not None and select is not None:
         raise InputError("applies to non-private training only: a validation split of private queries would need "
                          "a privacy budget of its own", field="--select")
@@ -137,6 +139,12 @@ def retriever_train(
                                   ("--hold-out", hold_out is not None, "has no DP choice to hold units out for")):
         if given:
             raise InputError(f"applies to DP training (--dp) only; non-private training {why}", field=flag_name)
+    dp_only = given_flags("epsilon", "delta", "unit", "clip_norm", "max_batch_units", "trainable", "physical_batch",
+                          "lora_rank", "public_negatives", "hard_negative_depth", "spreadout_weight", "accountant",
+                          "checkpoint_every", "budget_cap", "allow_over_budget", "dataset_name")
+    if dp_only:
+        raise InputError("applies to DP training (--dp) only: without --dp the retriever trains with no noise and "
+                         "no guarantee", field=dp_only[0])
     cfg = build_config(RetrieverTrainConfig, model=model, epochs=epochs, batch_size=batch_size,
                        learning_rate=learning_rate, temperature=0.05 if temperature is None else temperature, seed=seed,
                        **lengths, selection=None if select is None else {
