@@ -129,6 +129,18 @@ def test_cli_federated_train_bm25_and_bad_config(tiny_squad, tmp_path):
                               "--baseline", "bm25", "--dp-epsilon", "8"])
     assert isinstance(res.exception, InputError) and res.exception.field == "--dp-epsilon"
     assert not (tmp_path / "r3").exists()
+    # the baselines train without DP: a DP setting for them, by flag or in the config, is refused
+    res = runner.invoke(app, ["federated", "train", "--data", str(tmp_path / "fed"), "--out", str(tmp_path / "r3"),
+                              "--baseline", "local-only", "--dp", "server"])
+    assert isinstance(res.exception, InputError) and res.exception.field == "--dp"
+    assert "without DP" in res.exception.message
+    dp_config = tmp_path / "dp.yaml"
+    dp_config.write_text("dp: client\n")
+    res = runner.invoke(app, ["federated", "train", "--data", str(tmp_path / "fed"), "--out", str(tmp_path / "r3"),
+                              "--baseline", "central", "--config", str(dp_config)])
+    assert isinstance(res.exception, InputError) and res.exception.field == "dp"
+    assert str(res.exception.path) == str(dp_config)
+    assert not (tmp_path / "r3").exists()
     # a target epsilon sets the noise multiplier: one given beside it would be silently overridden, so it is refused
     res = runner.invoke(app, ["federated", "train", "--data", str(tmp_path / "fed"), "--out", str(tmp_path / "r3"),
                               "--dp", "server", "--dp-epsilon", "8", "--dp-noise-multiplier", "0.5"])

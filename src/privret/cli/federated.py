@@ -85,6 +85,10 @@ def federated_train(
                       learning_rate=learning_rate, evaluation_split=evaluation_split,
                       remine_every=remine_every, eval_every=eval_every, dp=dp, dp_noise_multiplier=dp_noise_multiplier,
                       dp_clip_norm=dp_clip_norm, device=device)
+    if baseline != "pdd-as2" and (cfg.dp != "none" or dp_epsilon is not None):
+        field = "--dp-epsilon" if dp_epsilon is not None else "--dp" if dp is not None else "dp"
+        raise InputError(f"--baseline {baseline} trains without DP (DP-FedAvg is --baseline pdd-as2's)", field=field,
+                         path=config if field == "dp" else None)
     if dp_epsilon is not None:
         from privret.federated.strategy import with_target_epsilon
 
