@@ -199,6 +199,10 @@ def test_train_ledger_and_resume_after_crash(tiny_llama_dir, tmp_path, monkeypat
     with pytest.raises(Exception, match="cannot resume"):
         train_generator(pairs, tmp_path / "gen", cfg.model_copy(update={"clip_norm": 2.0}), data_hash="abc",
                         resume=True)
+    # a setting outside the ledger's plan too: Adam's restored state would silently keep the checkpoint's
+    with pytest.raises(InputError, match="learning_rate=.*cannot resume"):
+        train_generator(pairs, tmp_path / "gen", cfg.model_copy(update={"learning_rate": 0.02}), data_hash="abc",
+                        resume=True)
     ledger = train_generator(pairs, tmp_path / "gen", cfg, data_hash="abc", resume=True)
     assert calls["n"] == 3 + (steps - 2)  # resumed at the checkpointed step
     assert ledger.steps == steps and ledger.planned_steps == steps
@@ -208,6 +212,13 @@ def test_train_ledger_and_resume_after_crash(tiny_llama_dir, tmp_path, monkeypat
     assert not (tmp_path / "gen" / "checkpoint").exists()
     on_disk = PrivacyLedger.load(tmp_path / "gen")
     assert on_disk.created_at and on_disk.model_copy(update={"created_at": ""}) == ledger.published()
+    # the finished output is returned to a run with its settings only (physical_batch changes nothing trained)
+    with pytest.raises(InputError, match="already holds a generator trained with learning_rate"):
+        train_generator(pairs, tmp_path / "gen", cfg.model_copy(update={"learning_rate": 0.02}), data_hash="abc",
+                        resume=True)
+    again = train_generator(pairs, tmp_path / "gen", cfg.model_copy(update={"physical_batch": 2}), data_hash="abc",
+                            resume=True)
+    assert again.published() == on_disk.published() and calls["n"] == 3 + (steps - 2)
     from privret.models.generator import load_trained_generator
 
     trained = load_trained_generator(tmp_path / "gen")

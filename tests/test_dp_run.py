@@ -83,7 +83,7 @@ class _Toy:
                                                      "w": self.params["w"].tolist()}))
 
 
-def _run(tmp_path, *, epsilon=8.0, secure_rng=False, settings=None, name="out") -> DPRun:
+def _run(tmp_path, *, epsilon=8.0, secure_rng=False, settings=None, name="out", train_config=None) -> DPRun:
     plan = plan_run(_cfg(epsilon=epsilon), 10)  # q = 0.4, T = 5
 
     def describe(*, steps, epsilon, secure_rng):
@@ -94,7 +94,7 @@ def _run(tmp_path, *, epsilon=8.0, secure_rng=False, settings=None, name="out") 
                              dataset_id="toy", secure_rng=secure_rng)
 
     return DPRun(out_dir=tmp_path / name, plan=plan, describe=describe, what="toy", finished_marker="toy.json",
-                 label="toy", train_config={"toy": True}, seed=3, checkpoint_every=2, secure_rng=secure_rng,
+                 label="toy", train_config=train_config or {"toy": True}, seed=3, checkpoint_every=2, secure_rng=secure_rng,
                  settings=settings, budget=budget.BudgetPolicy(allow_over=True))
 
 
@@ -123,6 +123,22 @@ def test_a_run_records_planned_before_its_first_step_and_final_after_it(tmp_path
     out = run.out_dir
     assert sorted(p.name for p in out.iterdir()) == ["privacy_ledger.json", "toy.json", "train_config.json"]
     assert PrivacyLedger.load(out).model_copy(update={"created_at": ""}) == ledger.published()
+
+
+def test_a_finished_output_is_returned_only_to_a_run_with_its_settings(tmp_path):
+    seen: list = []
+    run = _run(tmp_path, settings={"lr": 0.1}, train_config={"lr": 0.1, "checkpoint_every": 2})
+    ledger = run_training(run, lambda: _Toy(seen), resume=False)
+    steps_taken = len(seen)
+    other = dataclasses.replace(run, settings={"lr": 0.2}, train_config={"lr": 0.2, "checkpoint_every": 2})
+    with pytest.raises(InputError, match="already holds a toy trained with lr=0.1 .*0.2"):
+        run_training(other, lambda: _Toy(seen), resume=True)
+    # a setting privret added after the output was saved is not held against it
+    newer = dataclasses.replace(run, settings={"lr": 0.1, "added_since": 1})
+    returned = run_training(newer, lambda: _Toy(seen), resume=True)
+    assert returned.model_copy(update={"created_at": ""}) == ledger.published()
+    assert len(seen) == steps_taken  # returned as it is: nothing trained, nothing spent
+    assert [(r.status, r.steps) for r in budget.releases("toy")] == [("final", 5)]
 
 
 def test_a_killed_run_resumes_charging_its_lost_steps_once(tmp_path):

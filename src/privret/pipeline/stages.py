@@ -39,9 +39,9 @@ from privret.run_layout import (DIRECT_ROW_PREFIX, DOCUMENTS, DP_ROW_PREFIX, FIL
 from privret.privacy.commitment import commit
 from privret.privacy.ledger import format_epsilon
 from privret.synth.documents import SELECTED_IDS_FILE
-from privret.train.dp_retriever import MECHANISM_FILE, resume_settings
+from privret.train.dp_retriever import MECHANISM_FILE
 from privret.train.settings import DPRetrieverConfig
-from privret.train.dp_run import STAGE_FILE
+from privret.train.dp_run import STAGE_FILE, resume_settings
 from privret.train.private_selection import SELECTION_FILE
 from privret.train.public import examples_hash
 

@@ -48,8 +48,8 @@ sums themselves: :mod:`privret.train.clipped_sums`.
 Crash safety and resumption (``docs/reliability.md``) are those of every DP run, with the same code
 (:mod:`privret.train.dp_run`): one process per output directory; every ``checkpoint_every`` steps an
 atomic checkpoint (trainable parameters + Adam state + ledger + the settings of
-:func:`resume_settings`), each announced first in ``<out>/steps.jsonl``, so every ledger counts every
-noisy update that could have reached disk, lost ones included. ``resume=True`` continues from the last
+:func:`~privret.train.dp_run.resume_settings`), each announced first in ``<out>/steps.jsonl``, so every ledger
+counts every noisy update that could have reached disk, lost ones included. ``resume=True`` continues from the last
 checkpoint with fresh noise and sampling (never replayed); a checkpoint the step log does not account
 for, or one made with other settings, is refused. The final SentenceTransformer replaces the directory
 atomically. The release is recorded in the budget registry before any update can reach disk (one
@@ -85,16 +85,13 @@ from privret.privacy.secure_rng import SecureRandom
 from privret.progress import Progress
 from privret.train.clipped_sums import StepBatch, clipped_sum
 from privret.train.dp_parallel import set_noisy_mean
-from privret.train.dp_run import DPRun, plan_run, run_training
+from privret.train.dp_run import DPRun, plan_run, resume_settings, run_training
 from privret.train.hard_negatives import mine_candidates
 from privret.train.settings import DPRetrieverConfig
 from privret.models.trainable import make_trainable, merge_adapters
 
 MECHANISM_FILE = "dp_mechanism.json"  # only a finished output holds it (with the model and ledger)
-# config fields that do not change what is trained: free to differ on resume, and left out of pipeline
-# fingerprints (secure_rng only when off: see privret.pipeline.stages.direct_dp_fingerprint)
 OPTIMIZERS = {"adam": torch.optim.Adam, "sgd": torch.optim.SGD}  # DPRetrieverConfig.optimizer
-RESUME_FREE = ("checkpoint_every", "secure_rng", "physical_batch")  # change nothing trained (beyond float rounding)
 # the methods whose clipped sum is a sum of per-unit terms, so it can be split across processes (torchrun)
 PARALLEL_METHODS = ("public-negatives",)
 
@@ -266,11 +263,6 @@ def negative_pool(pairs: TrainingPairs, public_corpus: dict[str, Document] | Non
         raise InputError("public-negatives needs a public corpus with documents that did not come inline with "
                          "the private pairs", field="public_corpus")
     return pool
-
-
-def resume_settings(cfg: DPRetrieverConfig) -> dict:
-    """The settings an interrupted run must be resumed with (all but :data:`RESUME_FREE`)."""
-    return {k: v for k, v in cfg.model_dump(mode="json").items() if k not in RESUME_FREE}
 
 
 def _train_dp_retriever(pairs: TrainingPairs, out_dir: Path, cfg: DPRetrieverConfig, *, data_hash: str,

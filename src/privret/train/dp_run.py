@@ -27,12 +27,14 @@ checkpoints and resumption, and the atomic save.
   replayed) under the run's one release id, so the budget registry holds one release: recorded
   ``planned`` (its steps: S at the end of the plan) before the first noisy update and ``final`` once
   the model is in place. A checkpoint the step log does not account for, or one made under another
-  plan (the ledger's plan fields and mechanism, and the trainer's ``settings``), is refused.
+  plan (the ledger's plan fields and mechanism, and the trainer's ``settings``: :func:`resume_settings`), is
+  refused.
 
 **Directories.** One process per output directory (the trainers hold a :class:`~privret.runlock.RunLock`).
 Without ``resume`` an existing directory is refused; with it, a directory holding anything but an
 interrupted run's files (:data:`RUN_FILES`) is refused rather than replaced, and a finished one (its
-``finished_marker`` present) is returned as it is, spending nothing more.
+``finished_marker`` present) is returned as it is, spending nothing more, if its ledger and its saved
+``train_config.json`` match this run's plan and settings (else refused).
 
 A non-private run (epsilon = inf: sigma = 0, nothing recorded in the budget registry) goes through the
 same loop; its sampler is seeded and checkpointed, so a resumed run equals an uninterrupted one.
@@ -69,6 +71,16 @@ from privret.runlock import recover_directory
 from privret.train.checkpointing import (CHECKPOINT_DIR, STEP_LOG, Checkpoint, StepAccount, check_finished,
                                          load_checkpoint, save_checkpoint)
 from privret.train.dp_parallel import sync_from_main
+
+# Settings a resumed or re-entered run may change: they change nothing trained beyond float rounding
+# (checkpoint_every, physical_batch) or only where the randomness comes from (secure_rng).
+RESUME_FREE = ("checkpoint_every", "secure_rng", "physical_batch")
+
+
+def resume_settings(config) -> dict:
+    """The settings of ``config`` (a trainer's pydantic config) that a resume of its run, or a re-run on its
+    finished output, must have again: all but :data:`RESUME_FREE`."""
+    return {k: v for k, v in config.model_dump(mode="json").items() if k not in RESUME_FREE}
 
 STAGE_FILE = "stage.json"  # the settings a caller pins before it starts a run (a pipeline stage's record)
 # What the directory of an interrupted run may hold: its checkpoint, its step log and the caller's record.
@@ -159,7 +171,7 @@ class DPRun:
     seed: int  # a non-private run's seed (torch's global generator, the sampler); a private run: fresh entropy
     checkpoint_every: int
     secure_rng: bool  # noise and sampling from the OS CSPRNG (private runs)
-    settings: dict | None = None  # saved with each checkpoint; a resume with others is refused
+    settings: dict | None = None  # resume_settings: saved with each checkpoint; a resume with others is refused
     budget: budget_registry.BudgetPolicy | None = None
 
     def ledger(self, steps: int, *, secure: bool) -> PrivacyLedger:
@@ -230,8 +242,23 @@ def _finished(run: DPRun, *, resume: bool) -> PrivacyLedger | None:
     _refuse_directory(out_dir, run.what, finished=finished, resume=resume)
     if not finished:
         return None
-    return check_finished(out_dir, expected=run.ledger(run.plan.steps, secure=run.plan.private and run.secure_rng),
-                          what=f"a {run.what}")
+    ledger = check_finished(out_dir, expected=run.ledger(run.plan.steps, secure=run.plan.private and run.secure_rng),
+                            what=f"a {run.what}")
+    if run.settings is not None:
+        _check_finished_settings(out_dir, run)
+    return ledger
+
+
+def _check_finished_settings(out_dir: Path, run: DPRun) -> None:
+    """Refuse a finished output trained with other settings than this run's, as saved in its ``train_config.json``
+    (a setting the saved file lacks, one added to privret since, is not compared)."""
+    import json
+
+    saved = json.loads((out_dir / "train_config.json").read_text())
+    for key in sorted(set(saved) & set(run.settings)):
+        if saved[key] != run.settings[key]:
+            raise InputError(f"already holds a {run.what} trained with {key}={saved[key]!r} (this run has "
+                             f"{run.settings[key]!r}); use another directory", path=out_dir)
 
 
 def _open_account(run: DPRun, trainer: Trainer, ckpt_dir: Path) -> tuple[StepAccount, Checkpoint | None]:

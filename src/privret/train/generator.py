@@ -57,7 +57,7 @@ from privret.distributed import SINGLE, Group
 from privret.privacy.secure_rng import SecureRandom
 from privret.progress import Progress
 from privret.train.dp_parallel import set_noisy_mean, sum_gradients
-from privret.train.dp_run import DPRun, RunPlan, plan_run, run_training
+from privret.train.dp_run import DPRun, RunPlan, plan_run, resume_settings, run_training
 from privret.train.settings import GeneratorTrainConfig
 
 
@@ -161,7 +161,8 @@ def _train_generator(pairs: TrainingPairs, out_dir: Path, cfg: GeneratorTrainCon
     run = DPRun(out_dir=out_dir, plan=run_plan, describe=describe, what="generator", finished_marker=GENERATOR_FILE,
                 label=f"training generator (epsilon={cfg.epsilon:g})",
                 train_config={**cfg.model_dump(mode="json"), "precision": precision_label(resolve_device(), cfg.bf16)},
-                seed=cfg.seed, checkpoint_every=cfg.checkpoint_every, secure_rng=cfg.secure_rng, budget=budget)
+                seed=cfg.seed, checkpoint_every=cfg.checkpoint_every, secure_rng=cfg.secure_rng,
+                settings=resume_settings(cfg), budget=budget)
     return run_training(run, load, resume=resume)
 
 
