@@ -131,8 +131,13 @@ def test_pipeline_budget_flags_override_the_config(tmp_path, monkeypatch):
     run = ["pipeline", str(config), "--run-dir", str(tmp_path / "run")]
     assert CliRunner().invoke(app, run + ["--allow-over-budget"]).exit_code == 0
     assert CliRunner().invoke(app, run + ["--budget-cap", "5", "--dataset-name", "other"]).exit_code == 0
+    # the flag turns a config's allow_over off too, and without it the config's stands
+    config.write_text("name: x\ndataset: data\nepsilons: [8]\nbudget: {allow_over: true}\n")
+    assert CliRunner().invoke(app, run + ["--no-allow-over-budget"]).exit_code == 0
+    assert CliRunner().invoke(app, run).exit_code == 0
     assert seen == [BudgetSettings(cap=20, allow_over=True, dataset_name="log"),
-                    BudgetSettings(cap=5, dataset_name="other")]
+                    BudgetSettings(cap=5, dataset_name="other"),
+                    BudgetSettings(allow_over=False), BudgetSettings(allow_over=True)]
     refused = CliRunner().invoke(app, run + ["--budget-cap", "0"])
     assert isinstance(refused.exception, InputError) and refused.exception.field == "--budget-cap"
 

@@ -107,7 +107,7 @@ def audit_canaries(
     alpha: Annotated[float, typer.Option(help="the epsilon lower bound holds with confidence 1 - alpha")] = 0.05,
     seed: SeedOpt = 0,
     budget_cap: BudgetCapOpt = None,
-    allow_over_budget: AllowOverOpt = False,
+    allow_over_budget: AllowOverOpt = None,
     dataset_name: DatasetNameOpt = None,
 ) -> None:
     """Canary exposure audit of the DP generator (seed 6.3): rank, exposure, leaks, epsilon lower bound.

@@ -89,14 +89,14 @@ def hold_out_partition(fraction: float | None, salt: str | None) -> dict | None:
     return {"heldout_fraction": fraction} | ({} if salt is None else {"salt": salt})
 
 
-def budget_policy(cap: float | None, allow_over: bool, base=None):
+def budget_policy(cap: float | None, allow_over: bool | None, base=None):
     """``base`` (default: a :class:`~privret.privacy.budget.BudgetPolicy` with the default cap; or a
-    pipeline config's ``budget``) with the flags over it: ``--budget-cap`` replaces its cap,
-    ``--allow-over-budget`` allows going over."""
+    pipeline config's ``budget``) with the flags given over it: ``--budget-cap`` replaces its cap,
+    ``--allow-over-budget`` / ``--no-allow-over-budget`` its ``allow_over``."""
     from privret.privacy.budget import BudgetPolicy
 
     base = base if base is not None else BudgetPolicy()
-    values = {**base.model_dump(), "allow_over": base.allow_over or allow_over}
+    values = {**base.model_dump(), "allow_over": base.allow_over if allow_over is None else allow_over}
     if cap is not None:
         values["cap"] = cap
     return build_config(type(base), **values)

@@ -80,7 +80,7 @@ def data_select_documents(
     max_docs_per_unit: Annotated[int, typer.Option(help="documents one unit may count for (m)")] = 1,
     dataset_name: DatasetNameOpt = None,
     budget_cap: BudgetCapOpt = None,
-    allow_over_budget: AllowOverOpt = False,
+    allow_over_budget: AllowOverOpt = None,
 ) -> None:
     """DP choice of the documents to write synthetic queries for (Laplace partition selection).
 

@@ -62,7 +62,7 @@ def generator_train(
     hold_out: HoldOutOpt = None,
     hold_out_salt: HoldOutSaltOpt = None,
     budget_cap: BudgetCapOpt = None,
-    allow_over_budget: AllowOverOpt = False,
+    allow_over_budget: AllowOverOpt = None,
     dataset_name: DatasetNameOpt = None,
 ) -> None:
     """DP fine-tune a generator on document -> query pairs (DP-Adam, per-unit clipping, Poisson).

@@ -29,8 +29,10 @@ PairsOpt = Annotated[Optional[Path], typer.Option("--pairs", help="pairs JSONL (
 BudgetCapOpt = Annotated[Optional[float], typer.Option(
     help="refuse to run when all DP releases on this dataset would together exceed this epsilon "
          "(default 10; registry: $PRIVRET_BUDGET_DIR, default ~/.cache/privret/budget)")]
-AllowOverOpt = Annotated[bool, typer.Option(
-    help="run past --budget-cap, or at another privacy unit than earlier releases, anyway (with a warning)")]
+AllowOverOpt = Annotated[Optional[bool], typer.Option(
+    "--allow-over-budget/--no-allow-over-budget",
+    help="run past --budget-cap, or at another privacy unit than earlier releases, anyway (with a warning); "
+         "default: no, or what a pipeline config's budget.allow_over says")]
 DatasetNameOpt = Annotated[Optional[str], typer.Option(
     help="charge DP releases to this name in the budget registry (default: the content of the private pairs, "
          "so an edited copy of a log is another dataset unless both are given one name)")]

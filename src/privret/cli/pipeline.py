@@ -16,7 +16,7 @@ def pipeline(
     config: Annotated[Path, typer.Argument(help="pipeline YAML (see configs/)")],
     run_dir: Annotated[Optional[Path], typer.Option(help="default runs/<name>")] = None,
     budget_cap: BudgetCapOpt = None,
-    allow_over_budget: AllowOverOpt = False,
+    allow_over_budget: AllowOverOpt = None,
     dataset_name: DatasetNameOpt = None,
     device: ConfigDeviceOpt = None,
 ) -> None:
