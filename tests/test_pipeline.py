@@ -250,6 +250,11 @@ def test_dp_document_choice_is_a_recorded_release_and_an_empty_one_is_refused(ti
     assert err.value.field == "synthetic_documents.selection.epsilon"
     assert PrivacyLedger.load(stage.output).is_private and len(budget.releases("spread")) == 1
     assert not stage.done.exists() and not stage.record.exists()
+    # a DP selection's settings without source dp-select would silently choose nothing: refused
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="dp-select"):
+        DocumentChoice(source="corpus", selection={"epsilon": 2.0})
 
 
 def test_config_refuses_documents_picked_by_the_private_log(toy_beir):
@@ -290,6 +295,13 @@ def test_direct_dp_rows_take_the_grid_s_method_and_epsilon_and_per_method_sets_o
                     {"settings": {"method": "naive"}}):
         with pytest.raises(ValidationError, match="each row's own"):
             DirectDPGrid(methods=["naive"], epsilons=[3.0], **section)
+    # a grid that would silently make no row, or a method's settings no row reads, is refused
+    for rows, match in (({"methods": ["naive"]}, "both `methods` and `epsilons`"),
+                        ({"epsilons": [3.0]}, "both `methods` and `epsilons`"),
+                        ({"methods": ["naive"], "epsilons": [3.0], "per_method": {"logit-dp": {"batch_size": 4}}},
+                         "'logit-dp', which is not among `methods`")):
+        with pytest.raises(ValidationError, match=match):
+            DirectDPGrid(**rows)
 
 
 def test_generation_resumes_after_a_torn_write(tiny_config, tmp_path, monkeypatch):

@@ -152,6 +152,16 @@ class DirectDPGrid(BaseModel):
         return values
 
     @model_validator(mode="after")
+    def _rows_given_whole(self) -> DirectDPGrid:
+        if bool(self.methods) != bool(self.epsilons):
+            raise ValueError("direct DP rows need both `methods` and `epsilons` (one row per pair); one of them is "
+                             "empty")
+        unused = sorted(set(self.per_method) - set(self.methods))
+        if unused:
+            raise ValueError(f"`per_method` sets '{unused[0]}', which is not among `methods`")
+        return self
+
+    @model_validator(mode="after")
     def _choice_has_held_out_units(self) -> DirectDPGrid:
         if self.held_out_choice is not None and not any(self.settings_of(m)["hold_out"] for m in self.methods):
             raise ValueError("`held_out_choice` needs a method whose settings hold units out (`hold_out`)")

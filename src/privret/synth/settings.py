@@ -59,4 +59,7 @@ class DocumentChoice(BaseModel):
     def _list_has_file(self):
         if (self.source == "list") != (self.ids_file is not None):
             raise ValueError("ids_file is required with source 'list', and only then")
+        if self.selection != PartitionSelectionConfig() and self.source != "dp-select":
+            raise ValueError("its selection settings are for source 'dp-select' only; with source "
+                             f"'{self.source}' no document is chosen from the private log")
         return self
