@@ -245,6 +245,10 @@ def test_seq2seq_generator_behind_the_same_interface(tiny_t5_dir, tmp_path):
                                lora_rank=4, bf16=False)
     ledger = train_generator(pairs, tmp_path / "t5", cfg, data_hash="h")
     assert ledger.mechanism == "dp-sgd" and ledger.steps > 0
+    # it has no decoder stack to take the top k layers of: k is refused, not ignored under a ledger saying "top k"
+    with pytest.raises(InputError, match="trains whole") as refused:
+        train_generator(pairs, tmp_path / "t5-top2", cfg.model_copy(update={"trained_layers": 2}), data_hash="h")
+    assert refused.value.field == "trained_layers" and not (tmp_path / "t5-top2" / "generator.json").exists()
     out = load_trained_generator(tmp_path / "t5").generate(GENERATOR_DOCS[:3], num_queries=2, max_new_tokens=4, seed=0)
     assert len(out) == 3 and all(len(q) == 2 for q in out)
 

@@ -37,6 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from privret.errors import InputError
 from privret.models.device import bf16_autocast, resolve_device, uses_bf16
 from privret.models.loading import load_pretrained
 
@@ -82,9 +83,12 @@ class QueryGenerator:
     def make_trainable(self, mode: str, *, lora_rank: int = 16, lora_alpha: int = 32) -> None:
         """``lora``: LoRA adapters on every linear layer of the trained layers; ``full``: their
         linear weights themselves. Everything else stays frozen."""
+        layers = self._trained_layer_indices()
+        if self.trained_layers is not None and layers is None:  # else all layers would train, the ledger saying k
+            raise InputError(f"privret trains the top k layers of causal LMs with a decoder stack only; {self.name} "
+                             "trains whole (give none: --trained-layers 0)", field="trained_layers")
         for p in self.model.parameters():
             p.requires_grad_(False)
-        layers = self._trained_layer_indices()
         if mode == "lora":
             from peft import LoraConfig, get_peft_model
 
