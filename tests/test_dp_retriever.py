@@ -235,7 +235,8 @@ def _change(method, model, params, cfg, pool, a, b):
 def test_adding_or_removing_a_unit_stays_within_the_sensitivity(method, tiny, pool, tiny_bert_dir):
     model, params = tiny
     # logit-dp: a mild temperature keeps the bound small enough for the check to bite
-    cfg = _cfg(method, tiny_bert_dir, max_batch_units=5, **({"temperature": 2.0} if method == "logit-dp" else {}))
+    capped = {"max_batch_units": 5} if method in ("naive", "logit-dp") else {}
+    cfg = _cfg(method, tiny_bert_dir, **capped, **({"temperature": 2.0} if method == "logit-dp" else {}))
     bound, cap = sensitivity(cfg)
     gen = torch.Generator().manual_seed(7)
     worst = 0.0
@@ -292,6 +293,13 @@ def test_build_batch_caps_units_and_takes_one_row_per_unit_for_logit_dp(tiny_ber
 def test_config_rejects_bad_options(tiny_bert_dir):
     with pytest.raises(ValueError):
         DPRetrieverConfig(method="naive", spreadout_weight=0.1)
+    # a method's own options are refused for the others, which would ignore them
+    for method, option in (("batch-clip", {"physical_batch": 4}), ("logit-dp", {"physical_batch": 4}),
+                           ("batch-clip", {"max_batch_units": 40}), ("public-negatives", {"max_batch_units": 40})):
+        with pytest.raises(ValueError, match=next(iter(option))):
+            DPRetrieverConfig(method=method, **option)
+    assert DPRetrieverConfig(method="naive", max_batch_units=40).cap == 40
+    assert DPRetrieverConfig(method="public-negatives", physical_batch=4).physical_batch == 4
     for spec in ("top:0", "bias-top:0", "bias-top", "top-bias:1"):
         with pytest.raises(ValueError):
             DPRetrieverConfig(trainable=spec)

@@ -170,6 +170,12 @@ class DPRetrieverConfig(DPRetrieverSettings):
             raise ValueError("`spreadout_weight` applies to logit-dp only")
         if self.hard_negatives and self.method != "public-negatives":
             raise ValueError("`hard_negatives` applies to public-negatives only")
+        if self.physical_batch is not None and self.method != "public-negatives":
+            raise ValueError("`physical_batch` applies to public-negatives only (the other methods take the batch "
+                             "in one pass)")
+        if self.max_batch_units is not None and self.method not in ("naive", "logit-dp"):
+            raise ValueError("`max_batch_units` caps the batches of naive and logit-dp only (the other methods' "
+                             "sensitivity does not depend on the batch size)")
         if self.method == "public-negatives" and self.public_negatives + self.hard_negatives == 0:
             raise ValueError("public-negatives needs a negative per row: `public_negatives` or `hard_negatives` >= 1")
         return self
