@@ -105,6 +105,9 @@ def test_public_negatives_needs_a_public_corpus(tmp_path):
     assert result.returncode == 2 and "field '--data'" in result.stderr and "pass --data DIR" in result.stderr
     assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "r").exists()
+    # a pairs file is read whole: a split named beside it would be ignored, so it is refused
+    result = run_cli("retriever", "train", "--pairs", str(pairs), "--out", str(tmp_path / "r"), "--split", "test")
+    assert result.returncode == 2 and "field '--split'" in result.stderr and not (tmp_path / "r").exists()
 
 
 def test_a_settings_error_of_several_flags_names_them_as_flags(toy_beir, tmp_path):

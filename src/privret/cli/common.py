@@ -109,6 +109,9 @@ def training_pairs(data: Path | None, split: str, pairs: Path | None):
     from privret.io import file_sha256
 
     if pairs is not None:
+        if given_flags("split"):
+            raise InputError("names a split of --data; --pairs is read whole (--data gives its corpus only)",
+                             field="--split")
         corpus = load_corpus(data / "corpus.jsonl") if data is not None else None
         return load_pairs_jsonl(pairs, corpus), file_sha256(pairs)
     if data is None:
