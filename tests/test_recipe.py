@@ -142,7 +142,19 @@ def test_cli_refuses_selection_with_direct_dp_and_a_malformed_grid(toy_beir, tmp
     result = runner.invoke(app, [*base, "--select", "max_doc_tokens"])
     assert isinstance(result.exception, InputError)
     assert "'max_doc_tokens' is not name=value,value" in result.exception.one_line()
+    # what the selection chooses replaces what is given: given beside it, it is refused
+    for extra, flag in ((["--select", "default", "--epochs", "3"], "--epochs"),
+                        (["--select", "default", "--max-doc-tokens", "128"], "--max-doc-tokens"),
+                        (["--select", "learning_rate=1e-5,2e-5", "--lr", "3e-5"], "--lr")):
+        result = runner.invoke(app, [*base, *extra])
+        assert isinstance(result.exception, InputError) and f"field '{flag}'" in result.exception.one_line()
     assert not (tmp_path / "r").exists()
+    # and in a config: a value other than the default for a field the selection chooses
+    with pytest.raises(ValueError, match="`max_doc_tokens` is chosen by `selection`"):
+        RetrieverTrainConfig(max_doc_tokens=256, selection={})
+    with pytest.raises(ValueError, match="`epochs` is chosen"):
+        RetrieverTrainConfig(epochs=3, selection={"grid": {"learning_rate": [1e-5]}})
+    assert RetrieverTrainConfig(max_doc_tokens=256, selection={"grid": {"learning_rate": [1e-5]}}).max_doc_tokens == 256
 
 
 @pytest.mark.parametrize("epochs, scored", [(2.0, [1, 2]), (1.5, [1])])

@@ -88,7 +88,7 @@ def retriever_train(
         help="non-private only: choose the recipe on a validation split of the training pairs; a grid "
              "'name=v1,v2;name=v1,v2' over learning_rate, temperature, batch_size, max_doc_tokens, "
              "max_query_tokens, warmup_fraction ('default': max_doc_tokens=128,256); epochs 1..--select-max-epochs "
-             "are scored too, and --epochs is then ignored")] = None,
+             "are scored too (so --epochs, and the flags the grid names, are not given with it)")] = None,
     select_max_epochs: Annotated[int, typer.Option(help="--select: most epochs scored")] = 3,
     validation_pool: Annotated[int, typer.Option(
         help="--select: documents searched by the validation queries besides their relevant ones")] = 1000,
@@ -102,6 +102,13 @@ def retriever_train(
 
     policy = budget_policy(budget_cap, allow_over_budget)
     training, data_hash = training_pairs(data, split, pairs)
+    if select is not None:  # what it chooses replaces what is given
+        grid = ["max_doc_tokens"] if select == "default" else list(parse_grid(select))
+        chosen = given_flags("epochs", *[n for n in grid if n in ("learning_rate", "temperature", "batch_size",
+                                                                    "max_doc_tokens")])
+        if chosen:
+            raise InputError("is chosen by --select (epochs always, the rest when its grid names it): the value "
+                             "given would be replaced", field=chosen[0])
     if select is None and given_flags("select_max_epochs", "validation_pool"):
         raise InputError("applies with --select only", field=given_flags("select_max_epochs", "validation_pool")[0])
     if dp is not None and select is not None:

@@ -69,6 +69,17 @@ class RetrieverTrainConfig(BaseModel):
     selection: Optional[RecipeSelection] = Field(
         None, description="choose epochs and the grid's settings on a validation split of the training pairs")
 
+    @model_validator(mode="after")
+    def _chosen_fields_not_given(self):
+        """What the selection chooses replaces what is given: a value other than the default there is refused."""
+        if self.selection is None:
+            return self
+        for name in ("epochs", *self.selection.grid):
+            if getattr(self, name) != type(self).model_fields[name].default:
+                raise ValueError(f"`{name}` is chosen by `selection` (epochs from 1 to its max_epochs, the rest from "
+                                 "its grid): the value given would be replaced")
+        return self
+
 
 class GeneratorSettings(BaseModel):
     """How the generator is fine-tuned, whatever its epsilon: what a pipeline's ``generator`` section gives once for
