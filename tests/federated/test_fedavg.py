@@ -33,6 +33,18 @@ CLIENTS = [{"w": np.array([1.0, 1.0]), "b": np.array([[2.0]])},
 WEIGHTS = [1, 2, 7]  # |D_i|
 
 
+def test_dp_settings_without_dp_are_refused():
+    """With dp none no noise is added and nothing is clipped: a noise multiplier, clip norm or delta given there
+    would be ignored, so it is refused; the defaults (what a dump of such a config holds) pass."""
+    from pydantic import ValidationError
+
+    for name, value in (("dp_noise_multiplier", 0.8), ("dp_clip_norm", 0.5), ("dp_delta", 1e-5)):
+        with pytest.raises(ValidationError, match=f"`{name}` applies with dp server or client"):
+            FedConfig(**{name: value})
+        assert getattr(FedConfig(dp="server", **{name: value}), name) == value
+    assert FedConfig.from_run_config(FedConfig().to_run_config()) == FedConfig()
+
+
 def test_flower_fedavg_is_eq_3_6():
     strategy = make_strategy(FedConfig(), n_clients=3)
     arrays, _ = strategy.aggregate_train(1, _replies(CLIENTS, WEIGHTS))

@@ -79,11 +79,14 @@ class FedConfig(BaseModel):
     device: DeviceSpec = Field("auto", description="where each process runs its models: auto, cpu, cuda or cuda:N "
                                             "(privret.models.device)")
 
-
     @model_validator(mode="after")
     def _check(self) -> FedConfig:
         if self.warmup_rounds > self.rounds:
             raise ValueError("warmup_rounds must be <= rounds")
+        if self.dp == "none":
+            for name in ("dp_noise_multiplier", "dp_clip_norm", "dp_delta"):
+                if getattr(self, name) != type(self).model_fields[name].default:
+                    raise ValueError(f"`{name}` applies with dp server or client; with dp none it would be ignored")
         if self.evaluation_split == "validation" and (self.train_fraction >= 1 or self.max_train_questions):
             raise ValueError("evaluation_split = validation needs train_fraction < 1 and no max_train_questions "
                              "(the validation questions are the training questions the run leaves out)")
