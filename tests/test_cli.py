@@ -71,6 +71,11 @@ def test_bad_epsilon_and_delta_exit_2(toy_beir, tmp_path):
     assert result.returncode == 2 and "delta must be in (0, 1/n)" in result.stderr
     result = run_cli("generator", "train", "--data", str(toy_beir), "--out", str(out), "--lr", "-1")
     assert result.returncode == 2 and "field '--lr'" in result.stderr  # the flag the user typed
+    # a non-private fine-tune adds no noise and spends no budget: the DP-only flags beside it are refused
+    for flag, value in (("--clip-norm", "0.5"), ("--delta", "1e-5"), ("--budget-cap", "5")):
+        result = run_cli("generator", "train", "--data", str(toy_beir), "--out", str(out), "--epsilon", "inf", flag,
+                         value)
+        assert result.returncode == 2 and f"field '{flag}'" in result.stderr and "non-private" in result.stderr
     assert not out.exists()
 
 

@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from privret.cli.common import budget_policy, build_config, hold_out_partition, out, training_pairs
+from privret.cli.common import budget_policy, build_config, given_flags, hold_out_partition, out, training_pairs
 from privret.cli.options import (
     ACCOUNTANT_HELP,
     DELTA_HELP,
@@ -79,6 +79,12 @@ def generator_train(
         raise InputError("--public-pairs trains without DP on public data only; drop --epsilon, --data, --pairs and "
                          "--warm-start",
                          field="--public-pairs")
+    non_private = public_pairs is not None or (epsilon is not None and math.isinf(epsilon))
+    dp_only = given_flags("delta", "clip_norm", "accountant", "secure_rng", "budget_cap", "allow_over_budget",
+                          "dataset_name") if non_private else []
+    if dp_only:
+        raise InputError("applies to DP fine-tuning only: a non-private one (--epsilon inf, --public-pairs) adds no "
+                         "noise and spends no budget", field=dp_only[0])
     values = dict(model=model, delta=delta, unit=unit, **fine_tuning, accountant=accountant, seed=seed,
                   checkpoint_every=checkpoint_every, secure_rng=secure_rng,
                   hold_out=hold_out_partition(hold_out, hold_out_salt))
