@@ -68,7 +68,8 @@ def federated_train(
     dp_noise_multiplier: Annotated[Optional[float], typer.Option(
         help="noise std / clip norm of DP-FedAvg (--dp server or client); or let --dp-epsilon set it")] = None,
     dp_epsilon: Annotated[Optional[float], typer.Option(
-        help="target client-level epsilon over --rounds: sets the noise multiplier (--dp server or client)")] = None,
+        help="target client-level epsilon over --rounds: sets the noise multiplier, over a --config's "
+             "dp_noise_multiplier (--dp server or client)")] = None,
     dp_clip_norm: Annotated[Optional[float], typer.Option()] = None,
     threads: Annotated[int, typer.Option(help="torch CPU threads")] = 1,
     resume: Annotated[bool, typer.Option(help="continue from the last finished round in --out")] = True,
