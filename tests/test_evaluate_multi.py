@@ -81,6 +81,9 @@ def test_two_models_and_epsilon_from_the_ledger(root, tiny_bert_dir, tmp_path):
     (["--datasets", "alpha,nowhere"], "dataset 'nowhere' not found"),
     (["--datasets", "alpha", "--data", "x"], "exactly one of --data"),
     (["--datasets", "alpha", "--label", "a", "--label", "b"], "field '--label': give one label per model"),
+    # a flag of the other mode would be ignored
+    (["--data", "x"], "field '--data-root': applies with --datasets only"),
+    (["--datasets", "alpha", "--per-query", "p.json"], "field '--per-query': applies with --data only"),
 ])
 def test_bad_input_exits_2(root, tiny_bert_dir, args, message):
     proc = run_cli("evaluate", "--model", str(tiny_bert_dir), "--data-root", str(root), *args)

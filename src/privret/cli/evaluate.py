@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from privret.cli.common import build_config, out
+from privret.cli.common import build_config, given_flags, out
 from privret.cli.options import JsonResultOpt, PrivateDataOpt, device_option
 from privret.errors import InputError
 
@@ -64,6 +64,9 @@ def evaluate(
     from privret.retrieval.index import SearchIndex
     from privret.io import write_json_atomic
 
+    ignored = given_flags("per_query_out") if datasets is not None else given_flags("data_root", "label")
+    if ignored:
+        raise InputError(f"applies with {'--data' if datasets is not None else '--datasets'} only", field=ignored[0])
     searched = build_config(SearchIndex, index=index, hnsw_m=hnsw_m, hnsw_ef_search=hnsw_ef_search,
                             ivf_nlist=ivf_nlist, ivf_nprobe=ivf_nprobe)
     if datasets is not None:
