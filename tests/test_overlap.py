@@ -128,6 +128,11 @@ def test_cli_overlap_only_and_bad_corpus_exit_2(private, tmp_path):
     proc = run_cli("audit", "overlap", "--data", str(root), "--corpus", str(tmp_path / "missing.txt"), "--no-likelihood")
     assert proc.returncode == 2 and "corpus file not found" in proc.stderr
     assert not (tmp_path / "missing.json").exists()
+    # a flag of the part the run leaves out would be ignored: refused
+    for args, flag in ((["--no-likelihood", "--corpus", str(path), "--max-queries", "5"], "--max-queries"),
+                       (["--sample", "5"], "--sample")):
+        proc = run_cli("audit", "overlap", "--data", str(root), *args)
+        assert proc.returncode == 2 and f"field '{flag}'" in proc.stderr, proc.stderr
 
 
 # -- likelihood test -----------------------------------------------------------------------------

@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from privret.cli.common import budget_policy, build_config, out, training_pairs
+from privret.cli.common import budget_policy, build_config, given_flags, out, training_pairs
 from privret.cli.options import (
     MODEL_HELP,
     AllowOverOpt,
@@ -53,6 +53,13 @@ def audit_overlap(
 
     if not corpus and not likelihood:
         raise InputError("nothing to do: give --corpus FILE and/or keep --likelihood", field="--corpus")
+    overlap_only = given_flags("field", "min_tokens", "sample") if not corpus else []
+    if overlap_only:
+        raise InputError("applies to the corpus overlap (--corpus) only", field=overlap_only[0])
+    likelihood_only = given_flags("model", "heldout_split", "max_queries") if not likelihood else []
+    if likelihood_only:
+        raise InputError("applies to the likelihood test only, which --no-likelihood leaves out",
+                         field=likelihood_only[0])
     result: dict = {}
     if corpus:
         from privret.audit.overlap import corpus_overlap
