@@ -86,7 +86,8 @@ def main() -> None:
     pairs = pairs_from_beir(dataset, "train")
     units = group_units(pairs.pairs, PrivacyUnit.query)
     batch = args.batch or len(units)
-    cfg = DPRetrieverConfig(method="public-negatives", trainable=args.trainable, lora_rank=args.lora_rank,
+    rank = {"lora_rank": args.lora_rank} if args.trainable == "lora" else {}
+    cfg = DPRetrieverConfig(method="public-negatives", trainable=args.trainable, **rank,
                             epsilon=args.epsilon, batch_size=batch, epochs=args.epochs if args.batch else args.steps,
                             hard_negatives=args.hard_negatives, hard_negative_depth=args.hard_negative_depth,
                             max_doc_tokens=args.max_doc_tokens)

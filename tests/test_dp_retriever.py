@@ -298,6 +298,11 @@ def test_config_rejects_bad_options(tiny_bert_dir):
                            ("batch-clip", {"max_batch_units": 40}), ("public-negatives", {"max_batch_units": 40})):
         with pytest.raises(ValueError, match=next(iter(option))):
             DPRetrieverConfig(method=method, **option)
+    for option in ({"hard_negative_depth": 50}, {"lora_rank": 4, "trainable": "bias"}):
+        with pytest.raises(ValueError, match=next(iter(option))):
+            DPRetrieverConfig(method="public-negatives", **option)
+    assert DPRetrieverConfig(method="public-negatives", hard_negatives=2, hard_negative_depth=50,
+                             trainable="lora", lora_rank=4).lora_rank == 4
     assert DPRetrieverConfig(method="naive", max_batch_units=40).cap == 40
     assert DPRetrieverConfig(method="public-negatives", physical_batch=4).physical_batch == 4
     for spec in ("top:0", "bias-top:0", "bias-top", "top-bias:1"):
@@ -847,6 +852,14 @@ def test_cli_dp_only_flags_are_refused_without_dp(flag, tmp_path, toy_beir, tiny
                      str(tmp_path / "r"), *flag)
     assert result.returncode == 2 and flag[0] in result.stderr and "--dp" in result.stderr
     assert not (tmp_path / "r").exists()
+
+
+def test_cli_cache_dir_without_hard_negatives_is_refused(tmp_path, toy_beir, tiny_bert_dir):
+    from helpers import run_cli
+
+    result = run_cli("retriever", "train", "--data", str(toy_beir), "--model", str(tiny_bert_dir), "--out",
+                     str(tmp_path / "r"), "--dp", "public-negatives", "--cache-dir", str(tmp_path / "e"))
+    assert result.returncode == 2 and "field '--cache-dir'" in result.stderr and not (tmp_path / "r").exists()
 
 
 def test_a_private_runs_global_randomness_is_fresh_and_a_non_private_ones_is_seeded(monkeypatch, tmp_path,

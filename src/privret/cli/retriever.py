@@ -124,6 +124,9 @@ def retriever_train(
         from privret.train.settings import DPRetrieverConfig
 
         _check_method(dp, data)
+        if cache_dir is not None and not hard_negatives:
+            raise InputError("keeps the embeddings --hard-negatives mines from; without it nothing is mined",
+                             field="--cache-dir")
         dp_cfg = build_config(DPRetrieverConfig, method=dp, model=model, epsilon=epsilon, delta=delta, unit=unit,
                               clip_norm=clip_norm, batch_size=batch_size, max_batch_units=max_batch_units,
                               epochs=epochs, learning_rate=learning_rate, temperature=temperature,

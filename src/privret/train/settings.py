@@ -184,6 +184,11 @@ class DPRetrieverConfig(DPRetrieverSettings):
         if self.physical_batch is not None and self.method != "public-negatives":
             raise ValueError("`physical_batch` applies to public-negatives only (the other methods take the batch "
                              "in one pass)")
+        defaults = type(self).model_fields
+        if not self.hard_negatives and self.hard_negative_depth != defaults["hard_negative_depth"].default:
+            raise ValueError("`hard_negative_depth` applies with `hard_negatives` >= 1 only")
+        if self.trainable != "lora" and self.lora_rank != defaults["lora_rank"].default:
+            raise ValueError("`lora_rank` applies with trainable lora only")
         if self.max_batch_units is not None and self.method not in ("naive", "logit-dp"):
             raise ValueError("`max_batch_units` caps the batches of naive and logit-dp only (the other methods' "
                              "sensitivity does not depend on the batch size)")
