@@ -293,16 +293,14 @@ def test_build_batch_caps_units_and_takes_one_row_per_unit_for_logit_dp(tiny_ber
 def test_config_rejects_bad_options(tiny_bert_dir):
     with pytest.raises(ValueError):
         DPRetrieverConfig(method="naive", spreadout_weight=0.1)
-    # a method's own options are refused for the others, which would ignore them
-    for method, option in (("batch-clip", {"physical_batch": 4}), ("logit-dp", {"physical_batch": 4}),
-                           ("batch-clip", {"max_batch_units": 40}), ("public-negatives", {"max_batch_units": 40})):
-        with pytest.raises(ValueError, match=next(iter(option))):
-            DPRetrieverConfig(method=method, **option)
-    for option in ({"hard_negative_depth": 50}, {"lora_rank": 4, "trainable": "bias"}):
-        with pytest.raises(ValueError, match=next(iter(option))):
-            DPRetrieverConfig(method="public-negatives", **option)
-    assert DPRetrieverConfig(method="public-negatives", hard_negatives=2, hard_negative_depth=50,
-                             trainable="lora", lora_rank=4).lora_rank == 4
+    # the options a run ignores: another method's, the depth without hard negatives, the rank without LoRA
+    options = ("physical_batch", "public_negatives", "hard_negative_depth", "max_batch_units", "lora_rank")
+    assert DPRetrieverConfig(method="batch-clip").unused(options) == list(options)
+    assert DPRetrieverConfig(method="naive", trainable="lora").unused(options) == list(options[:3])
+    assert DPRetrieverConfig(method="public-negatives", hard_negatives=2).unused(options) == [
+        "max_batch_units", "lora_rank"]
+    assert DPRetrieverConfig(method="public-negatives").unused(["hard_negative_depth", "clip_norm"]) == [
+        "hard_negative_depth"]
     assert DPRetrieverConfig(method="naive", max_batch_units=40).cap == 40
     assert DPRetrieverConfig(method="public-negatives", physical_batch=4).physical_batch == 4
     for spec in ("top:0", "bias-top:0", "bias-top", "top-bias:1"):
@@ -854,12 +852,16 @@ def test_cli_dp_only_flags_are_refused_without_dp(flag, tmp_path, toy_beir, tiny
     assert not (tmp_path / "r").exists()
 
 
-def test_cli_cache_dir_without_hard_negatives_is_refused(tmp_path, toy_beir, tiny_bert_dir):
+@pytest.mark.parametrize("args, flag", [(["public-negatives", "--cache-dir", "e"], "--cache-dir"),
+                                        (["batch-clip", "--physical-batch", "4"], "--physical-batch"),
+                                        (["public-negatives", "--max-batch-units", "40"], "--max-batch-units"),
+                                        (["naive", "--lora-rank", "4"], "--lora-rank")])
+def test_cli_options_the_method_ignores_are_refused(args, flag, tmp_path, toy_beir, tiny_bert_dir):
     from helpers import run_cli
 
     result = run_cli("retriever", "train", "--data", str(toy_beir), "--model", str(tiny_bert_dir), "--out",
-                     str(tmp_path / "r"), "--dp", "public-negatives", "--cache-dir", str(tmp_path / "e"))
-    assert result.returncode == 2 and "field '--cache-dir'" in result.stderr and not (tmp_path / "r").exists()
+                     str(tmp_path / "r"), "--dp", *args)
+    assert result.returncode == 2 and f"field '{flag}'" in result.stderr and not (tmp_path / "r").exists()
 
 
 def test_a_private_runs_global_randomness_is_fresh_and_a_non_private_ones_is_seeded(monkeypatch, tmp_path,

@@ -295,11 +295,17 @@ def test_direct_dp_rows_take_the_grid_s_method_and_epsilon_and_per_method_sets_o
                     {"settings": {"method": "naive"}}):
         with pytest.raises(ValidationError, match="each row's own"):
             DirectDPGrid(methods=["naive"], epsilons=[3.0], **section)
+    # shared settings may hold one method's options for the methods that take them
+    shared = DirectDPGrid(methods=["public-negatives", "batch-clip"], epsilons=[3.0],
+                          settings={"physical_batch": 4, "public_negatives": 3})
+    assert shared.config("public-negatives", 3.0, "query").physical_batch == 4
     # a grid that would silently make no row, or a method's settings no row reads, is refused
     for rows, match in (({"methods": ["naive"]}, "both `methods` and `epsilons`"),
                         ({"epsilons": [3.0]}, "both `methods` and `epsilons`"),
                         ({"methods": ["naive"], "epsilons": [3.0], "per_method": {"logit-dp": {"batch_size": 4}}},
-                         "'logit-dp', which is not among `methods`")):
+                         "'logit-dp', which is not among `methods`"),
+                        ({"methods": ["naive"], "epsilons": [3.0], "per_method": {"naive": {"physical_batch": 4}}},
+                         "gives naive `physical_batch`, which it does not use")):
         with pytest.raises(ValidationError, match=match):
             DirectDPGrid(**rows)
 

@@ -156,9 +156,16 @@ class DirectDPGrid(BaseModel):
         if bool(self.methods) != bool(self.epsilons):
             raise ValueError("direct DP rows need both `methods` and `epsilons` (one row per pair); one of them is "
                              "empty")
-        unused = sorted(set(self.per_method) - set(self.methods))
-        if unused:
-            raise ValueError(f"`per_method` sets '{unused[0]}', which is not among `methods`")
+        unlisted = sorted(set(self.per_method) - set(self.methods))
+        if unlisted:
+            raise ValueError(f"`per_method` sets '{unlisted[0]}', which is not among `methods`")
+        for method, own in self.per_method.items():
+            try:
+                unused = self.config(method, 1.0, PrivacyUnit.query).unused(own.model_fields_set)
+            except ValidationError:  # a setting the method refuses: load_config names it
+                continue
+            if unused:
+                raise ValueError(f"`per_method` gives {method} `{unused[0]}`, which it does not use")
         return self
 
     @model_validator(mode="after")

@@ -7,7 +7,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from privret.cli.common import budget_policy, build_config, given_flags, hold_out_partition, out, training_pairs
+from privret.cli.common import (budget_policy, build_config, flag, given_flags, hold_out_partition, out,
+                                training_pairs)
 from privret.cli.options import (
     ACCOUNTANT_HELP,
     DELTA_HELP,
@@ -135,6 +136,10 @@ def retriever_train(
                               hard_negative_depth=hard_negative_depth, physical_batch=physical_batch, accountant=accountant,
                               optimizer=optimizer, seed=seed, checkpoint_every=checkpoint_every, secure_rng=secure_rng,
                               dropout=dropout, hold_out=partition, **lengths)
+        unused = dp_cfg.unused(n for n in ("physical_batch", "public_negatives", "hard_negative_depth",
+                                           "max_batch_units", "lora_rank") if given_flags(n))
+        if unused:
+            raise InputError(f"is not used by --dp {dp} with these options", field=flag(unused[0]))
         # --data's corpus plus any documents inline in --pairs: train_dp_retriever leaves the inline ones out
         ledger = train_dp_retriever(training, out_dir, dp_cfg, data_hash=data_hash,
                                     dataset_id=dataset_id(training, dataset_name), public_corpus=training.corpus,

@@ -181,20 +181,20 @@ class DPRetrieverConfig(DPRetrieverSettings):
             raise ValueError("`spreadout_weight` applies to logit-dp only")
         if self.hard_negatives and self.method != "public-negatives":
             raise ValueError("`hard_negatives` applies to public-negatives only")
-        if self.physical_batch is not None and self.method != "public-negatives":
-            raise ValueError("`physical_batch` applies to public-negatives only (the other methods take the batch "
-                             "in one pass)")
-        defaults = type(self).model_fields
-        if not self.hard_negatives and self.hard_negative_depth != defaults["hard_negative_depth"].default:
-            raise ValueError("`hard_negative_depth` applies with `hard_negatives` >= 1 only")
-        if self.trainable != "lora" and self.lora_rank != defaults["lora_rank"].default:
-            raise ValueError("`lora_rank` applies with trainable lora only")
-        if self.max_batch_units is not None and self.method not in ("naive", "logit-dp"):
-            raise ValueError("`max_batch_units` caps the batches of naive and logit-dp only (the other methods' "
-                             "sensitivity does not depend on the batch size)")
         if self.method == "public-negatives" and self.public_negatives + self.hard_negatives == 0:
             raise ValueError("public-negatives needs a negative per row: `public_negatives` or `hard_negatives` >= 1")
         return self
+
+    def unused(self, fields) -> list[str]:
+        """Those of ``fields`` this run ignores: another method's options, ``hard_negative_depth`` without hard
+        negatives, ``lora_rank`` without LoRA. A command that names one method refuses them when given, as does a
+        pipeline's ``per_method`` section; shared ``settings`` may hold them for the methods that take them."""
+        used_by = {"physical_batch": self.method == "public-negatives",
+                   "public_negatives": self.method == "public-negatives",
+                   "hard_negative_depth": self.method == "public-negatives" and self.hard_negatives > 0,
+                   "max_batch_units": self.method in ("naive", "logit-dp"),
+                   "lora_rank": self.trainable == "lora"}
+        return [f for f in fields if not used_by.get(f, True)]
 
     @property
     def tau(self) -> float:
