@@ -89,7 +89,8 @@ def retriever_train(
         help="non-private only: choose the recipe on a validation split of the training pairs; a grid "
              "'name=v1,v2;name=v1,v2' over learning_rate, temperature, batch_size, max_doc_tokens, "
              "max_query_tokens, warmup_fraction ('default': max_doc_tokens=128,256); epochs 1..--select-max-epochs "
-             "are scored too (so --epochs, and the flags the grid names, are not given with it)")] = None,
+             "are scored too (so --epochs, and the flags the grid names, are not given with it); the validation "
+             "split is drawn with seed 0 whatever --seed, so that seeds differ in training only")] = None,
     select_max_epochs: Annotated[int, typer.Option(help="--select: most epochs scored")] = 3,
     validation_pool: Annotated[int, typer.Option(
         help="--select: documents searched by the validation queries besides their relevant ones")] = 1000,
