@@ -536,9 +536,9 @@ def test_interrupted_direct_dp_stage_resumes_with_its_settings_only(small_config
         pipeline.run_pipeline(cfg, tmp_path / "run")
     monkeypatch.setattr(dp_run, "save_checkpoint", real)
     assert (stage / "stage.json").is_file() and (stage / "checkpoint").is_dir() and (stage / "steps.jsonl").is_file()
+    faster = cfg.direct_dp.settings.model_copy(update={"learning_rate": 1e-3})
     with pytest.raises(InputError, match="direct-batch-clip-eps-4/retriever.*learning_rate.*interrupted run"):
-        pipeline.run_pipeline(_changed(cfg, "direct_dp", settings=cfg.direct_dp.settings.model_copy(update={"learning_rate": 1e-3})),
-                              tmp_path / "run")
+        pipeline.run_pipeline(_changed(cfg, "direct_dp", settings=faster), tmp_path / "run")
     seen = []
     monkeypatch.setattr(pipeline, "train_dp_retriever", lambda *a, **kw: seen.append(kw["resume"]) or
                         dp_retriever.train_dp_retriever(*a, **kw))
