@@ -49,6 +49,7 @@ any rank stops the run (torchrun ends the others); ``--resume`` continues it wit
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from collections.abc import Callable, Mapping
@@ -81,6 +82,7 @@ def resume_settings(config) -> dict:
     """The settings of ``config`` (a trainer's pydantic config) that a resume of its run, or a re-run on its
     finished output, must have again: all but :data:`RESUME_FREE`."""
     return {k: v for k, v in config.model_dump(mode="json").items() if k not in RESUME_FREE}
+
 
 STAGE_FILE = "stage.json"  # the settings a caller pins before it starts a run (a pipeline stage's record)
 # What the directory of an interrupted run may hold: its checkpoint, its step log and the caller's record.
@@ -252,8 +254,6 @@ def _finished(run: DPRun, *, resume: bool) -> PrivacyLedger | None:
 def _check_finished_settings(out_dir: Path, run: DPRun) -> None:
     """Refuse a finished output trained with other settings than this run's, as saved in its ``train_config.json``
     (a setting the saved file lacks, one added to privret since, is not compared)."""
-    import json
-
     saved = json.loads((out_dir / "train_config.json").read_text())
     for key in sorted(set(saved) & set(run.settings)):
         if saved[key] != run.settings[key]:
