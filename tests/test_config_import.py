@@ -49,3 +49,26 @@ def test_a_path_with_a_nul_byte_is_refused_with_its_field(tmp_path, extra, field
     with pytest.raises(InputError) as err:
         load_config(path)
     assert err.value.field == field and "NUL" in str(err.value)
+
+
+def test_changed_from_default_names_only_the_fields_given_another_value():
+    """The check behind every "this setting would be ignored" refusal: a value equal to the default (typed or not)
+    passes, any other value is named; fields with a default factory and nested models compare by value."""
+    from pydantic import BaseModel, Field
+
+    from privret.config_fields import changed_from_default
+
+    class Inner(BaseModel):
+        k: int = 1
+
+    class Settings(BaseModel):
+        rate: float = 0.5
+        names: list[str] = Field(default_factory=lambda: ["a"])
+        inner: Inner = Inner()
+
+    fields = ("rate", "names", "inner")
+    assert changed_from_default(Settings(), fields) == []
+    assert changed_from_default(Settings(rate=0.5, names=["a"], inner={"k": 1}), fields) == []
+    assert changed_from_default(Settings(rate=0.25, inner={"k": 2}), fields) == ["rate", "inner"]
+    assert changed_from_default(Settings(names=["a", "b"]), fields) == ["names"]
+    assert changed_from_default(Settings(rate=0.25), ["names"]) == []

@@ -14,7 +14,7 @@ import yaml
 from pydantic import (BaseModel, ConfigDict, Field, ValidationError, field_serializer, field_validator,
                       model_validator)
 
-from privret.config_path import ConfigPath
+from privret.config_fields import ConfigPath
 from privret.data.beir import Document
 from privret.data.pairs import PrivacyUnit, examples_from_pairs
 from privret.errors import InputError, invalid_input
@@ -328,5 +328,5 @@ def load_config(path: str | Path) -> PipelineConfig:
 
 def _beside(config_path: Path, value: Path) -> Path:
     """``value`` as written, or resolved against the config's folder when relative (a NUL byte was refused by its
-    type, :data:`~privret.config_path.ConfigPath`)."""
+    type, :data:`~privret.config_fields.ConfigPath`)."""
     return value if value.is_absolute() else (config_path.parent / value).resolve()

@@ -6,6 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from privret.config_fields import changed_from_default
 from privret.models.device_spec import DeviceSpec
 from privret.models.registry import DEFAULT_ENCODER
 
@@ -84,9 +85,8 @@ class FedConfig(BaseModel):
         if self.warmup_rounds > self.rounds:
             raise ValueError("warmup_rounds must be <= rounds")
         if self.dp == "none":
-            for name in ("dp_noise_multiplier", "dp_clip_norm", "dp_delta"):
-                if getattr(self, name) != type(self).model_fields[name].default:
-                    raise ValueError(f"`{name}` applies with dp server or client; with dp none it would be ignored")
+            if given := changed_from_default(self, ("dp_noise_multiplier", "dp_clip_norm", "dp_delta")):
+                raise ValueError(f"`{given[0]}` applies with dp server or client; with dp none it would be ignored")
         if self.evaluation_split == "validation" and (self.train_fraction >= 1 or self.max_train_questions):
             raise ValueError("evaluation_split = validation needs train_fraction < 1 and no max_train_questions "
                              "(the validation questions are the training questions the run leaves out)")

@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from privret.config_path import ConfigPath
+from privret.config_fields import ConfigPath, changed_from_default
 from privret.models.registry import DEFAULT_ENCODER
 from privret.privacy.partition_selection_config import PartitionSelectionConfig
 
@@ -59,7 +59,7 @@ class DocumentChoice(BaseModel):
     def _list_has_file(self):
         if (self.source == "list") != (self.ids_file is not None):
             raise ValueError("ids_file is required with source 'list', and only then")
-        if self.selection != PartitionSelectionConfig() and self.source != "dp-select":
+        if self.source != "dp-select" and changed_from_default(self, ["selection"]):
             raise ValueError("its selection settings are for source 'dp-select' only; with source "
                              f"'{self.source}' no document is chosen from the private log")
         return self

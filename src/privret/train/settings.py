@@ -13,6 +13,7 @@ from typing import Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from privret.config_fields import changed_from_default
 from privret.data.pairs import PrivacyUnit
 from privret.models.registry import DEFAULT_ENCODER, DEFAULT_GENERATOR
 from privret.privacy.partition import UnitPartition
@@ -74,10 +75,9 @@ class RetrieverTrainConfig(BaseModel):
         """What the selection chooses replaces what is given: a value other than the default there is refused."""
         if self.selection is None:
             return self
-        for name in ("epochs", *self.selection.grid):
-            if getattr(self, name) != type(self).model_fields[name].default:
-                raise ValueError(f"`{name}` is chosen by `selection` (epochs from 1 to its max_epochs, the rest from "
-                                 "its grid): the value given would be replaced")
+        if given := changed_from_default(self, ("epochs", *self.selection.grid)):
+            raise ValueError(f"`{given[0]}` is chosen by `selection` (epochs from 1 to its max_epochs, the rest from "
+                             "its grid): the value given would be replaced")
         return self
 
 
