@@ -95,7 +95,7 @@ def _run(tmp_path, *, epsilon=8.0, secure_rng=False, settings=None, name="out", 
 
     return DPRun(out_dir=tmp_path / name, plan=plan, describe=describe, what="toy", finished_marker="toy.json",
                  label="toy", train_config=train_config or {"toy": True}, seed=3, checkpoint_every=2,
-                 secure_rng=secure_rng, settings=settings, budget=budget.BudgetPolicy(allow_over=True))
+                 secure_rng=secure_rng, settings=settings or {"toy": True}, budget=budget.BudgetPolicy(allow_over=True))
 
 
 @contextlib.contextmanager

@@ -173,7 +173,7 @@ class DPRun:
     seed: int  # a non-private run's seed (torch's global generator, the sampler); a private run: fresh entropy
     checkpoint_every: int
     secure_rng: bool  # noise and sampling from the OS CSPRNG (private runs)
-    settings: dict | None = None  # resume_settings: saved with each checkpoint; a resume with others is refused
+    settings: dict  # resume_settings: saved with each checkpoint; a resume or re-run with others is refused
     budget: budget_registry.BudgetPolicy | None = None
 
     def ledger(self, steps: int, *, secure: bool) -> PrivacyLedger:
@@ -230,7 +230,7 @@ def run_training(run: DPRun, load: Callable[[], Trainer], *, resume: bool) -> Pr
                 save_checkpoint(ckpt_dir, trainer.params, trainer.optimizer,
                                 run.ledger(account.total(done), secure=account.secure), step=done,
                                 rng=None if plan.private else rng,
-                                extra={"config": run.settings} if run.settings is not None else None)
+                                extra={"config": run.settings})
     return group.from_main(lambda: _save(run, trainer, account, start))
 
 
@@ -246,8 +246,7 @@ def _finished(run: DPRun, *, resume: bool) -> PrivacyLedger | None:
         return None
     ledger = check_finished(out_dir, expected=run.ledger(run.plan.steps, secure=run.plan.private and run.secure_rng),
                             what=f"a {run.what}")
-    if run.settings is not None:
-        _check_finished_settings(out_dir, run)
+    _check_finished_settings(out_dir, run)
     return ledger
 
 
@@ -309,8 +308,7 @@ def _resume(run: DPRun, trainer: Trainer, account: StepAccount, ckpt_dir: Path) 
         return None
     checkpoint = load_checkpoint(ckpt_dir, trainer.params, trainer.optimizer,
                                  expected=run.ledger(0, secure=account.secure))
-    if run.settings is not None:
-        _check_settings(checkpoint.state.get("config"), run.settings, ckpt_dir)
+    _check_settings(checkpoint.state.get("config"), run.settings, ckpt_dir)
     account.resume_from(checkpoint.step, private=run.plan.private)
     return checkpoint
 
