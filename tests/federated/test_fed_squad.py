@@ -106,7 +106,7 @@ def test_cli_data_fed_squad(tiny_squad, tmp_path):
     assert res.exit_code != 0 and not (tmp_path / "fed2").exists()
 
 
-def test_cli_federated_train_bm25_and_bad_config(tiny_squad, tmp_path):
+def test_cli_federated_train_bm25_and_bad_config(tiny_squad, tmp_path, monkeypatch):
     from typer.testing import CliRunner
 
     from privret.cli import app
@@ -119,6 +119,20 @@ def test_cli_federated_train_bm25_and_bad_config(tiny_squad, tmp_path):
                               "--baseline", "bm25"])
     assert res.exit_code == 0, res.output
     assert (tmp_path / "r" / "bm25.json").is_file()
+    # resumed, a baseline's saved result of the same settings and data is reused; other settings or
+    # --no-resume run it again
+    from privret.federated import runner as fed_runner
+
+    def fails(*_args):
+        raise RuntimeError("trained again")
+
+    monkeypatch.setitem(fed_runner.BASELINES, "bm25", fails)
+    base = ["federated", "train", "--data", str(tmp_path / "fed"), "--out", str(tmp_path / "r"), "--baseline", "bm25"]
+    res = runner.invoke(app, [*base, "--threads", "2"])
+    assert res.exit_code == 0 and "sentence MRR@10" in res.output, res.output
+    for extra in (["--no-resume"], ["--rounds", "7"]):
+        res = runner.invoke(app, [*base, *extra])
+        assert isinstance(res.exception, RuntimeError), (extra, res.output)
     bad = tmp_path / "bad.yaml"
     bad.write_text("rounds: 2\nnum_roundz: 3\n")
     res = runner.invoke(app, ["federated", "train", "--data", str(tmp_path / "fed"), "--out", str(tmp_path / "r2"),

@@ -72,7 +72,9 @@ def federated_train(
              "dp_noise_multiplier (--dp server or client)")] = None,
     dp_clip_norm: Annotated[Optional[float], typer.Option()] = None,
     threads: Annotated[int, typer.Option(help="torch CPU threads")] = 1,
-    resume: Annotated[bool, typer.Option(help="continue from the last finished round in --out")] = True,
+    resume: Annotated[bool, typer.Option(
+        help="continue from the last finished round in --out; a baseline's saved result with these settings and "
+             "data is reused")] = True,
     device: ConfigDeviceOpt = None,
 ) -> None:
     """PDD-AS2 + client-customized query encoders + Fed-Negative with the Flower apps on this machine."""
@@ -101,18 +103,11 @@ def federated_train(
         cfg = with_target_epsilon(cfg, dp_epsilon)
     checked_device(cfg.device, field="--device" if device is not None else "device",
                    path=None if device is not None else config)
-    clients = runner.require_data(data)
+    runner.require_data(data)
     if baseline == "pdd-as2":
-        results = runner.run_federated_local(cfg, data, out_dir, resume=resume)
-        evaluations = results["evaluations"]
+        evaluations = runner.run_federated_local(cfg, data, out_dir, resume=resume)["evaluations"]
     else:
-        fns = {"local-only": runner.train_local_only, "central": runner.train_central,
-               "zero-shot": runner.evaluate_zero_shot, "bm25": lambda _cfg, cl: runner.evaluate_bm25_all(cl)}
-        if baseline not in fns:
-            raise InputError(f"unknown baseline '{baseline}'", field="--baseline")
-        evaluations = {baseline: fns[baseline](cfg, clients)}
-        out_dir.mkdir(parents=True, exist_ok=True)
-        runner.save_result(out_dir / f"{baseline}.json", evaluations[baseline], config=cfg.model_dump(mode="json"))
+        evaluations = {baseline: runner.run_baseline(baseline, cfg, data, out_dir, resume=resume)}
     for name, ev in evaluations.items():
         s, p = ev["pooled"]["sentence"], ev["pooled"]["passage"]
         out.print(f"{name}: sentence MRR@10 {s['mrr@10']:.3f} R@1 {s['recall@1']:.3f} R@20 {s['recall@20']:.3f} "

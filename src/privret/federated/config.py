@@ -11,6 +11,9 @@ from privret.models.device_spec import DeviceSpec
 from privret.models.registry import DEFAULT_ENCODER
 
 
+RUNTIME_FIELDS = {"round_timeout", "device"}  # how a run is carried out, not what it computes: a saved result stays
+
+
 class FedConfig(BaseModel):
     """Every knob of ``privret federated train``; also the Flower run config (flattened, see ``to_run_config``).
 

@@ -25,7 +25,7 @@ from privret.data.fed_squad import ClientData, load_fed_squad
 from privret.errors import InputError
 from privret.federated import local
 from privret.federated.arrays import new_encoder, trainable_parameters
-from privret.federated.config import FedConfig
+from privret.federated.config import RUNTIME_FIELDS, FedConfig
 from privret.io import write_json_atomic
 
 
@@ -106,6 +106,32 @@ def run_federated_local(cfg: FedConfig, data_dir: str | Path, out_dir: str | Pat
                          run_config)
     return run_server(grid, cfg, out_dir, n_clients=len(clients), data_hash=manifest.get("source_sha256", ""),
                       resume=resume)
+
+
+def run_baseline(name: str, cfg: FedConfig, data_dir: str | Path, out_dir: str | Path, *, resume: bool = True) -> dict:
+    """One baseline (:data:`BASELINES`) evaluated on every client and saved as ``out_dir/NAME.json`` with its
+    settings and the data's hash. With ``resume`` a saved result of the same settings (but
+    :data:`~privret.federated.config.RUNTIME_FIELDS`) and data is returned without training again; any other is
+    redone, like the evaluations of a PDD-AS2 run."""
+    if name not in BASELINES:
+        raise InputError(f"unknown baseline '{name}' ({', '.join(BASELINES)})", field="--baseline")
+    clients, manifest = _check_data(Path(data_dir))
+    data_hash = manifest.get("source_sha256", "")
+    path = Path(out_dir) / f"{name}.json"
+    settings = cfg.model_dump(mode="json")
+    if resume and path.is_file():
+        saved = json.loads(path.read_text(encoding="utf-8"))
+        if saved.get("data_hash") == data_hash and _without_runtime(saved.get("config", {})) == \
+                _without_runtime(settings):
+            return {k: saved[k] for k in ("per_client", "pooled")}
+    result = BASELINES[name](cfg, clients)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_result(path, result, config=settings, data_hash=data_hash)
+    return result
+
+
+def _without_runtime(settings: dict) -> dict:
+    return {k: v for k, v in settings.items() if k not in RUNTIME_FIELDS}
 
 
 def evaluate_bm25_all(clients: list[ClientData], *, per_query: bool = False) -> dict:
@@ -200,6 +226,10 @@ def evaluate_zero_shot(cfg: FedConfig, clients: list[ClientData]) -> dict:
     return {"per_client": per_client, "pooled": local.pooled(per_client)}
 
 
+BASELINES = {"local-only": train_local_only, "central": train_central, "zero-shot": evaluate_zero_shot,
+             "bm25": lambda _cfg, clients: evaluate_bm25_all(clients)}
+
+
 def write_flower_app(app_dir: str | Path, cfg: FedConfig, *, out_dir: str, num_clients: int, data_hash: str = "") -> Path:
     """A Flower App directory for ``flwr run``: components point at :mod:`privret.federated.server_app` and
     :mod:`privret.federated.client_app`."""
@@ -234,5 +264,5 @@ def require_data(data_dir: str | Path) -> list[ClientData]:
     return load_fed_squad(data_dir)
 
 
-__all__ = ["InProcessGrid", "run_federated_local", "evaluate_bm25_all", "train_local_only", "train_central",
+__all__ = ["InProcessGrid", "run_federated_local", "run_baseline", "BASELINES", "evaluate_bm25_all", "train_local_only", "train_central",
            "evaluate_zero_shot", "write_flower_app"]

@@ -23,7 +23,7 @@ import numpy as np
 from privret.errors import InputError
 from privret.federated import local, wire
 from privret.federated.arrays import checkpoint_round, load_arrays, new_encoder, save_arrays, weights
-from privret.federated.config import FedConfig
+from privret.federated.config import RUNTIME_FIELDS, FedConfig
 from privret.federated.negatives import ExchangeLog, select_clients
 from privret.federated.strategy import WEIGHT_KEY, dp_ledger, make_strategy, record_bytes
 from privret.io import write_json_atomic
@@ -157,7 +157,6 @@ def _fed_negative_exchange(grid, nodes, arrays, version: str, variant: str, cfg:
 
 # settings a run directory may change between runs: how long to wait, where to run, and stage 2 and the
 # evaluations (which results.json redoes when they change); stage 1 may only get more rounds
-RUNTIME_FIELDS = {"round_timeout", "device"}
 STAGE2_FIELDS = {"personalize", "personal_epochs", "personal_learning_rate", "personal_batch_size",
                  "personal_negatives", "personal_hard_k", "fed_negatives", "fed_select", "per_query_metrics",
                  "evaluation_split"}
