@@ -173,6 +173,8 @@ def test_memorised_canaries_are_caught_unseen_ones_are_not(digit_llama, tmp_path
                                          "bf16": False})
     report = audit.run_canary_audit(toy_pairs(), tmp_path / "audit", cfg, data_hash="toy")
     (result,) = report["results"]
+    assert report["generator"]["model"] == str(digit_llama) and report["generator"]["unit"] == "pair"
+    assert "epsilon" not in report["generator"]
     rows = {r["repetitions"]: r for r in result["rows"]}
     inserted = [c for c in result["canaries"] if c["repetitions"] == 50]
     controls = [c for c in result["canaries"] if c["repetitions"] == 0]

@@ -150,7 +150,6 @@ def run_canary_audit(pairs: TrainingPairs, out_dir: str | Path, cfg: CanaryAudit
     out_dir = Path(out_dir)
     dataset_id = dataset_id or budget_registry.dataset_id(pairs)
     base = subsample_pairs(pairs, cfg.subsample, cfg.seed)
-    probe = cfg.generator_config(math.inf)
     settings = audit_settings(cfg, data_hash, len(base.pairs))
     settings_file = out_dir / "settings.json"
     if settings_file.exists():
@@ -160,7 +159,7 @@ def run_canary_audit(pairs: TrainingPairs, out_dir: str | Path, cfg: CanaryAudit
         write_json_atomic(settings_file, settings)
 
     results = []
-    fits = _query_fits(probe.model, probe.max_query_tokens)
+    fits = _query_fits(cfg.generator.model, cfg.generator.max_query_tokens)
     trials = {t: make_canaries(base, trial=t, repetitions=tuple(cfg.repetitions), n_candidates=cfg.candidates,
                                seed=cfg.seed, fits=fits) for t in range(cfg.trials)}
     with Progress() as progress:
@@ -195,7 +194,8 @@ def run_canary_audit(pairs: TrainingPairs, out_dir: str | Path, cfg: CanaryAudit
     report = {"audit": "canary-exposure", "candidates": cfg.candidates, "kinds": list(KINDS),
               "trials": cfg.trials, "repetitions": cfg.repetitions, "samples": cfg.samples, "alpha": cfg.alpha,
               "subsample": cfg.subsample, "pairs": len(base.pairs), "pairs_available": len(pairs.pairs),
-              "generator": probe.model_dump(mode="json", exclude={"epsilon"}), "results": results}
+              "generator": {k: v for k, v in settings["generator"].items() if k != "epsilon"},
+              "results": results}
     write_json_atomic(out_dir / "canaries.json", report)
     return report
 
