@@ -62,6 +62,23 @@ def test_streaming_search_is_exact(tiny_bert_dir):
         assert {k for k, s in expected.items() if s > kth + 1e-5} <= set(got)  # same set up to ties at the k-th
 
 
+
+def test_a_beir_corpus_streams_line_by_line_and_a_bad_line_is_named(tmp_path):
+    """What :func:`stream_search` reads from a BEIR corpus file: each document as the encoders read it (title, then
+    body), one line at a time; a line without its text is refused with the file and the line."""
+    from privret.errors import InputError
+    from privret.retrieval.streaming import iter_corpus_jsonl
+
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text('{"_id": "a", "title": "Kettle", "text": "claims close on the 5th"}\n'
+                      '{"_id": "b", "text": "no title here"}\n{"_id": "c", "title": "x"}\n')
+    rows = iter_corpus_jsonl(corpus)
+    assert next(rows) == ("a", "Kettle. claims close on the 5th")
+    assert next(rows) == ("b", "no title here")
+    with pytest.raises(InputError) as err:
+        next(rows)
+    assert err.value.line == 3 and err.value.field == "text" and str(corpus) in err.value.one_line()
+
 def _peak(model_dir: Path, n: int, chunk: int) -> dict:
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_scale.py"), "--one", "stream", str(n),
                            str(chunk), "--model", str(model_dir)], capture_output=True, text=True, timeout=600,

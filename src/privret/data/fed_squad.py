@@ -267,10 +267,6 @@ class ClientData:
     def split(self, name: str) -> list[Question]:
         return [q for q in self.questions if q.split == name]
 
-    @property
-    def num_train(self) -> int:
-        return len(self.split("train"))
-
 
 def _row(obj: dict, key: str, path: Path, line: int, kind=str):
     value = obj.get(key)

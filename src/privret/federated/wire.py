@@ -36,7 +36,6 @@ except ImportError:  # pragma: no cover - exercised only without flwr installed
     Array = ArrayRecord = None
 
 WireDtype = Literal["float32", "float16", "bfloat16"]
-WIRE_DTYPES: tuple[str, ...] = ("float32", "float16", "bfloat16")
 SCALE_SUFFIX = "::scale"
 
 

@@ -29,9 +29,6 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from privret.errors import InputError
 
-INDEX_KINDS = ("exact", "hnsw", "ivf")
-
-
 class SearchIndex(BaseModel):
     """Which FAISS index to search and its parameters (only the chosen kind's are used)."""
 

@@ -36,11 +36,6 @@ def mean_metrics(per_query: dict[str, dict[str, float]]) -> dict[str, float]:
     return {**{m: sum(v[m] for v in per_query.values()) / n for m in METRICS}, "queries": n}
 
 
-def retrieval_metrics(run: dict[str, dict[str, float]], qrels: Qrels) -> dict[str, float]:
-    """Mean NDCG@10, Recall@10/100 and MRR@10 over the judged queries (pytrec_eval)."""
-    return mean_metrics(per_query_metrics(run, qrels))
-
-
 def evaluate_per_query(model, corpus: dict[str, Document], queries: dict[str, str], qrels: Qrels,
                        *, batch_size: int = 64, cache_dir: str | Path | None = None,
                        index: SearchIndex | None = None, bf16: bool = True) -> dict[str, dict[str, float]]:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 
-import numpy as np
 import torch
 
 from privret.retrieval.embedding import encode
@@ -81,8 +80,3 @@ def iter_corpus_jsonl(path) -> Iterator[tuple[str, str]]:
         doc_id = require_text(obj, "_id", path=path, line=line)
         title = require_text(obj, "title", path=path, line=line, allow_empty=True) if "title" in obj else ""
         yield doc_id, Document(doc_id, title, require_text(obj, "text", path=path, line=line)).full_text
-
-
-def encoded_bytes(n_docs: int, dim: int) -> int:
-    """What the FAISS flat index of :func:`privret.retrieval.search.search` holds: N d float32."""
-    return int(n_docs) * int(dim) * np.dtype(np.float32).itemsize
