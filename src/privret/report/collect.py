@@ -52,6 +52,7 @@ class Row:
     ledger_source: str | None = None
     timing: dict = field(default_factory=dict)
     per_query: dict[str, float] | None = None  # NDCG@10 per test query, when the run kept it
+    grid_epsilon: float | None = None  # a DP row's epsilon in the run's grid (its directory name); None otherwise
 
     @property
     def is_reference(self) -> bool:
@@ -171,14 +172,15 @@ def collect(run_dir: str | Path, *, show_private_queries: bool = False, examples
             eps = ledger["epsilon"] if ledger else parse_eps(m["eps"])
             method = f"dp-synthetic{m['suffix'] or ''}"
             stages.append(Row(child.name, f"{method_label(method)} (ε={format_epsilon(parse_eps(m['eps']))})",
-                              method, eps, _metrics(child / METRICS_FILE), ledger, source, _timing(child)))
+                              method, eps, _metrics(child / METRICS_FILE), ledger, source, _timing(child),
+                              grid_epsilon=parse_eps(m["eps"])))
         elif m := _DIRECT_DIR.match(child.name):
             ledger, source = _ledger(child / RETRIEVER, child)
             eps = ledger["epsilon"] if ledger else parse_eps(m["eps"])
             chosen = ", chosen with DP on held-out units" if m["suffix"] else ""
             stages.append(Row(child.name, f"direct {m['method']}{chosen} (ε={format_epsilon(parse_eps(m['eps']))})",
                               f"direct-{m['method']}{m['suffix'] or ''}", eps, _metrics(child / METRICS_FILE), ledger,
-                              source, _timing(child)))
+                              source, _timing(child), grid_epsilon=parse_eps(m["eps"])))
     stages.sort(key=lambda r: (not r.method.startswith("dp-synthetic"), r.method, -r.epsilon if r.epsilon is not None else 0))
     rows += stages
     for r in rows:
@@ -209,7 +211,12 @@ def _per_query(path: Path) -> dict[str, float] | None:
 
 def _timing(stage: Path) -> dict:
     path = stage / TIMING_FILE
-    return read_json(path) if path.is_file() else {}
+    if not path.is_file():
+        return {}
+    data = read_json(path)
+    if not isinstance(data, dict) or not all(isinstance(v, (int, float)) for v in data.values()):
+        raise InputError("expected {stage: seconds}", path=path)
+    return data
 
 
 def _similarity(run_dir: Path) -> list[dict]:

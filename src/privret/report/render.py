@@ -18,6 +18,7 @@ from privret.evaluate.statistics import (BAR_HEADER, EXPLANATION, ORIGINAL, ZERO
                                         precision_sentence)
 from privret.privacy.ledger import format_epsilon
 from privret.report.collect import Row, RunData
+from privret.report.cost import STAGES, added_cost, added_cost_sentence, minutes, stage_seconds
 from privret.report.plot import method_label, privacy_utility_png
 
 RETRIEVAL_HEADERS = ["training data", "ε", "δ", "unit", "NDCG@10", "retention", "ΔNDCG@10 vs zero-shot [95% CI]",
@@ -125,6 +126,25 @@ def _f(value):
     if isinstance(value, str):
         return math.inf if value in ("inf", "Infinity") else float(value)
     return float(value)
+
+
+def _wall_time(run: RunData) -> tuple[list[str], list[list[str]], list[str]] | None:
+    """The wall-time table (headers, cells) and a sentence per epsilon on what the epsilon-0 rows add
+    (:mod:`privret.report.cost`); None when no row was timed."""
+    seconds = {r.key: stage_seconds(r) for r in run.rows}
+    if all(s is None for s in seconds.values()):
+        return None
+    stages = [s for s in STAGES if any(t and s in t for t in seconds.values())]
+    cells = [[_e(r.label)] + (["-"] * len(stages) + ["not timed"] if (t := seconds[r.key]) is None else
+                              [minutes(t.get(s)) for s in stages] + [minutes(sum(t.values()))])
+             for r in run.rows]
+    labels = {r.key: r.label for r in run.rows}
+    notes = [added_cost_sentence(c, labels) for c in added_cost(run.rows)]
+    return ["training data", *(STAGES[s] for s in stages), "total"], cells, notes
+
+
+WALL_TIME_NOTE = ("Each stage as timed by the process that finished it (a stage resumed after a crash counts its "
+                  "last part only); work shared by the whole grid (document choice, embedding cache) is in no row.")
 
 
 def _similarity_section(run: RunData) -> str:
@@ -258,6 +278,10 @@ def render_html(run: RunData) -> str:
                  f"<p class='muted'>{_e(EXPLANATION)} {_e(_precision_note(run))}</p>"]
     if (note := _bar_note(run)) is not None:
         sections.append(f"<p>{_e(note)}</p>")
+    if (wall := _wall_time(run)) is not None:
+        headers, cells, notes = wall
+        sections += ["<h2 id='wall-time'>Wall time</h2>", _table(headers, cells, set(range(1, len(headers)))),
+                     *(f"<p>{_e(n)}</p>" for n in notes), f"<p class='muted'>{_e(WALL_TIME_NOTE)}</p>"]
     if run.zero_shot_datasets:
         sections += ["<h2 id='zero-shot'>Zero-shot across datasets (seed Table 5 layout)</h2>",
                      _zero_shot_section(run)]
@@ -287,6 +311,11 @@ def render_markdown(run: RunData) -> str:
     lines += ["", EXPLANATION, "", _precision_note(run)]
     if (note := _bar_note(run)) is not None:
         lines += ["", note]
+    if (wall := _wall_time(run)) is not None:
+        headers, cells, notes = wall
+        lines += ["", "## Wall time", "", "| " + " | ".join(headers) + " |", "|---|" + "---:|" * (len(headers) - 1)]
+        lines += ["| " + " | ".join(html.unescape(c) for c in row) + " |" for row in cells]
+        lines += [*(line for n in notes for line in ("", n)), "", WALL_TIME_NOTE]
     for result in run.zero_shot_datasets:
         names = list(result["datasets"])
         lines += ["", f"## Zero-shot NDCG@10 across datasets ({result['file']})", "",
