@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Issue 12's cost goal: the rows made without private data (the epsilon-0 bars of configs/scifact.yaml's
+# public_rows) add at most 30% to the pipeline's wall time at one epsilon. The shipped SciFact config with its
+# grid cut to epsilon 8 (the synthetic rows and every direct DP method at 8), run once end to end; `privret report`
+# then reads each row's stage times and prints the share in its "Wall time" section (src/privret/report/cost.py).
+# The rule, fixed before any run: one run, epsilon 8, the config's settings otherwise unchanged, the share as the
+# report computes it; the figure counts as measured only if every row of epsilon 8 and every epsilon-0 row is timed
+# (a stage resumed after a crash counts its last part only: the report says so, and a resumed run is reported as
+# such). Several hours on 2 cores; re-running resumes (the pipeline skips finished stages).
+#   usage: bench/bars_cost.sh WORK_DIR
+set -euo pipefail
+work=$1
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2} PRIVRET_BUDGET_DIR=${PRIVRET_BUDGET_DIR:-$work/budget}
+mkdir -p "$work"
+config=$work/scifact-eps8.yaml
+[ -f "$config" ] || .venv/bin/python - "$config" <<'EOF'
+import sys
+from pathlib import Path
+
+import yaml
+
+source = Path("configs/scifact.yaml")
+cfg = yaml.safe_load(source.read_text())
+cfg["name"] = "scifact-eps8"
+cfg["dataset"] = str((source.parent / cfg["dataset"]).resolve())  # the copy lives elsewhere
+cfg["epsilons"] = [8]
+cfg["direct_dp"]["epsilons"] = [8]
+Path(sys.argv[1]).write_text(yaml.safe_dump(cfg, sort_keys=False))
+EOF
+.venv/bin/privret pipeline "$config" --run-dir "$work/run"
+.venv/bin/privret report "$work/run"
+sed -n '/^## Wall time/,/^## /p' "$work/run/report.md"
