@@ -20,7 +20,7 @@ def pipeline(
     dataset_name: DatasetNameOpt = None,
     device: ConfigDeviceOpt = None,
 ) -> None:
-    """Zero-shot, original pairs and DP synthetic at every epsilon; re-running skips finished stages.
+    """Every row of a config's grid (references, public rows, DP synthetic, direct DP); re-runs skip finished stages.
 
     The budget flags override the config's budget section."""
     from privret.config import load_config
