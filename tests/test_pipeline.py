@@ -508,6 +508,34 @@ def test_interrupted_generator_resumes_only_with_its_settings(small_config, tmp_
     assert seen == [True] and (run_dir / "eps-inf" / "generator" / "stage.json").is_file()
 
 
+def test_stage_times_survive_a_crash_and_every_row_is_timed(small_config, tmp_path, monkeypatch):
+    """Each stage's seconds reach timing.json as the stage ends: a crash in a row's retriever keeps its generator's
+    and its generation's, and the resumed run completes the row, so the report times every row."""
+    from privret.pipeline import run as pipeline
+    from privret.report import collect
+    from privret.report.cost import stage_seconds
+
+    run_dir = tmp_path / "run"
+    real = pipeline.train_retriever
+
+    def crash_on_synthetic(pairs, out_dir, cfg, **kw):
+        if "eps-" in str(out_dir):
+            raise KeyboardInterrupt
+        return real(pairs, out_dir, cfg, **kw)
+
+    monkeypatch.setattr(pipeline, "train_retriever", crash_on_synthetic)
+    with pytest.raises(KeyboardInterrupt):
+        pipeline.run_pipeline(small_config, run_dir)
+    assert set(json.loads((run_dir / "eps-inf" / "timing.json").read_text())) == {"generator_seconds",
+                                                                                    "generate_seconds"}
+    monkeypatch.setattr(pipeline, "train_retriever", real)
+    pipeline.run_pipeline(small_config, run_dir)
+    rows = collect(run_dir).rows
+    assert [r.key for r in rows] == ["zero_shot", "original", "eps-inf"]
+    assert all(stage_seconds(r) is not None for r in rows)
+    assert set(stage_seconds(rows[2])) == {"generator", "generate", "retriever", "eval"}
+
+
 @pytest.mark.slow
 def test_interrupted_direct_dp_stage_resumes_with_its_settings_only(small_config, tmp_path, monkeypatch):
     """A direct-DP row killed mid-training resumes from its checkpoint on the next run (charging the lost

@@ -407,8 +407,10 @@ def test_epsilon_ticks_merge_ledger_values_of_one_target():
 
 def test_wall_time_per_row_and_what_the_rows_without_private_data_add(fake_run):
     """Stage times from timing.json and metrics.json's eval_seconds; at each epsilon the epsilon-0 rows' seconds
-    over the pipeline's (zero-shot, original and the DP rows of that epsilon), and "not timed" where one lacks them.
-    """
+    over the synthetic route's (zero-shot, original, the DP synthetic rows of that epsilon) and over the whole
+    grid's (with the direct DP rows); "not timed" where a row lacks a stage its kind runs."""
+    from privret.errors import InputError
+
     def timed(key: str, eval_seconds: float, **stages: float) -> None:
         path = fake_run / key / "metrics.json"
         path.write_text(json.dumps({**json.loads(path.read_text()), "eval_seconds": eval_seconds}))
@@ -426,8 +428,8 @@ def test_wall_time_per_row_and_what_the_rows_without_private_data_add(fake_run):
     timed("eps-8", 60, generator=1200, generate=300, retriever=600)
     timed("eps-8-filtered", 60, filter=100, retriever=600)
     timed("direct-logit-dp-eps-8", 60, retriever=1800)
-    timed("public-prompted", 60, generate=600, retriever=600)
-    timed("eps-16", 60)  # evaluated, but its training stages were never timed
+    timed("public-prompted", 60, generator=5, generate=600, retriever=600)
+    timed("eps-16", 60, retriever=600)  # its generator and generation stages were never timed
     _, _, markdown = build_report(fake_run)
     wall = markdown.split("## Wall time")[1].split("\n## ")[0]
     lines = {line.split(" | ")[0].lstrip("| "): line for line in wall.splitlines() if line.startswith("| ")}
@@ -437,14 +439,17 @@ def test_wall_time_per_row_and_what_the_rows_without_private_data_add(fake_run):
                                                    "| 1.0 min | 36.0 min |")
     assert lines["zero-shot (public encoder)"].endswith("| - | - | - | - | 1.0 min | 1.0 min |")
     assert lines["DP synthetic queries (ε=16)"].endswith("| not timed |")
-    # at epsilon 8: 60 + 660 + 2160 + 760 + 1860 = 5500 s of pipeline; the prompted row 1260 s more: 23%
-    assert ("At ε = 8: the pipeline's 5 rows (the references and the DP rows of this ε) took 91.7 min; the row "
-            "without private data (no private data (prompted)) took 21.0 min more, +23%.") in wall
-    assert "At ε = 16: not every row was timed (among " in wall and "DP synthetic queries (ε=16)" in wall
+    # at epsilon 8: route 60 + 660 + 2160 + 760 = 3640 s, whole grid + 1860 = 5500 s; the prompted row 1265 s
+    assert ("At ε = 8: the row without private data (no private data (prompted)) took 21.1 min, +35% on the "
+            "synthetic route's 60.7 min (references and DP synthetic rows of this ε), +23% on the whole grid's "
+            "91.7 min (with the direct DP rows).") in wall
+    assert "At ε = 16: not timed (DP synthetic queries (ε=16), direct logit-dp (ε=16))." in wall
     assert "<h2 id='wall-time'>Wall time</h2>" in (fake_run / "report.html").read_text()
+    (fake_run / "direct-logit-dp-eps-8" / "timing.json").unlink()  # the route's share stands alone
+    _, _, markdown = build_report(fake_run)
+    assert ("+35% on the synthetic route's 60.7 min (references and DP synthetic rows of this ε); the whole grid of "
+            "this ε is not timed (direct logit-dp (ε=8)).") in markdown
     (fake_run / "eps-8" / "timing.json").write_text('{"generator_seconds": "slow"}')
-    from privret.errors import InputError
-
     with pytest.raises(InputError, match="seconds") as err:
         build_report(fake_run)
     assert err.value.path is not None and str(err.value.path).endswith("eps-8/timing.json")

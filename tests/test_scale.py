@@ -62,7 +62,6 @@ def test_streaming_search_is_exact(tiny_bert_dir):
         assert {k for k, s in expected.items() if s > kth + 1e-5} <= set(got)  # same set up to ties at the k-th
 
 
-
 def test_a_beir_corpus_streams_line_by_line_and_a_bad_line_is_named(tmp_path):
     """What :func:`stream_search` reads from a BEIR corpus file: each document as the encoders read it (title, then
     body), one line at a time; a line without its text is refused with the file and the line."""

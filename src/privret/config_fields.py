@@ -1,8 +1,8 @@
 """What the config models' fields share: the path type, and the check that refuses a value nothing would use.
 
 :data:`ConfigPath` is the type of every path field a config file may set: a ``Path`` that pydantic refuses when it
-holds a NUL byte. A NUL byte cannot reach a path through the command line (``argv`` is NUL-terminated), but a YAML or JSON config
-can carry one, and ``pathlib`` then fails late with a bare ``ValueError``. Declaring such fields as
+holds a NUL byte. A NUL byte cannot reach a path through the command line (``argv`` is NUL-terminated), but a YAML
+or JSON config can carry one, and ``pathlib`` then fails late with a bare ``ValueError``. Declaring such fields as
 :data:`ConfigPath` makes the refusal a validation error of the field, reported with the file and the field like
 any other bad value (:func:`privret.errors.invalid_input`).
 

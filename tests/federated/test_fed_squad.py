@@ -133,6 +133,8 @@ def test_cli_federated_train_bm25_and_bad_config(tiny_squad, tmp_path, monkeypat
     for extra in (["--no-resume"], ["--rounds", "7"]):
         res = runner.invoke(app, [*base, *extra])
         assert isinstance(res.exception, RuntimeError), (extra, res.output)
+    (tmp_path / "fed" / "notes.txt").write_text("another file: other data")
+    assert isinstance(runner.invoke(app, base).exception, RuntimeError)
     bad = tmp_path / "bad.yaml"
     bad.write_text("rounds: 2\nnum_roundz: 3\n")
     res = runner.invoke(app, ["federated", "train", "--data", str(tmp_path / "fed"), "--out", str(tmp_path / "r2"),

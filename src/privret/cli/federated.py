@@ -103,7 +103,6 @@ def federated_train(
         cfg = with_target_epsilon(cfg, dp_epsilon)
     checked_device(cfg.device, field="--device" if device is not None else "device",
                    path=None if device is not None else config)
-    runner.require_data(data)
     if baseline == "pdd-as2":
         evaluations = runner.run_federated_local(cfg, data, out_dir, resume=resume)["evaluations"]
     else:

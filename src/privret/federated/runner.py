@@ -26,7 +26,7 @@ from privret.errors import InputError
 from privret.federated import local
 from privret.federated.arrays import new_encoder, trainable_parameters
 from privret.federated.config import RUNTIME_FIELDS, FedConfig
-from privret.io import write_json_atomic
+from privret.io import file_sha256, write_json_atomic
 
 
 class InProcessGrid:
@@ -89,7 +89,7 @@ class InProcessGrid:
 
 
 def _check_data(data_dir: Path) -> tuple[list[ClientData], dict]:
-    clients = load_fed_squad(data_dir)
+    clients = require_data(data_dir)
     manifest = json.loads((Path(data_dir) / "manifest.json").read_text(encoding="utf-8"))
     return clients, manifest
 
@@ -110,20 +110,20 @@ def run_federated_local(cfg: FedConfig, data_dir: str | Path, out_dir: str | Pat
 
 def run_baseline(name: str, cfg: FedConfig, data_dir: str | Path, out_dir: str | Path, *, resume: bool = True) -> dict:
     """One baseline (:data:`BASELINES`) evaluated on every client and saved as ``out_dir/NAME.json`` with its
-    settings and the data's hash. With ``resume`` a saved result of the same settings (but
-    :data:`~privret.federated.config.RUNTIME_FIELDS`) and data is returned without training again; any other is
-    redone, like the evaluations of a PDD-AS2 run."""
+    settings and the hash of every file of the Fed-SQuAD directory. With ``resume`` a saved result of the same
+    settings (but :data:`~privret.federated.config.RUNTIME_FIELDS`) and data is returned without training again;
+    any other is redone, like the evaluations of a PDD-AS2 run."""
     if name not in BASELINES:
         raise InputError(f"unknown baseline '{name}' ({', '.join(BASELINES)})", field="--baseline")
-    clients, manifest = _check_data(Path(data_dir))
-    data_hash = manifest.get("source_sha256", "")
+    clients = require_data(data_dir)
+    data_hash = file_sha256(*sorted(p for p in Path(data_dir).rglob("*") if p.is_file()))
     path = Path(out_dir) / f"{name}.json"
     settings = cfg.model_dump(mode="json")
     if resume and path.is_file():
         saved = json.loads(path.read_text(encoding="utf-8"))
         if saved.get("data_hash") == data_hash and _without_runtime(saved.get("config", {})) == \
                 _without_runtime(settings):
-            return {k: saved[k] for k in ("per_client", "pooled")}
+            return {k: v for k, v in saved.items() if k not in ("config", "data_hash", "written_at")}
     result = BASELINES[name](cfg, clients)
     path.parent.mkdir(parents=True, exist_ok=True)
     save_result(path, result, config=settings, data_hash=data_hash)
@@ -264,5 +264,5 @@ def require_data(data_dir: str | Path) -> list[ClientData]:
     return load_fed_squad(data_dir)
 
 
-__all__ = ["InProcessGrid", "run_federated_local", "run_baseline", "BASELINES", "evaluate_bm25_all", "train_local_only", "train_central",
-           "evaluate_zero_shot", "write_flower_app"]
+__all__ = ["InProcessGrid", "run_federated_local", "run_baseline", "BASELINES", "evaluate_bm25_all",
+           "train_local_only", "train_central", "evaluate_zero_shot", "write_flower_app"]

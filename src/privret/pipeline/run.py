@@ -225,7 +225,7 @@ def _original_row(run: Run, row: TrainedRow) -> dict:
                         ledger=non_private_ledger(run.pairs, run.cfg.retriever.model, run.data_hash,
                                                   run.cfg.unit.value))
         write_record(stage)
-        write_json_atomic(row.directory / TIMING_FILE, {"retriever_seconds": round(time.time() - started, 1)})
+        _add_timing(row.directory, {"retriever_seconds": round(time.time() - started, 1)})
         release_memory()
     return run.evaluate(row.metrics, str(stage.output), {"row": row.label, "epsilon": math.inf, "delta": 0.0})
 
@@ -248,7 +248,6 @@ def _synthetic_row(run: Run, row: SyntheticRow, make_generator, documents: list,
     ``selection``: the ledger of a DP document choice, composed into the set's; ``private_copies``: the private
     queries a non-private set must not copy (None for a DP or public set, never compared with private text).
     """
-    timing = {}
     generator = row.generator
     if not generator.done.exists():
         started = time.time()
@@ -256,17 +255,16 @@ def _synthetic_row(run: Run, row: SyntheticRow, make_generator, documents: list,
             write_record(generator)  # pins an interrupted run to these settings
         make_generator(generator.output)
         write_record(generator)  # the finished directory replaced the one holding it
-        timing["generator_seconds"] = round(time.time() - started, 1)
+        _add_timing(row.directory, {"generator_seconds": round(time.time() - started, 1)})
         release_memory()
     if not row.synthetic.done.exists():
         started = time.time()
         generate_synthetic(generator.output, documents, row.synthetic.output, run.cfg.generate,
                            document_selection=selection, resume=True, private_copies=private_copies)
         write_record(row.synthetic)
-        timing["generate_seconds"] = round(time.time() - started, 1)
+        _add_timing(row.directory, {"generate_seconds": round(time.time() - started, 1)})
         release_memory()
-    timing.update(_train_on_synthetic(run, row.retriever, row.synthetic.output))
-    _add_timing(row.directory, timing)
+    _add_timing(row.directory, _train_on_synthetic(run, row.retriever, row.synthetic.output))
     ledger = PrivacyLedger.load(row.synthetic.output)  # the generator's, composed with a DP document choice
     privacy = {"epsilon": ledger.epsilon, "delta": ledger.delta}
     rows = [run.evaluate(row.metrics, str(row.retriever.output), {"row": row.label, **privacy})]
@@ -304,16 +302,14 @@ def _selected_row(run: Run, row: TrainedRow, choice: PrivateSelectionConfig) -> 
 
 def _filtered_row(run: Run, row: FilteredRow, synthetic: Stage, privacy: dict) -> dict:
     """The round-trip-filtered copy of ``synthetic`` (same ledger), its retriever and metrics, each unless done."""
-    timing = {}
     if not row.synthetic.done.exists():
         started = time.time()
         filter_round_trip(synthetic.output, run.dataset.corpus, row.synthetic.output, run.cfg.synthetic_filter,
                           cache_dir=run.cache)
         write_record(row.synthetic)
-        timing["filter_seconds"] = round(time.time() - started, 1)
+        _add_timing(row.directory, {"filter_seconds": round(time.time() - started, 1)})
         release_memory()
-    timing.update(_train_on_synthetic(run, row.retriever, row.synthetic.output))
-    _add_timing(row.directory, timing)
+    _add_timing(row.directory, _train_on_synthetic(run, row.retriever, row.synthetic.output))
     return run.evaluate(row.metrics, str(row.retriever.output), {"row": row.label, **privacy})
 
 
@@ -327,7 +323,7 @@ def _direct_row(run: Run, row: DirectRow) -> dict:
                            data_hash=run.data_hash, dataset_id=run.charged_to, public_corpus=run.dataset.corpus,
                            budget=run.budget, resume=True, embedding_cache=run.cache)
         write_record(stage)  # the finished directory replaced the one holding it
-        write_json_atomic(row.directory / TIMING_FILE, {"retriever_seconds": round(time.time() - started, 1)})
+        _add_timing(row.directory, {"retriever_seconds": round(time.time() - started, 1)})
         release_memory()
     ledger = PrivacyLedger.load(stage.output)
     return run.evaluate(row.metrics, str(stage.output), {"row": row.label, "epsilon": ledger.epsilon,
@@ -349,7 +345,8 @@ def _train_on_synthetic(run: Run, stage: Stage, synthetic_dir: Path) -> dict:
 
 
 def _add_timing(directory: Path, timing: dict) -> None:
-    """Merge this call's stage times into ``directory/timing.json`` (a resumed row keeps the others)."""
+    """Merge this stage's time into ``directory/timing.json`` as soon as it ends (a row resumed after a crash keeps
+    the times of the stages finished before it)."""
     path = directory / TIMING_FILE
     if timing:
         write_json_atomic(path, {**(json.loads(path.read_text()) if path.exists() else {}), **timing})

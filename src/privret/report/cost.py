@@ -1,19 +1,22 @@
 """What each row of a run cost in wall time, and what the rows made without private data add to it.
 
 A row's seconds are its stage times: ``timing.json`` in its directory (``generator_seconds``, ``generate_seconds``,
-``filter_seconds``, ``retriever_seconds``, ``selection_seconds``, written by :mod:`privret.pipeline.run` as each
-stage ends) and ``eval_seconds`` in its ``metrics.json``. A stage is timed by the process that finished it, so one
-resumed after a crash counts only its last part (an under-count), and a trained row without ``timing.json``
-(finished by an older privret) is not timed at all.
+``filter_seconds``, ``retriever_seconds``, ``selection_seconds``, each written by :mod:`privret.pipeline.run` as its
+stage ends) and ``eval_seconds`` in its ``metrics.json``. A row is timed when every stage its kind runs
+(:func:`expected_stages`) has a time; one finished by a privret older than the timing is not. A stage is timed by
+the process that finished it, so one resumed after a crash counts only its last part (an under-count).
 
 The rows made without private data (the epsilon = 0 bars, :data:`~privret.run_layout.PUBLIC_ROWS`) are what issue 12
 asks to stay cheap: at most 30% on top of the pipeline's wall time at one epsilon. For each epsilon e of the run's
-grid::
+grid (as the rows' directories name it: ``eps-7-selected`` belongs to 7, whatever its choice adds), two shares::
 
-    pipeline(e) = zero-shot + original pairs + every DP row of e (synthetic, filtered, chosen, direct)
-    added(e)    = (sum of the epsilon-0 rows) / pipeline(e)
+    synthetic route(e) = zero-shot + original pairs + the DP synthetic rows of e (plain, filtered, chosen)
+    whole grid(e)      = synthetic route(e) + the direct DP rows of e
+    added(e)           = (sum of the epsilon-0 rows) / route, for each of the two
 
-Work shared by the whole grid and timed in no row (the document choice, the embedding cache) is in neither.
+The first is the stricter: the direct DP rows are baselines a config may leave out. Work shared by the whole grid
+and timed in no row (the document choice, the embedding cache) is in neither; so is a public-pairs generator that
+the DP generator warm-starts from (``generator.warm_start``), though the DP rows then need it too.
 """
 
 from __future__ import annotations
@@ -26,33 +29,49 @@ STAGES = {"generator": "generator", "generate": "generation", "filter": "filter"
           "selection": "DP choice", "eval": "evaluation"}
 
 
+def expected_stages(row: Row) -> set[str]:
+    """The stages a row of this kind runs (keys of :data:`STAGES`)."""
+    if row.method == "zero-shot":
+        return {"eval"}
+    if row.method.endswith("-selected"):
+        return {"selection", "eval"}
+    if row.method.endswith("-filtered"):
+        return {"filter", "retriever", "eval"}
+    if row.method == "original" or row.method.startswith("direct-"):
+        return {"retriever", "eval"}
+    return {"generator", "generate", "retriever", "eval"}  # DP synthetic and the rows without private data
+
+
 def stage_seconds(row: Row) -> dict[str, float] | None:
-    """``{stage: seconds}`` of ``row`` (keys of :data:`STAGES`), or None when it was not timed."""
+    """``{stage: seconds}`` of ``row``, or None when a stage it runs has no time."""
     seconds = {name.removesuffix("_seconds"): float(value) for name, value in row.timing.items()
                if name.endswith("_seconds")}
     if "eval_seconds" in row.metrics:
         seconds["eval"] = float(row.metrics["eval_seconds"])
-    trained = row.method != "zero-shot"
-    if "eval" not in seconds or (trained and len(seconds) == 1):
-        return None
-    return seconds
+    return seconds if expected_stages(row) <= set(seconds) else None
+
+
+@dataclass(frozen=True)
+class Share:
+    """What the epsilon-0 rows add to a set of rows (None: a row among them not timed)."""
+
+    rows: list[str]
+    seconds: float | None
+    added: float | None
+
+    @property
+    def fraction(self) -> float | None:
+        return None if self.seconds is None or self.added is None or self.seconds <= 0 else self.added / self.seconds
 
 
 @dataclass(frozen=True)
 class AddedCost:
-    """At one epsilon of the grid: the pipeline's rows and what the epsilon-0 rows add (None: a row not timed)."""
+    """At one epsilon of the grid: the epsilon-0 rows against the synthetic route and against the whole grid."""
 
     epsilon: float
-    pipeline_rows: list[str]
-    pipeline_seconds: float | None
     public_rows: list[str]
-    public_seconds: float | None
-
-    @property
-    def share(self) -> float | None:
-        if self.pipeline_seconds is None or self.public_seconds is None or self.pipeline_seconds <= 0:
-            return None
-        return self.public_seconds / self.pipeline_seconds
+    synthetic_route: Share
+    whole_grid: Share
 
 
 def added_cost(rows: list[Row]) -> list[AddedCost]:
@@ -60,13 +79,15 @@ def added_cost(rows: list[Row]) -> list[AddedCost]:
     public = [r for r in rows if r.epsilon == 0]
     if not public:
         return []
+    added = _total(public)
     references = [r for r in rows if r.method in ("zero-shot", "original")]
-    grid = sorted({r.grid_epsilon for r in rows if r.grid_epsilon is not None})
     out = []
-    for epsilon in grid:
-        pipeline = references + [r for r in rows if r.grid_epsilon == epsilon]
-        out.append(AddedCost(epsilon, [r.key for r in pipeline], _total(pipeline), [r.key for r in public],
-                             _total(public)))
+    for epsilon in sorted({r.grid_epsilon for r in rows if r.grid_epsilon is not None}):
+        of_epsilon = [r for r in rows if r.grid_epsilon == epsilon]
+        route = references + [r for r in of_epsilon if r.method.startswith("dp-synthetic")]
+        grid = references + of_epsilon
+        out.append(AddedCost(epsilon, [r.key for r in public], Share([r.key for r in route], _total(route), added),
+                             Share([r.key for r in grid], _total(grid), added)))
     return out
 
 
@@ -79,16 +100,24 @@ def minutes(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds / 60:.1f} min"
 
 
-def added_cost_sentence(cost: AddedCost, labels: dict[str, str]) -> str:
-    """One line on ``cost``; ``labels`` names the rows (row key -> label)."""
+def added_cost_sentence(cost: AddedCost, rows: list[Row]) -> str:
+    """One line on ``cost`` for a reader; ``rows`` are the run's (for their labels and times)."""
     from privret.privacy.ledger import format_epsilon
 
+    by_key = {r.key: r for r in rows}
+    untimed = sorted({k for k in cost.whole_grid.rows + cost.public_rows if stage_seconds(by_key[k]) is None},
+                     key=list(by_key).index)
     at = f"At ε = {format_epsilon(cost.epsilon)}"
-    if cost.share is None:
-        untimed = cost.pipeline_rows if cost.pipeline_seconds is None else cost.public_rows
-        return f"{at}: not every row was timed (among {', '.join(labels[k] for k in untimed)})."
     public = f"{len(cost.public_rows)} rows" if len(cost.public_rows) > 1 else "row"
-    return (f"{at}: the pipeline's {len(cost.pipeline_rows)} rows (the references and the DP rows of this ε) took "
-            f"{minutes(cost.pipeline_seconds)}; the {public} without private data "
-            f"({', '.join(labels[k] for k in cost.public_rows)}) took {minutes(cost.public_seconds)} more, "
-            f"+{100 * cost.share:.0f}%.")
+    names = ", ".join(by_key[k].label for k in cost.public_rows)
+    if cost.synthetic_route.fraction is None:
+        return f"{at}: not timed ({', '.join(by_key[k].label for k in untimed)})."
+    text = (f"{at}: the {public} without private data ({names}) took {minutes(cost.synthetic_route.added)}, "
+            f"+{100 * cost.synthetic_route.fraction:.0f}% on the synthetic route's "
+            f"{minutes(cost.synthetic_route.seconds)} (references and DP synthetic rows of this ε)")
+    if cost.whole_grid.rows == cost.synthetic_route.rows:
+        return text + "."
+    if cost.whole_grid.fraction is None:
+        return text + f"; the whole grid of this ε is not timed ({', '.join(by_key[k].label for k in untimed)})."
+    return text + (f", +{100 * cost.whole_grid.fraction:.0f}% on the whole grid's {minutes(cost.whole_grid.seconds)} "
+                   "(with the direct DP rows).")

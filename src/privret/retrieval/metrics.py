@@ -50,7 +50,7 @@ def evaluate_per_query(model, corpus: dict[str, Document], queries: dict[str, st
 def evaluate_retriever(model, corpus: dict[str, Document], queries: dict[str, str], qrels: Qrels,
                        *, batch_size: int = 64, cache_dir: str | Path | None = None,
                        index: SearchIndex | None = None, bf16: bool = True) -> dict[str, float]:
-    """:func:`retrieval_metrics` of the top 100 per judged query; ``cache_dir``, ``index`` and ``bf16`` as in
+    """:func:`mean_metrics` of the top 100 per judged query; ``cache_dir``, ``index`` and ``bf16`` as in
     :func:`privret.retrieval.search.search`."""
     return mean_metrics(evaluate_per_query(model, corpus, queries, qrels, batch_size=batch_size,
                                            cache_dir=cache_dir, index=index, bf16=bf16))
