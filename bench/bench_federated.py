@@ -246,7 +246,7 @@ def main() -> None:
     if not args.table_only:
         (args.out / "config.json").write_text(json.dumps(config(args.seeds[0]).model_dump(mode="json"), indent=2)
                                               + "\n")
-    seedless = {"bm25": _step(args.out / "bm25.json", lambda: evaluate_bm25_all(clients, per_query=True)),
+    seedless = {"bm25": _step(args.out / "bm25.json", lambda: evaluate_bm25_all(config(args.seeds[0]), clients)),
                 "zero-shot": _step(args.out / "zero-shot.json",
                                    lambda: evaluate_zero_shot(config(args.seeds[0]), clients))}
     seeds = {s: run_seed(config(s), clients, args, args.out / f"seed-{s}") for s in args.seeds}

@@ -197,7 +197,7 @@ def test_baselines_run_per_client(fed_dir, tiny_encoder):
     cfg = _cfg(tiny_encoder, learning_rate=1e-2)  # large enough for 2 epochs to change a ranking
     questions = {c.name: len(c.split("test")) for c in clients}
     zero_shot = evaluate_zero_shot(cfg, clients)
-    for result in (evaluate_bm25_all(clients), train_local_only(cfg, clients), train_central(cfg, clients)):
+    for result in (evaluate_bm25_all(cfg, clients), train_local_only(cfg, clients), train_central(cfg, clients)):
         assert set(result["per_client"]) == set(questions)
         for level in local.LEVELS:
             assert {c: m[level]["queries"] for c, m in result["per_client"].items()} == questions
@@ -211,8 +211,18 @@ def test_baselines_run_per_client(fed_dir, tiny_encoder):
     assert list(curve["curve"]) == [1, 2] and curve["curve"][2] == curve["pooled"]
     assert curve["curve"][1] != curve["curve"][2]
     # BM25 finds "Boats sail on the Nile." for "What sails on the Nile?" at rank 1
-    bm25 = evaluate_bm25_all(clients)
+    bm25 = evaluate_bm25_all(cfg, clients)
     assert bm25["pooled"]["sentence"]["mrr@10"] > 0.3
+    # like the other baselines, BM25 scores the questions the evaluation split names, per question when asked
+    held_out = cfg.model_copy(update={"train_fraction": 0.5, "evaluation_split": "validation",
+                                      "per_query_metrics": True})
+    on_validation = evaluate_bm25_all(held_out, clients)
+    for c in clients:
+        validation = local.evaluation_questions(c, held_out)
+        sentence = on_validation["per_client"][c.name]["sentence"]
+        assert sentence["queries"] == len(validation) and all(q.split == "train" for q in validation)
+        assert set(sentence["per_query"]) == {q.id for q in validation}  # not the test questions
+    assert on_validation["pooled"]["sentence"]["queries"] > 0
 
 
 def test_local_epochs_fit_the_training_questions(fed_dir, tiny_encoder):

@@ -271,10 +271,11 @@ def evaluate_dense(query_model, sentence_model, client: ClientData, questions: l
     return evaluate_scores(q @ sentence_emb.T, client, questions, per_query=per_query)
 
 
-def evaluate_bm25(client: ClientData, *, split: str = "test", per_query: bool = False) -> dict:
+def evaluate_bm25(client: ClientData, questions: list[Question], *, per_query: bool = False) -> dict:
     import bm25s
 
-    questions = client.split(split)
+    if not questions:  # no question to score (no validation question left): counts 0 queries
+        return evaluate_scores(np.zeros((0, len(client.sentences))), client, questions, per_query=per_query)
     retriever = bm25s.BM25()
     retriever.index(bm25s.tokenize(client.sentences, stopwords="en", show_progress=False), show_progress=False)
     tokens = bm25s.tokenize([q.text for q in questions], stopwords="en", show_progress=False, return_ids=False)

@@ -134,8 +134,11 @@ def _without_runtime(settings: dict) -> dict:
     return {k: v for k, v in settings.items() if k not in RUNTIME_FIELDS}
 
 
-def evaluate_bm25_all(clients: list[ClientData], *, per_query: bool = False) -> dict:
-    per_client = {c.name: local.evaluate_bm25(c, per_query=per_query) for c in clients}
+def evaluate_bm25_all(cfg: FedConfig, clients: list[ClientData]) -> dict:
+    """BM25 per client on the questions ``cfg.evaluation_split`` names (per-question figures with
+    ``per_query_metrics``); nothing else of ``cfg`` applies."""
+    per_client = {c.name: local.evaluate_bm25(c, local.evaluation_questions(c, cfg), per_query=cfg.per_query_metrics)
+                  for c in clients}
     return {"per_client": per_client, "pooled": local.pooled(per_client)}
 
 
@@ -227,7 +230,7 @@ def evaluate_zero_shot(cfg: FedConfig, clients: list[ClientData]) -> dict:
 
 
 BASELINES = {"local-only": train_local_only, "central": train_central, "zero-shot": evaluate_zero_shot,
-             "bm25": lambda _cfg, clients: evaluate_bm25_all(clients)}
+             "bm25": evaluate_bm25_all}
 
 
 def write_flower_app(app_dir: str | Path, cfg: FedConfig, *, out_dir: str, num_clients: int, data_hash: str = "") -> Path:
