@@ -119,6 +119,13 @@ def test_cli_federated_train_bm25_and_bad_config(tiny_squad, tmp_path, monkeypat
                               "--baseline", "bm25"])
     assert res.exit_code == 0, res.output
     assert (tmp_path / "r" / "bm25.json").is_file()
+    # the result names its data by a keyed commitment, never by a bare digest of the clients' (private) files
+    from privret.io import file_sha256
+    from privret.privacy.commitment import is_committed
+
+    saved = json.loads((tmp_path / "r" / "bm25.json").read_text())
+    files = sorted(p for p in (tmp_path / "fed").rglob("*") if p.is_file())
+    assert is_committed(saved["data_hash"]) and file_sha256(*files) not in (tmp_path / "r" / "bm25.json").read_text()
     # resumed, a baseline's saved result of the same settings and data is reused; other settings or
     # --no-resume run it again
     from privret.federated import runner as fed_runner

@@ -14,6 +14,12 @@ from privret.models.registry import DEFAULT_ENCODER
 RUNTIME_FIELDS = {"round_timeout", "device"}  # how a run is carried out, not what it computes: a saved result stays
 
 
+def without_runtime(settings: dict) -> dict:
+    """A dumped :class:`FedConfig` without :data:`RUNTIME_FIELDS`: what two runs must share for one's saved
+    results to stand for the other's."""
+    return {k: v for k, v in settings.items() if k not in RUNTIME_FIELDS}
+
+
 class FedConfig(BaseModel):
     """Every knob of ``privret federated train``; also the Flower run config (flattened, see ``to_run_config``).
 

@@ -25,8 +25,9 @@ from privret.data.fed_squad import ClientData, load_fed_squad
 from privret.errors import InputError
 from privret.federated import local
 from privret.federated.arrays import new_encoder, trainable_parameters
-from privret.federated.config import RUNTIME_FIELDS, FedConfig
+from privret.federated.config import FedConfig, without_runtime
 from privret.io import file_sha256, write_json_atomic
+from privret.privacy.commitment import commit
 
 
 class InProcessGrid:
@@ -110,28 +111,26 @@ def run_federated_local(cfg: FedConfig, data_dir: str | Path, out_dir: str | Pat
 
 def run_baseline(name: str, cfg: FedConfig, data_dir: str | Path, out_dir: str | Path, *, resume: bool = True) -> dict:
     """One baseline (:data:`BASELINES`) evaluated on every client and saved as ``out_dir/NAME.json`` with its
-    settings and the hash of every file of the Fed-SQuAD directory. With ``resume`` a saved result of the same
+    settings and a commitment to every file of the Fed-SQuAD directory (:func:`privret.privacy.commitment.commit` of
+    their sha256: the clients' questions are private, and a bare digest of them would confirm a guessed dataset).
+    With ``resume`` a saved result of the same
     settings (but :data:`~privret.federated.config.RUNTIME_FIELDS`) and data is returned without training again;
     any other is redone, like the evaluations of a PDD-AS2 run."""
     if name not in BASELINES:
         raise InputError(f"unknown baseline '{name}' ({', '.join(BASELINES)})", field="--baseline")
     clients = require_data(data_dir)
-    data_hash = file_sha256(*sorted(p for p in Path(data_dir).rglob("*") if p.is_file()))
+    data_hash = commit(file_sha256(*sorted(p for p in Path(data_dir).rglob("*") if p.is_file())))
     path = Path(out_dir) / f"{name}.json"
     settings = cfg.model_dump(mode="json")
     if resume and path.is_file():
         saved = json.loads(path.read_text(encoding="utf-8"))
-        if saved.get("data_hash") == data_hash and _without_runtime(saved.get("config", {})) == \
-                _without_runtime(settings):
+        same = without_runtime(saved.get("config", {})) == without_runtime(settings)
+        if same and saved.get("data_hash") == data_hash:
             return {k: v for k, v in saved.items() if k not in ("config", "data_hash", "written_at")}
     result = BASELINES[name](cfg, clients)
     path.parent.mkdir(parents=True, exist_ok=True)
     save_result(path, result, config=settings, data_hash=data_hash)
     return result
-
-
-def _without_runtime(settings: dict) -> dict:
-    return {k: v for k, v in settings.items() if k not in RUNTIME_FIELDS}
 
 
 def evaluate_bm25_all(cfg: FedConfig, clients: list[ClientData]) -> dict:

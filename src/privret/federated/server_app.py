@@ -23,7 +23,7 @@ import numpy as np
 from privret.errors import InputError
 from privret.federated import local, wire
 from privret.federated.arrays import checkpoint_round, load_arrays, new_encoder, save_arrays, weights
-from privret.federated.config import RUNTIME_FIELDS, FedConfig
+from privret.federated.config import RUNTIME_FIELDS, FedConfig, without_runtime
 from privret.federated.negatives import ExchangeLog, select_clients
 from privret.federated.strategy import WEIGHT_KEY, dp_ledger, make_strategy, record_bytes
 from privret.io import write_json_atomic
@@ -173,9 +173,8 @@ def _finished_evaluations(results_path: Path, cfg: FedConfig) -> dict:
     if not results_path.is_file():
         return {}
     earlier = json.loads(results_path.read_text())
-    same = {k: v for k, v in earlier.get("config", {}).items() if k not in RUNTIME_FIELDS}
-    now = {k: v for k, v in cfg.model_dump(mode="json").items() if k not in RUNTIME_FIELDS}
-    return earlier.get("evaluations", {}) if same == now else {}
+    same = without_runtime(earlier.get("config", {})) == without_runtime(cfg.model_dump(mode="json"))
+    return earlier.get("evaluations", {}) if same else {}
 
 
 def _check_same_run(state: dict, cfg: FedConfig, state_path: Path) -> None:

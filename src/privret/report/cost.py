@@ -53,11 +53,13 @@ def stage_seconds(row: Row) -> dict[str, float] | None:
 
 @dataclass(frozen=True)
 class Share:
-    """What the epsilon-0 rows add to a set of rows (None: a row among them not timed)."""
+    """What the epsilon-0 rows add to a set of rows (None: a row among them, or among the epsilon-0 rows, is in
+    ``untimed``)."""
 
     rows: list[str]
     seconds: float | None
     added: float | None
+    untimed: list[str]
 
     @property
     def fraction(self) -> float | None:
@@ -79,21 +81,21 @@ def added_cost(rows: list[Row]) -> list[AddedCost]:
     public = [r for r in rows if r.epsilon == 0]
     if not public:
         return []
-    added = _total(public)
+    seconds = {r.key: stage_seconds(r) for r in rows}
+
+    def share(of: list[Row]) -> Share:
+        untimed = [r.key for r in of + public if seconds[r.key] is None]
+        total = None if untimed else sum(sum(seconds[r.key].values()) for r in of)
+        added = None if untimed else sum(sum(seconds[r.key].values()) for r in public)
+        return Share([r.key for r in of], total, added, untimed)
+
     references = [r for r in rows if r.method in ("zero-shot", "original")]
     out = []
     for epsilon in sorted({r.grid_epsilon for r in rows if r.grid_epsilon is not None}):
         of_epsilon = [r for r in rows if r.grid_epsilon == epsilon]
         route = references + [r for r in of_epsilon if r.method.startswith("dp-synthetic")]
-        grid = references + of_epsilon
-        out.append(AddedCost(epsilon, [r.key for r in public], Share([r.key for r in route], _total(route), added),
-                             Share([r.key for r in grid], _total(grid), added)))
+        out.append(AddedCost(epsilon, [r.key for r in public], share(route), share(references + of_epsilon)))
     return out
-
-
-def _total(rows: list[Row]) -> float | None:
-    seconds = [stage_seconds(r) for r in rows]
-    return None if any(s is None for s in seconds) else sum(sum(s.values()) for s in seconds)
 
 
 def minutes(seconds: float | None) -> str:
@@ -101,23 +103,22 @@ def minutes(seconds: float | None) -> str:
 
 
 def added_cost_sentence(cost: AddedCost, rows: list[Row]) -> str:
-    """One line on ``cost`` for a reader; ``rows`` are the run's (for their labels and times)."""
+    """One line on ``cost`` for a reader; ``rows`` are the run's (for their labels)."""
     from privret.privacy.ledger import format_epsilon
 
-    by_key = {r.key: r for r in rows}
-    untimed = sorted({k for k in cost.whole_grid.rows + cost.public_rows if stage_seconds(by_key[k]) is None},
-                     key=list(by_key).index)
+    labels = {r.key: r.label for r in rows}
     at = f"At ε = {format_epsilon(cost.epsilon)}"
     public = f"{len(cost.public_rows)} rows" if len(cost.public_rows) > 1 else "row"
-    names = ", ".join(by_key[k].label for k in cost.public_rows)
+    names = ", ".join(labels[k] for k in cost.public_rows)
     if cost.synthetic_route.fraction is None:
-        return f"{at}: not timed ({', '.join(by_key[k].label for k in untimed)})."
+        return f"{at}: not timed ({', '.join(labels[k] for k in cost.whole_grid.untimed)})."
     text = (f"{at}: the {public} without private data ({names}) took {minutes(cost.synthetic_route.added)}, "
             f"+{100 * cost.synthetic_route.fraction:.0f}% on the synthetic route's "
             f"{minutes(cost.synthetic_route.seconds)} (references and DP synthetic rows of this ε)")
     if cost.whole_grid.rows == cost.synthetic_route.rows:
         return text + "."
     if cost.whole_grid.fraction is None:
-        return text + f"; the whole grid of this ε is not timed ({', '.join(by_key[k].label for k in untimed)})."
+        untimed = ", ".join(labels[k] for k in cost.whole_grid.untimed)
+        return text + f"; the whole grid of this ε is not timed ({untimed})."
     return text + (f", +{100 * cost.whole_grid.fraction:.0f}% on the whole grid's {minutes(cost.whole_grid.seconds)} "
                    "(with the direct DP rows).")

@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from privret.errors import InputError
 
+
 class SearchIndex(BaseModel):
     """Which FAISS index to search and its parameters (only the chosen kind's are used)."""
 
