@@ -10,11 +10,12 @@
 #         another seed, the recipe its selection chose),
 #         keep:<sample seed> (the per-query test figures of zero-shot, the 3 originals and the two epsilon-0 bars of
 #         that seed, with the bars' recipe choices, to bench/results/scifact_references: the paired CIs of the
-#         headline rows against the original and against the bars; run after references, prompted:<s> and
-#         public-pairs:<s>)
+#         headline rows against the original and against the bars; copies those that exist, so it may follow
+#         each of references, prompted:<s> and public-pairs:<s>)
 set -euo pipefail
 work=$1; shift
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} PRIVRET_BUDGET_DIR=${PRIVRET_BUDGET_DIR:-$work/budget}
+mkdir -p "$work"
 P=.venv/bin/privret
 source bench/lib.sh
 D=../shared/data/scifact
@@ -103,14 +104,17 @@ print(c['epochs'], c['max_doc_tokens'])" "$work/ret-$row/recipe_selection.json")
       [ -d "$work/ret-$row-r$r" ] || $P retriever train --data "$work/syn-$row" --out "$work/ret-$row-r$r" \
           --epochs "$epochs" --max-doc-tokens "$tokens" --seed "$r"
       ev "$work/ret-$row-r$r" "$work/ret-$row-r$r-eval" ;;
-    keep:*)
+    keep:*)  # copies what exists, so it can follow each step (work/ may not outlive a session)
       s=${step#keep:}; k=bench/results/scifact_references
       for e in zero-shot original-s0-eval original-s1-eval original-s2-eval ret-prompted-s$s-eval \
                ret-public-pairs-s$s-eval; do
+        [ -f "$work/$e/per_query.json" ] || continue
         mkdir -p "$k/$e"; cp "$work/$e"/{metrics.json,per_query.json} "$k/$e/"
       done
       for row in prompted-s$s public-pairs-s$s; do
-        cp "$work/ret-$row/recipe_selection.json" "$k/ret-$row-eval/"
+        if [ -f "$k/ret-$row-eval/per_query.json" ]; then
+          cp "$work/ret-$row/recipe_selection.json" "$k/ret-$row-eval/"
+        fi
       done ;;
     *) echo "unknown step $step" >&2; exit 2 ;;
   esac
