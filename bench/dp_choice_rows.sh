@@ -9,9 +9,9 @@
 #         reseed:<row>:<retriever seed> (row: inf-s<g>, prompted-s<s> or public-pairs-s<s>: its retriever again with
 #         another seed, the recipe its selection chose),
 #         keep:<sample seed> (the per-query test figures of zero-shot, the 3 originals and the two epsilon-0 bars of
-#         that seed, with the bars' recipe choices, to bench/results/scifact_references: the paired CIs of the
-#         headline rows against the original and against the bars; copies those that exist, so it may follow
-#         each of references, prompted:<s> and public-pairs:<s>)
+#         that seed, with the bars' recipe choices and ledgers, to bench/results/scifact_references: the paired CIs
+#         of the headline rows against the original and against the bars; copies those that exist, so it may
+#         follow each of references, prompted:<s> and public-pairs:<s>)
 set -euo pipefail
 work=$1; shift
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} PRIVRET_BUDGET_DIR=${PRIVRET_BUDGET_DIR:-$work/budget}
@@ -113,7 +113,7 @@ print(c['epochs'], c['max_doc_tokens'])" "$work/ret-$row/recipe_selection.json")
       done
       for row in prompted-s$s public-pairs-s$s; do
         if [ -f "$k/ret-$row-eval/per_query.json" ]; then
-          cp "$work/ret-$row/recipe_selection.json" "$k/ret-$row-eval/"
+          cp "$work/ret-$row/recipe_selection.json" "$work/syn-$row/privacy_ledger.json" "$k/ret-$row-eval/"
         fi
       done ;;
     *) echo "unknown step $step" >&2; exit 2 ;;
