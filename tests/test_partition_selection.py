@@ -106,3 +106,18 @@ def test_cli_selection_is_recorded_and_composed_into_the_synthetic_ledger(tmp_pa
     assert [p["mechanism"] for p in synthetic["parts"]] == ["dp-sgd", "laplace-partition-selection"]
     recorded = {r.mechanism for r in budget.releases(selection["dataset_id"])}
     assert "laplace-partition-selection" in recorded
+
+
+def test_cli_refuses_a_delta_above_one_over_n_naming_the_flag(tmp_path, toy_beir):
+    """delta must be below 1/n; the error names --delta (the library raises on the field ``delta``), the exit is
+    2, nothing is written and nothing is charged."""
+    from helpers import run_cli
+    from privret.privacy import budget
+
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text("".join(json.dumps({"query": f"question {k}", "doc_id": "d1"}) + "\n" for k in range(4)))
+    result = run_cli("data", "select-documents", "--data", str(toy_beir), "--pairs", str(pairs), "--epsilon", "2",
+                     "--delta", "0.3", "--out", str(tmp_path / "sel"), "--dataset-name", "four")
+    assert result.returncode == 2
+    assert "field '--delta': delta 0.3 must be below 1/n = 0.25" in result.stderr
+    assert not (tmp_path / "sel" / "documents.txt").exists() and not budget.releases("four")

@@ -250,6 +250,12 @@ def test_dp_document_choice_is_a_recorded_release_and_an_empty_one_is_refused(ti
     assert err.value.field == "synthetic_documents.selection.epsilon"
     assert PrivacyLedger.load(stage.output).is_private and len(budget.releases("spread")) == 1
     assert not stage.done.exists() and not stage.record.exists()
+    cfg = cfg.model_copy(update={"synthetic_documents": DocumentChoice(source="dp-select",
+                                                                       selection={"epsilon": 1.0, "delta": 0.5})})
+    stage, select = choose("delta", ids)  # delta above 1/n: named as the config file names it, nothing charged
+    with pytest.raises(InputError, match="must be below 1/n") as err:
+        select()
+    assert err.value.field == "synthetic_documents.selection.delta" and not budget.releases("delta")
     # a DP selection's settings without source dp-select would silently choose nothing: refused
     from pydantic import ValidationError
 
@@ -805,8 +811,12 @@ def test_a_generator_that_holds_units_out_makes_the_choice_of_its_retrievers_fre
     assert generator["part"]["side"] == "fit" and generator["n_units"] == len(fit.units("query"))
     assert json.loads((run_dir / "eps-inf" / "generator" / "train_config.json").read_text())["hold_out"] is None
     config = tmp_path / "c.yaml"  # a config file says it the same way
-    config.write_text(f"name: t\ndataset: {tiny_config.dataset}\nepsilons: [.inf, 4]\n"
-                      "generator: {hold_out: {salt: held, heldout_fraction: 0.4}}\n")
+    text = (f"name: t\ndataset: {tiny_config.dataset}\nepsilons: [.inf, 4]\n"
+            "generator: {hold_out: {salt: held, heldout_fraction: 0.4}}\n")
+    config.write_text(text)  # held-out units that nothing would use: refused
+    with pytest.raises(InputError, match="generator.hold_out needs private_selection"):
+        load_config(config)
+    config.write_text(text + "private_selection: {epsilon: 4, weights: [1]}\n")
     loaded = load_config(config)
     assert loaded.generator_config(4.0).hold_out == partition and loaded.generator_config(math.inf).hold_out is None
     assert scored[-2:] == [{p.query for p in held.pairs}] * 2  # eps-4-selected: base and the retriever

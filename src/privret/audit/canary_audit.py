@@ -7,7 +7,7 @@ into exposure and an epsilon lower bound). The generator is trained with
 Privacy units: what the audit measures
 --------------------------------------
 A canary inserted ``k`` times with the same query text is **one** unit under the default unit
-``query`` (all rows sharing a query text or id form one unit): DP-SGD clips the sum of its ``k``
+``query`` (all rows with the same query text form one unit; ids play no part): DP-SGD clips the sum of its ``k``
 row gradients to norm C, so the ledger's (epsilon, delta) covers the canary *as a whole*, and
 the bound above is directly comparable to the ledger's epsilon. With ``unit = pair`` each copy
 is its own unit, the canary is a group of ``k`` units, and DP protects it only through group

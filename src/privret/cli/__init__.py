@@ -1,7 +1,8 @@
 """The ``privret`` command line: one command per stage, ``pipeline`` for a grid, ``demo``.
 
 A module per command group (``data``, ``generator``, ``retriever``, ``evaluate``, ``audit``,
-``federated``) or top-level command (``generate``, ``filter``, ``report``, ``pipeline`` and ``demo``); options
+``federated``) or top-level command (``generate``, ``filter`` in ``filtering``, ``report``, ``pipeline``, which
+also holds the ``demo`` command, whose config is in ``demo``); options
 that several commands take are defined once in :mod:`privret.cli.options`, the helpers they share
 live in :mod:`privret.cli.common`. Commands import their heavy dependencies when they run, so
 ``--help`` stays fast.
@@ -47,7 +48,7 @@ def _global_options(
         "--verbose", help="show the libraries' own warnings, log lines and download/conversion bars on stderr")] = False,
     log_file: Annotated[Optional[Path], typer.Option(
         "--log-file", help="where the libraries' warnings and log lines go otherwise (default "
-                           "$PRIVRET_LOG_FILE or ~/.cache/privret/privret.log)")] = None,
+                           "$PRIVRET_LOG_FILE, else $XDG_CACHE_HOME/privret/privret.log, ~/.cache when unset)")] = None,
     trust_remote_pickle: Annotated[bool, typer.Option(
         "--trust-remote-pickle", help="allow loading models whose weights exist only as pickle files "
                                       "(pickles can run code; use only for sources you trust)")] = False,

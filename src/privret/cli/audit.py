@@ -17,7 +17,6 @@ from privret.cli.options import (
     JsonResultOpt,
     PairsOpt,
     PrivateDataOpt,
-    SeedOpt,
     SplitOpt,
     device_option,
     generator_training_options,
@@ -43,7 +42,7 @@ def audit_overlap(
     model: Annotated[str, typer.Option(help="public causal LM for the likelihood test")] = "smollm2-135m",
     heldout_split: Annotated[str, typer.Option(help="never-private queries of the same distribution")] = "test",
     max_queries: Annotated[int, typer.Option(help="likelihood test: queries per set (random subsample)")] = 1000,
-    seed: SeedOpt = 0,
+    seed: Annotated[int, typer.Option(help="seed of the --sample and --max-queries subsamples")] = 0,
     json_out: JsonResultOpt = None,
 ) -> None:
     """Private queries/documents found verbatim in a public corpus, and the public LM's loss gap (seed 5.2.3)."""
@@ -112,7 +111,9 @@ def audit_canaries(
     model: Annotated[str, typer.Option(help=f"generator: {MODEL_HELP}")] = "smollm2-135m",
     fine_tuning: dict = None,  # --clip-norm ... --max-doc-tokens, see @generator_training_options
     alpha: Annotated[float, typer.Option(help="the epsilon lower bound holds with confidence 1 - alpha")] = 0.05,
-    seed: SeedOpt = 0,
+    seed: Annotated[int, typer.Option(help="seed of the canaries, the --subsample and the leak test's sampling (the "
+                                           "DP fine-tunes ignore it: their sampling, noise and dropout come from "
+                                           "os.urandom)")] = 0,
     budget_cap: BudgetCapOpt = None,
     allow_over_budget: AllowOverOpt = None,
     dataset_name: DatasetNameOpt = None,

@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from privret.cli.common import out
-from privret.cli.options import (UNIT_HELP, AllowOverOpt, BudgetCapOpt, DataOpt, DatasetNameOpt, PairsOpt, SeedOpt,
+from privret.cli.options import (UNIT_HELP, AllowOverOpt, BudgetCapOpt, DataOpt, DatasetNameOpt, PairsOpt,
                                  SplitOpt)
 
 app = typer.Typer(help="Validate and prepare datasets.", no_args_is_help=True)
@@ -58,7 +58,8 @@ def data_fed_squad(
     out_dir: Annotated[Path, typer.Option("--out", help="Fed-SQuAD directory to write")],
     clients: Annotated[int, typer.Option(help="number of clients (unequal sizes)")] = 10,
     test_fraction: Annotated[float, typer.Option(help="share of each client's questions held out")] = 0.3,
-    seed: SeedOpt = 0,
+    seed: Annotated[int, typer.Option(help="seed of the article order (the grouping into clients) and of the "
+                                           "train/test split")] = 0,
 ) -> None:
     """Build the multi-client OD-AS2 benchmark (grouping, sentences, answer sentences, passages, splits)."""
     from privret.data.fed_squad import build_fed_squad

@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from privret.cli.common import build_config, out
-from privret.cli.options import SeedOpt, device_option
+from privret.cli.options import device_option
 
 
 @device_option
@@ -27,7 +27,8 @@ def generate(
     num_queries: Annotated[int, typer.Option(help="queries per document")] = 1,
     top_p: Annotated[float, typer.Option(help="nucleus sampling p")] = 0.8,
     batch_size: Annotated[int, typer.Option()] = 32,
-    seed: SeedOpt = 0,
+    seed: Annotated[int, typer.Option(help="seed of the sampling (each batch's own seed derives from it, so a "
+                                           "resumed generation writes what an uninterrupted one writes)")] = 0,
     resume: Annotated[bool, typer.Option(help="continue an interrupted generation")] = False,
 ) -> None:
     """Sample synthetic queries for public documents; writes a BEIR dataset carrying the ledger.

@@ -17,9 +17,9 @@ without a record (made by a privret before stage records, or, for a trainer's ou
 cut between its output and its record): what made it cannot be proven. The stages whose "done"
 file the pipeline writes itself (metrics, the document choice) write their record first. The records of the DP trainers (generator, direct DP
 retriever) are also written when their training starts, so an interrupted one resumes only with the
-settings it started with. A direct DP retriever's fingerprint leaves out ``checkpoint_every`` (it
-changes nothing trained) and ``secure_rng`` when off, so records written before these fields
-existed still match.
+settings it started with. A direct DP retriever's fingerprint leaves out ``checkpoint_every``,
+``physical_batch`` (memory only) and ``secure_rng`` when off (:data:`~privret.train.dp_run.RESUME_FREE`: none
+changes the mechanism), so records written before these fields existed still match.
 """
 
 from __future__ import annotations

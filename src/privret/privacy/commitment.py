@@ -20,7 +20,7 @@ adds nothing to what the (epsilon, delta) guarantee already allows. With ``k`` t
 privret still compares two artefacts' data exactly (resume, re-run of a finished output, stage
 fingerprints): the commitments of equal values are equal.
 
-The raw digests stay on the operator's side: in memory, in an unfinished run's checkpoint, and in
+The raw digests stay on the operator's side: in memory and in
 the budget registry (whose files are named by them, so that releases on one log compose whatever
 key is in use). Losing the key never under-counts the budget; it only makes artefacts made with the
 old key look like other data, and privret then refuses to resume or reuse them (conservative).

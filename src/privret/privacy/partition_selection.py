@@ -71,7 +71,7 @@ def selection_ledger(pairs: TrainingPairs, unit: PrivacyUnit, cfg: PartitionSele
     n = len(pairs.units(unit))
     delta = cfg.delta if cfg.delta is not None else 1.0 / (10 * n)
     if delta >= 1.0 / n:
-        raise InputError(f"delta {delta:g} must be below 1/n = {1.0 / n:g}", field="selection.delta")
+        raise InputError(f"delta {delta:g} must be below 1/n = {1.0 / n:g}", field="delta")
     m = cfg.max_docs_per_unit
     return PrivacyLedger(mechanism=MECHANISM, epsilon=selection_epsilon(cfg, delta), delta=delta,
                          noise_multiplier=m / cfg.epsilon, sample_rate=1.0, steps=1, planned_steps=1,

@@ -19,7 +19,7 @@ Crash safety: one process per output (:class:`~privret.runlock.RunLock`); each b
 with one ``write`` and fsynced, so ``kill -9`` leaves whole batches (a torn last line, possible
 only on power loss, is cut off and its documents generated again). Batches are the fixed slices
 ``documents[b B:(b + 1) B]`` sampled with seed ``seed * 1000003 + b B``, on resume as well, so a
-resumed generation writes exactly what an uninterrupted one writes. ``partial/meta.json`` pins
+resumed generation writes exactly what an uninterrupted one writes. ``<out>.partial/meta.json`` pins
 the generator, the settings and the document list; a partial run made with others is refused.
 The dataset and its ledger are renamed into place together.
 

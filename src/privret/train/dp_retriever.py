@@ -29,21 +29,23 @@ post-processing either way). Logits are
   private pairs, ``TrainingPairs.inline_doc_ids``, are never in the pool), independently of the
   private data, embedded without gradient (constants for the step). In a row's softmax a sampled
   negative that is one of the positive documents of the row's unit (same id or identical text) is
-  masked out (:func:`false_negative_mask`), a function of u's own pairs and the public sample only.
+  masked out (:func:`privret.train.clipped_sums.false_negative_mask`), a function of u's own pairs and the public
+  sample only.
   The loss decomposes per unit, so ordinary per-unit clipping applies: **Delta = C**, independent of
   the batch. It protects the same unit as the others (a query with all its clicked documents, a pair,
   or a user); the public documents themselves are not protected (they are public by assumption).
   Cost: one backward pass to the layer outputs (per-unit ghost norms), then the clipped sum by
   book-keeping (one weighted contraction per layer from the same output gradients,
-  :meth:`GhostNorms.weighted_grads`; no second backward), plus a no-grad forward of the negatives.
+  :meth:`privret.privacy.ghost_norms.GhostNorms.weighted_grads`; no second backward), plus a no-grad forward of
+  the negatives.
   With ``hard_negatives`` K > 0 each row also meets K *hard* public negatives of its own, with gradient:
   drawn from the top ``hard_negative_depth`` documents of the pool that the initial (public) encoder ranks
   for the row's query, its unit's positives left out (:mod:`privret.train.hard_negatives`). They are a
   function of the unit's own pairs and public data, and their gradient is part of the unit's clipped term,
   so **Delta = C** still; cost: K more document forward/backward passes per row.
 
-Trainable parameters (``trainable``: ``all``, ``top:K`` or ``lora``): :mod:`privret.models.trainable`. The clipped
-sums themselves: :mod:`privret.train.clipped_sums`.
+Trainable parameters (``trainable``: ``all``, ``top:K``, ``layers``, ``bias``, ``bias-top:K`` or ``lora``):
+:mod:`privret.models.trainable`. The clipped sums themselves: :mod:`privret.train.clipped_sums`.
 
 Crash safety and resumption (``docs/reliability.md``) are those of every DP run, with the same code
 (:mod:`privret.train.dp_run`): one process per output directory; every ``checkpoint_every`` steps an
