@@ -86,6 +86,21 @@ def test_evaluations_are_added_replaced_per_split_and_never_written_for_public_m
     assert list(public.iterdir()) == []
 
 
+def test_a_dp_models_card_never_records_figures_of_its_own_training_data(tmp_path):
+    """Figures of the private log a DP model was trained on carry no DP guarantee, and the card may be published:
+    an evaluation of the split whose training identity is the ledger's data is not recorded; others are."""
+    _dp_ledger().save(tmp_path / "dp")
+    assert not record_evaluation(tmp_path / "dp", data="scifact", split="train", metrics=METRICS,
+                                 precision="float32", data_hash="ab" * 32)
+    assert not (tmp_path / "dp" / EVALUATIONS_FILE).exists()
+    assert record_evaluation(tmp_path / "dp", data="scifact", split="test", metrics=METRICS, precision="float32",
+                             data_hash="cd" * 32)
+    assert [e["split"] for e in json.loads((tmp_path / "dp" / EVALUATIONS_FILE).read_text())] == ["test"]
+    _dp_ledger(mechanism="none", epsilon=math.inf, delta=0.0).save(tmp_path / "np")  # no guarantee to keep
+    assert record_evaluation(tmp_path / "np", data="scifact", split="train", metrics=METRICS, precision="float32",
+                             data_hash="ab" * 32)
+
+
 def test_a_trained_retriever_carries_privrets_card_not_the_base_models(tiny_bert_dir, tmp_path):
     words = ("risk", "drug", "sleep", "diet")
     pairs = TrainingPairs([QueryDocPair(f"gene {w}", f"d{i}") for i, w in enumerate(words)],
@@ -131,3 +146,19 @@ def test_the_card_of_a_held_out_choice_says_its_parts_count_in_parallel(tmp_path
     assert text.startswith("(8, 0.0001)-differential privacy") and "count in parallel" in text
     assert "parallel over the parts of partition (salt 's', held out 0.2)" in text
     assert "count in parallel" not in guarantee_text(run.model_copy(update={"part": None}))
+
+
+def test_cli_evaluate_keeps_the_training_split_off_a_dp_models_card(toy_beir, tiny_bert_dir, tmp_path):
+    from helpers import run_cli
+
+    out = tmp_path / "r"
+    trained = run_cli("retriever", "train", "--data", str(toy_beir), "--split", "train", "--out", str(out),
+                      "--model", str(tiny_bert_dir), "--dp", "batch-clip", "--epsilon", "8", "--batch-size", "2",
+                      "--epochs", "1", "--trainable", "top:1", "--allow-over-budget")
+    assert trained.returncode == 0, trained.stderr
+    on_train = run_cli("evaluate", "--model", str(out), "--data", str(toy_beir), "--split", "train")
+    assert on_train.returncode == 0 and "not added to" in on_train.stdout
+    assert not (out / EVALUATIONS_FILE).exists() and "## Evaluation" not in (out / "README.md").read_text()
+    on_test = run_cli("evaluate", "--model", str(out), "--data", str(toy_beir), "--split", "test")
+    assert on_test.returncode == 0 and "not added to" not in on_test.stdout
+    assert [e["split"] for e in json.loads((out / EVALUATIONS_FILE).read_text())] == ["test"]

@@ -121,3 +121,26 @@ def test_cli_refuses_a_delta_above_one_over_n_naming_the_flag(tmp_path, toy_beir
     assert result.returncode == 2
     assert "field '--delta': delta 0.3 must be below 1/n = 0.25" in result.stderr
     assert not (tmp_path / "sel" / "documents.txt").exists() and not budget.releases("four")
+
+
+class _NoNoise:
+    """An rng whose Laplace draws are all 0 (equal exponentials) and whose m-subsets keep the first m."""
+
+    secure = False
+
+    def uniform(self, n: int):
+        import torch
+
+        return torch.full((n,), 0.5, dtype=torch.float64)
+
+
+def test_the_selection_does_not_carry_the_order_of_the_log():
+    """A unit added ahead of the others changes which document appears first in the log; the released list
+    (and so any seeded sample of it by position) must not change with it: ids come out sorted."""
+    cfg = PartitionSelectionConfig(epsilon=5.0, delta=1e-4)
+    log = _log({"B": 200, "A": 200, "C": 1})
+    first_b = TrainingPairs(pairs=[QueryDocPair("one more", "B")] + log.pairs, corpus={})
+    first_a = TrainingPairs(pairs=[QueryDocPair("one more", "A")] + list(reversed(log.pairs)), corpus={})
+    ledger = selection_ledger(log, PrivacyUnit.query, cfg, data_hash="h", dataset_id="d")
+    for pairs in (log, first_b, first_a):
+        assert select_documents(pairs, PrivacyUnit.query, cfg, ledger, rng=_NoNoise()) == ["A", "B"]

@@ -816,6 +816,9 @@ def test_a_generator_that_holds_units_out_makes_the_choice_of_its_retrievers_fre
     config.write_text(text)  # held-out units that nothing would use: refused
     with pytest.raises(InputError, match="generator.hold_out needs private_selection"):
         load_config(config)
+    config.write_text(text.replace("epsilons:", "eval_split: train\nepsilons:"))  # scoring the private log itself
+    with pytest.raises(InputError, match="eval_split is the private log"):
+        load_config(config)
     config.write_text(text + "private_selection: {epsilon: 4, weights: [1]}\n")
     loaded = load_config(config)
     assert loaded.generator_config(4.0).hold_out == partition and loaded.generator_config(math.inf).hold_out is None

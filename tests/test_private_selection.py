@@ -311,3 +311,25 @@ def test_cli_select_with_hold_out_prints_how_the_ledger_composed(toy_beir, tiny_
     assert result.returncode == 0, result.stderr
     assert "epsilon 7, delta 0.001" in " ".join(result.stdout.split())
     assert "fit [dp-sgd] and heldout [exponential-mechanism]" in " ".join(result.stdout.split())
+
+
+def test_unstamped_copies_of_a_ledger_count_once_per_file(tmp_path):
+    """Two candidates whose ledgers are equal but unstamped (written before releases were stamped) may be two runs
+    with the same plan: both count; one file named by two candidates (two weights) counts once."""
+    import json
+
+    from privret.train.private_selection import Candidate, composed_ledger
+
+    ledger = PrivacyLedger(mechanism="dp-sgd", epsilon=3.0, delta=1e-3, noise_multiplier=1.0, sample_rate=0.1,
+                           steps=10, planned_steps=10, accountant="prv", unit="query", n_units=4, n_pairs=5,
+                           clip_norm=1.0, model="gen", trainable="lora", data_hash="h", dataset_id="d")
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        text = json.loads(ledger.model_dump_json())
+        (tmp_path / name / "privacy_ledger.json").write_text(json.dumps({**text, "created_at": ""}))
+    choice = ledger.model_copy(update={"mechanism": "exponential-mechanism", "epsilon": 1.0, "delta": 0.0})
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    twice = composed_ledger([Candidate(a, 1.0), Candidate(b, 1.0)], choice)
+    assert [p.epsilon for p in twice.parts] == [3.0, 3.0, 1.0]
+    once = composed_ledger([Candidate(a, 0.5), Candidate(a, 1.0)], choice)
+    assert [p.epsilon for p in once.parts] == [3.0, 1.0]

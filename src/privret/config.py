@@ -256,6 +256,9 @@ class PipelineConfig(BaseModel):
     def _public_rows_are_public(self):
         if self.generator.warm_start == "public-pairs" and self.public_rows.public_pairs is None:
             raise ValueError("generator.warm_start: public-pairs needs public_rows.public_pairs")
+        if self.eval_split == self.train_split:
+            raise ValueError(f"eval_split is the private log ({self.train_split}): its figures, per query, would be "
+                             "written beside DP rows without any guarantee; evaluate on another split")
         if self.generator.hold_out is not None and self.private_selection is None:
             raise ValueError("generator.hold_out needs private_selection: the held-out units serve only the DP choice "
                              "of the retriever, so without it the generator would train on part of the log for nothing")

@@ -130,6 +130,12 @@ def test_dp_flag_records_a_finite_epsilon(side, fed_dir, tiny_encoder, tmp_path)
         rounds = json.loads(path.read_text()).get("history") or json.loads(path.read_text())["rounds"]
         assert [r["train_loss"] for r in rounds] == [None]
         assert "update_norms" not in rounds[0]  # nor do the sizes of their updates
+        assert "questions" not in rounds[0]  # nor the clients' total question count (a client moves it by its size)
+    from privret.errors import InputError
+
+    with pytest.raises(InputError, match="must be below 1/n = 0.5 for 2 clients"):  # delta < 1/n, as for DP-SGD
+        run_federated_local(cfg.model_copy(update={"dp_delta": 0.5}), fed_dir, tmp_path / "wide", resume=False)
+    assert not (tmp_path / "wide").exists()
 
 
 def test_bitfit_of_the_top_layer_trains_and_exchanges_only_its_biases(fed_dir, tiny_encoder, tmp_path):

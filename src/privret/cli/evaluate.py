@@ -84,7 +84,8 @@ def evaluate(
         raise InputError("--data takes one --model (use --datasets for several)", field="--model")
     from rich.table import Table
 
-    from privret.data.beir import load_beir
+    from privret.data.beir import dataset_hash, load_beir
+    from privret.privacy.ledger import has_ledger
     from privret.retrieval.metrics import METRICS, evaluate_per_query, mean_metrics
     from privret.models.device import precision_label
     from privret.models.encoder import load_encoder
@@ -96,7 +97,9 @@ def evaluate(
     per_query = evaluate_per_query(encoder, dataset.corpus, dataset.queries, dataset.split(split),
                                    cache_dir=cache_dir, index=searched, bf16=bf16)
     metrics = mean_metrics(per_query)
-    record_evaluation(model[0], data=data.resolve().name, split=split, metrics=metrics, precision=precision)
+    if not record_evaluation(model[0], data=data.resolve().name, split=split, metrics=metrics, precision=precision,
+                             data_hash=dataset_hash(dataset, split)) and has_ledger(model[0]):
+        out.print(f"not added to {model[0]}'s model card: {split} is the private data this DP model was trained on")
     table = Table(title=f"{model[0]} on {data.name}/{split} ({metrics['queries']} queries, {precision})")
     for m in METRICS:
         table.add_column(m, justify="right")

@@ -226,6 +226,9 @@ def run_server(grid, cfg: FedConfig, out_dir: str | Path, *, n_clients: int, dat
     One server per run directory: a second one pointed at ``out_dir`` fails at once (:class:`RunLock`).
     """
     out_dir = Path(out_dir)
+    if cfg.dp != "none" and not cfg.dp_delta < 1.0 / n_clients:  # as every DP run: delta < 1/n units
+        raise InputError(f"dp_delta {cfg.dp_delta:g} must be below 1/n = {1.0 / n_clients:.3g} for {n_clients} "
+                         "clients (the unit of DP-FedAvg)", field="dp_delta")
     with RunLock(out_dir, what="federated run directory"):
         return _run_server(grid, cfg, out_dir, n_clients=n_clients, data_hash=data_hash, resume=resume)
 
@@ -267,9 +270,11 @@ def _run_server(grid, cfg: FedConfig, out_dir: Path, *, n_clients: int, data_has
             raise RuntimeError(f"round {rnd}: aggregation failed")
         arrays = new_arrays
         n_questions = int(sum(float(next(iter(r.content.metric_records.values()))[WEIGHT_KEY]) for r in replies))
-        entry = {"round": rnd, "stage": stage, "bytes_down": down, "bytes_up": up, "questions": n_questions,
+        entry = {"round": rnd, "stage": stage, "bytes_down": down, "bytes_up": up,
                  "seconds": round(time.time() - t0, 1),
                  "train_loss": float(metrics["loss"]) if metrics is not None and "loss" in metrics else None}
+        if cfg.dp == "none":  # a client moves this sum by its own (unbounded) size: not released under DP
+            entry["questions"] = n_questions
         if norms is not None:  # without DP only: how large the clients' updates are (to choose a DP clip norm)
             entry["update_norms"] = norms
         written += 1  # announced before the aggregate may reach disk: a kill while saving still counts it

@@ -22,6 +22,7 @@ from pathlib import Path
 from privret import __version__
 from privret.io import write_json_atomic, write_text_atomic
 from privret.models.registry import HUB_IDS
+from privret.privacy.commitment import commit
 from privret.privacy.ledger import PrivacyLedger, format_epsilon, has_ledger
 
 CARD_FILE = "README.md"
@@ -123,16 +124,22 @@ def write_model_card(directory: str | Path) -> Path:
 
 
 def record_evaluation(directory: str | Path, *, data: str, split: str, metrics: dict[str, float],
-                      precision: str) -> None:
+                      precision: str, data_hash: str | None = None) -> bool:
     """Add (or replace) the figures of one evaluation to a privret retriever's card, with the number format the
-    encodings ran in (``precision``: :func:`privret.models.device.precision_label`).
+    encodings ran in (``precision``: :func:`privret.models.device.precision_label`); True when recorded.
 
     Evaluations are keyed by (data, split); a directory without a privret ledger (a public model)
-    is left untouched."""
+    is left untouched. ``data_hash``, the training identity of the evaluated split
+    (:func:`privret.data.beir.dataset_hash`): when it is the data a DP model was trained on, nothing is
+    recorded, since the card may be published and these figures of the private log carry no DP guarantee."""
     directory = Path(directory)
     if not has_ledger(directory):
-        return
+        return False
+    ledger = PrivacyLedger.load(directory)
+    if data_hash is not None and ledger.is_private and not ledger.is_public and ledger.data_hash == commit(data_hash):
+        return False
     kept = [e for e in _evaluations(directory) if (e["data"], e["split"]) != (data, split)]
     write_json_atomic(directory / EVALUATIONS_FILE,
                       [*kept, {"data": data, "split": split, "precision": precision, "metrics": metrics}])
     write_model_card(directory)
+    return True

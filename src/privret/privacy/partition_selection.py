@@ -83,7 +83,13 @@ def selection_ledger(pairs: TrainingPairs, unit: PrivacyUnit, cfg: PartitionSele
 
 def select_documents(pairs: TrainingPairs, unit: PrivacyUnit, cfg: PartitionSelectionConfig, ledger: PrivacyLedger,
                      *, rng: SecureRandom | None = None) -> list[str]:
-    """The DP-selected document ids, in order of first appearance in the log.
+    """The DP-selected document ids, sorted.
+
+    The mechanism protects the *set* of documents that pass; the order must carry nothing more. In the order of
+    first appearance in the log, one unit added ahead of the others could swap two documents that both pass, and
+    a seeded sample by position (:func:`privret.synth.documents.sampled`) would then keep other documents: the
+    output would tell the neighbours apart with certainty. The noise is drawn for the candidates in sorted order
+    too, so the output is a function of the counts and the noise alone.
 
     ``ledger`` is :func:`selection_ledger`'s; record it in the budget registry *before* calling
     this (the noise is drawn here, and a crash after it must still count).
@@ -98,7 +104,7 @@ def select_documents(pairs: TrainingPairs, unit: PrivacyUnit, cfg: PartitionSele
             keys = rng.uniform(len(docs)).tolist()
             docs = [d for _, d in sorted(zip(keys, docs))[:m]]
         counts.update(docs)
-    candidates = list(counts)
+    candidates = sorted(counts)  # not the log's order: see above
     noise = _laplace(rng, len(candidates), m / cfg.epsilon)
     tau = selection_threshold(cfg, ledger.delta)
     return [d for d, z in zip(candidates, noise) if counts[d] + z > tau]

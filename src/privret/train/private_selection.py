@@ -104,15 +104,18 @@ def unit_scores(model, pairs: TrainingPairs, unit, corpus: dict) -> np.ndarray:
 
 def composed_ledger(candidates: list[Candidate], selection: PrivacyLedger) -> PrivacyLedger:
     """The selection composed with every distinct ledger among the candidates' sources (copies of one
-    ledger, e.g. two retrievers trained on one synthetic set, count once); sources without one, or with a public
-    epsilon-0 one, read no private data and add nothing (their ledgers would only make the composed one describe
-    public data in its first part)."""
+    ledger, e.g. two retrievers trained on one synthetic set, count once: copies carry the stamp of the release
+    they copy; an unstamped ledger, written before stamps, counts once per file, as unstamped parts do in
+    :func:`privret.privacy.budget.compose_ledgers`); sources without one, or with a public epsilon-0 one, read no
+    private data and add nothing (their ledgers would only make the composed one describe public data in its first
+    part)."""
     seen: dict[str, PrivacyLedger] = {}
     for c in candidates:
         if c.source is not None and has_ledger(c.source):
             ledger = PrivacyLedger.load(c.source)
             if not ledger.is_public:
-                seen.setdefault(ledger.model_dump_json(), ledger)
+                seen.setdefault(ledger.model_dump_json() if ledger.created_at else str(Path(c.source).resolve()),
+                                ledger)
     ledgers = list(seen.values())
     return ledgers[0].compose(*ledgers[1:], selection) if ledgers else selection
 
