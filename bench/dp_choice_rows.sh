@@ -112,7 +112,7 @@ print(c['epochs'], c['max_doc_tokens'])" "$work/ret-$row/recipe_selection.json")
         mkdir -p "$k/$e"; cp "$work/$e"/{metrics.json,per_query.json} "$k/$e/"
       done
       for row in prompted-s$s public-pairs-s$s; do
-        if [ -f "$k/ret-$row-eval/per_query.json" ]; then
+        if [ -f "$work/ret-$row-eval/per_query.json" ] && [ -f "$work/ret-$row/recipe_selection.json" ]; then
           cp "$work/ret-$row/recipe_selection.json" "$work/syn-$row/privacy_ledger.json" "$k/ret-$row-eval/"
         fi
       done ;;

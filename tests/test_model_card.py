@@ -91,14 +91,16 @@ def test_a_dp_models_card_never_records_figures_of_its_own_training_data(tmp_pat
     an evaluation of the split whose training identity is the ledger's data is not recorded; others are."""
     _dp_ledger().save(tmp_path / "dp")
     assert not record_evaluation(tmp_path / "dp", data="scifact", split="train", metrics=METRICS,
-                                 precision="float32", data_hash="ab" * 32)
+                                 precision="float32", data_ids=("ab" * 32,))
     assert not (tmp_path / "dp" / EVALUATIONS_FILE).exists()
+    assert not record_evaluation(tmp_path / "dp", data="log-as-pairs", split="train", metrics=METRICS,
+                                 precision="float32", data_ids=("cd" * 32, "scifact-log"))  # by its content key
     assert record_evaluation(tmp_path / "dp", data="scifact", split="test", metrics=METRICS, precision="float32",
-                             data_hash="cd" * 32)
+                             data_ids=("cd" * 32,))
     assert [e["split"] for e in json.loads((tmp_path / "dp" / EVALUATIONS_FILE).read_text())] == ["test"]
     _dp_ledger(mechanism="none", epsilon=math.inf, delta=0.0).save(tmp_path / "np")  # no guarantee to keep
     assert record_evaluation(tmp_path / "np", data="scifact", split="train", metrics=METRICS, precision="float32",
-                             data_hash="ab" * 32)
+                             data_ids=("ab" * 32,))
 
 
 def test_a_trained_retriever_carries_privrets_card_not_the_base_models(tiny_bert_dir, tmp_path):

@@ -38,6 +38,20 @@ def test_stats_reach_a_terminal_and_not_a_file():
     assert "training" in shown[False] and "1.234" not in shown[False]
 
 
+def test_private_counts_reach_a_terminal_and_a_file_only_as_done():
+    """A task counting a DP run's pairs logs, when written to a file, that it is done and no count (917 here)."""
+    shown = {}
+    for terminal in (True, False):
+        out = io.StringIO()
+        with Progress(console=Console(file=out, force_terminal=terminal, width=150)) as progress:
+            task = progress.add_task("caching", total=917, private_counts=True)
+            for _ in range(917):
+                progress.advance(task)
+        shown[terminal] = out.getvalue()
+    assert "917" in shown[True]
+    assert shown[False] == "caching: done (0s)\n"
+
+
 def _record_stats(monkeypatch, module, step_name: str, losses: list[float], shown: list[float]) -> None:
     """Wrap ``module.step_name`` (a DP step): keep the loss it computed in ``losses`` and hand the rest of the run a
     distinctive stand-in (kept in ``shown``; every number of a dict of statistics replaced) in place of its

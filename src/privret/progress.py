@@ -6,7 +6,9 @@ instead logs a plain line at most every 30 seconds: every bar appears once, in o
 
 Training loops pass per-step statistics of the private batch (loss, clipped fraction) as ``stats``.
 Those are not differentially private: they are shown in the live bar on a terminal and nowhere else,
-never in a plain log line or the final render written to a file (see :meth:`Progress.update`).
+never in a plain log line or the final render written to a file (see :meth:`Progress.update`). A task whose
+counts describe the private data (a DP run's pairs: only its unit count is public) is added with
+``private_counts=True``: its log lines say when it is done and nothing else.
 """
 
 from __future__ import annotations
@@ -54,6 +56,11 @@ class Progress(RichProgress):
             return
         now = time.monotonic()
         task = self._tasks[task_id]
+        if task.fields.get("private_counts"):
+            if task.finished and task_id not in self._last_log:
+                self._last_log[task_id] = now
+                self.console.print(f"{task.description}: done ({task.elapsed or 0:.0f}s)", highlight=False)
+            return
         if now - self._last_log.get(task_id, 0.0) >= LOG_EVERY_SECONDS or task.finished:
             self._last_log[task_id] = now
             total = f"/{task.total:g}" if task.total is not None else ""

@@ -85,6 +85,8 @@ def evaluate(
     from rich.table import Table
 
     from privret.data.beir import dataset_hash, load_beir
+    from privret.data.pairs import pairs_from_beir
+    from privret.privacy.budget import dataset_id
     from privret.privacy.ledger import has_ledger
     from privret.retrieval.metrics import METRICS, evaluate_per_query, mean_metrics
     from privret.models.device import precision_label
@@ -97,8 +99,9 @@ def evaluate(
     per_query = evaluate_per_query(encoder, dataset.corpus, dataset.queries, dataset.split(split),
                                    cache_dir=cache_dir, index=searched, bf16=bf16)
     metrics = mean_metrics(per_query)
+    as_trained = (dataset_hash(dataset, split), dataset_id(pairs_from_beir(dataset, split)))
     if not record_evaluation(model[0], data=data.resolve().name, split=split, metrics=metrics, precision=precision,
-                             data_hash=dataset_hash(dataset, split)) and has_ledger(model[0]):
+                             data_ids=as_trained) and has_ledger(model[0]):
         out.print(f"not added to {model[0]}'s model card: {split} is the private data this DP model was trained on")
     table = Table(title=f"{model[0]} on {data.name}/{split} ({metrics['queries']} queries, {precision})")
     for m in METRICS:

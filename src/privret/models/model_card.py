@@ -9,7 +9,8 @@ the same directory, so the directory can be published as it is:
   ``dataset_id``, :mod:`privret.privacy.commitment`, and the pair count) only for a model without a
   DP guarantee: a DP model's card says the data was the private log and no more;
 * ``train_config.json`` (non-private training) or the DP trainer's settings file, when present;
-* ``evaluations.json``: figures added by :func:`record_evaluation` after each evaluation.
+* ``evaluations.json``: figures added by :func:`record_evaluation` after each evaluation (never a DP model's
+  figures on the data it was trained on).
 
 The card is rendered from these files alone and rewritten atomically whenever one changes.
 """
@@ -124,19 +125,22 @@ def write_model_card(directory: str | Path) -> Path:
 
 
 def record_evaluation(directory: str | Path, *, data: str, split: str, metrics: dict[str, float],
-                      precision: str, data_hash: str | None = None) -> bool:
+                      precision: str, data_ids: tuple[str, ...] = ()) -> bool:
     """Add (or replace) the figures of one evaluation to a privret retriever's card, with the number format the
     encodings ran in (``precision``: :func:`privret.models.device.precision_label`); True when recorded.
 
     Evaluations are keyed by (data, split); a directory without a privret ledger (a public model)
-    is left untouched. ``data_hash``, the training identity of the evaluated split
-    (:func:`privret.data.beir.dataset_hash`): when it is the data a DP model was trained on, nothing is
-    recorded, since the card may be published and these figures of the private log carry no DP guarantee."""
+    is left untouched. ``data_ids``: identities of the evaluated data as a training run would name it (the split's
+    :func:`privret.data.beir.dataset_hash` and its content key :func:`privret.privacy.budget.dataset_id`); when one
+    is the data a DP model was trained on (its ledger's ``data_hash`` or ``dataset_id``), nothing is recorded,
+    since the card may be published and these figures of the private log carry no DP guarantee. A log the run
+    named otherwise (``--dataset-name``, a pairs file with other texts) is not recognised."""
     directory = Path(directory)
     if not has_ledger(directory):
         return False
     ledger = PrivacyLedger.load(directory)
-    if data_hash is not None and ledger.is_private and not ledger.is_public and ledger.data_hash == commit(data_hash):
+    trained_on = {ledger.data_hash, ledger.dataset_id} - {""}
+    if ledger.is_private and not ledger.is_public and any(commit(i) in trained_on for i in data_ids):
         return False
     kept = [e for e in _evaluations(directory) if (e["data"], e["split"]) != (data, split)]
     write_json_atomic(directory / EVALUATIONS_FILE,

@@ -190,10 +190,9 @@ class _GeneratorTrainer:
         rows = sorted(r for u in self.group.shard(range(len(self.units))) for r in self.units[u])
         pairs = [self.pairs.pairs[r] for r in rows]
         examples = [self.generator.example(self.pairs.corpus[p.doc_id].full_text, p.query) for p in pairs]
-        # in percent: the pair count of a DP run's log is not released (only its unit count is public)
-        task = progress.add_task("caching frozen layers (%)", total=100)
-        self.items = dict(zip(rows, self.generator.prepare(
-            examples, progress=lambda k: progress.advance(task, 100 * k / len(examples)))))
+        # a DP run's pair count is not released (only its unit count is public): no count in a log line
+        task = progress.add_task("caching frozen layers", total=len(examples), private_counts=self.plan.private)
+        self.items = dict(zip(rows, self.generator.prepare(examples, progress=lambda k: progress.advance(task, k))))
         loss_module = self.generator.loss_module()
         if self.plan.private:
             loss_module = GradSampleModule(loss_module, batch_first=True, loss_reduction="sum")
