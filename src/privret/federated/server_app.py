@@ -226,7 +226,7 @@ def run_server(grid, cfg: FedConfig, out_dir: str | Path, *, n_clients: int, dat
     One server per run directory: a second one pointed at ``out_dir`` fails at once (:class:`RunLock`).
     """
     out_dir = Path(out_dir)
-    if cfg.dp != "none" and not cfg.dp_delta < 1.0 / n_clients:  # as every DP run: delta < 1/n units
+    if cfg.dp != "none" and not cfg.dp_delta * n_clients < 1:  # as every DP run: delta < 1/n units
         raise InputError(f"dp_delta {cfg.dp_delta:g} must be below 1/n = {1.0 / n_clients:.3g} for {n_clients} "
                          "clients (the unit of DP-FedAvg)", field="dp_delta")
     with RunLock(out_dir, what="federated run directory"):
