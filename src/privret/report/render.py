@@ -138,7 +138,7 @@ def _wall_time(run: RunData) -> tuple[list[str], list[list[str]], list[str]] | N
     cells = [[_e(r.label)] + (["-"] * len(stages) + ["not timed"] if (t := seconds[r.key]) is None else
                               [minutes(t.get(s)) for s in stages] + [minutes(sum(t.values()))])
              for r in run.rows]
-    notes = [added_cost_sentence(c, run.rows) for c in added_cost(run.rows)]
+    notes = [added_cost_sentence(c, run.rows) for c in added_cost(run.rows, seconds)]
     return ["training data", *(STAGES[s] for s in stages), "total"], cells, notes
 
 
