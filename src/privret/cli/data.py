@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from privret.cli.common import out
+from privret.cli.common import flag, out
 from privret.cli.options import (UNIT_HELP, AllowOverOpt, BudgetCapOpt, DataOpt, DatasetNameOpt, PairsOpt,
                                  SplitOpt)
 
@@ -110,7 +110,7 @@ def data_select_documents(
                                             directory=out_dir, budget=policy)
     except InputError as err:  # the selection's own settings are this command's flags
         if err.field in PartitionSelectionConfig.model_fields:
-            err.field = "--" + err.field.replace("_", "-")
+            err.field = flag(err.field)
         raise
     write_selection(out_dir, ids, ledger)
     out.print(f"{len(ids)} documents selected (threshold {selection_threshold(cfg, ledger.delta):.3g} units per "

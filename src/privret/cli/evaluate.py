@@ -99,10 +99,11 @@ def evaluate(
     per_query = evaluate_per_query(encoder, dataset.corpus, dataset.queries, dataset.split(split),
                                    cache_dir=cache_dir, index=searched, bf16=bf16)
     metrics = mean_metrics(per_query)
-    as_trained = (dataset_hash(dataset, split), dataset_id(pairs_from_beir(dataset, split)))
-    if not record_evaluation(model[0], data=data.resolve().name, split=split, metrics=metrics, precision=precision,
-                             data_ids=as_trained) and has_ledger(model[0]):
-        out.print(f"not added to {model[0]}'s model card: {split} is the private data this DP model was trained on")
+    if has_ledger(model[0]):  # a model privret trained: its card gets the figures, unless they are of its own log
+        as_trained = (dataset_hash(dataset, split), dataset_id(pairs_from_beir(dataset, split)))
+        if not record_evaluation(model[0], data=data.resolve().name, split=split, metrics=metrics,
+                                 precision=precision, data_ids=as_trained):
+            out.print(f"not added to {model[0]}'s model card: {split} is the private data this DP model was trained on")
     table = Table(title=f"{model[0]} on {data.name}/{split} ({metrics['queries']} queries, {precision})")
     for m in METRICS:
         table.add_column(m, justify="right")

@@ -76,13 +76,12 @@ class AddedCost:
     whole_grid: Share
 
 
-def added_cost(rows: list[Row], seconds: dict[str, dict[str, float] | None] | None = None) -> list[AddedCost]:
+def added_cost(rows: list[Row], seconds: dict[str, dict[str, float] | None]) -> list[AddedCost]:
     """One :class:`AddedCost` per epsilon of the run's grid; none when the run has no epsilon-0 row. ``seconds``:
-    each row's :func:`stage_seconds` by key, when the caller has them already."""
+    each row's :func:`stage_seconds` by key."""
     public = [r for r in rows if r.epsilon == 0]
     if not public:
         return []
-    seconds = seconds if seconds is not None else {r.key: stage_seconds(r) for r in rows}
 
     def share(of: list[Row]) -> Share:
         untimed = [r.key for r in of + public if seconds[r.key] is None]
