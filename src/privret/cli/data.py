@@ -104,14 +104,9 @@ def data_select_documents(
         privacy_unit = PrivacyUnit(unit)
     except ValueError:
         raise InputError(f"unknown unit '{unit}' ({UNIT_HELP})", field="--unit") from None
-    try:
-        ids, ledger = recorded_dp_selection(training, privacy_unit, cfg, data_hash=data_hash,
-                                            dataset_id=budget_registry.dataset_id(training, dataset_name),
-                                            directory=out_dir, budget=policy)
-    except InputError as err:  # the selection's own settings are this command's flags
-        if err.field in PartitionSelectionConfig.model_fields:
-            err.field = flag(err.field)
-        raise
+    ids, ledger = recorded_dp_selection(training, privacy_unit, cfg, data_hash=data_hash,
+                                        dataset_id=budget_registry.dataset_id(training, dataset_name),
+                                        directory=out_dir, budget=policy, field_name=flag)
     write_selection(out_dir, ids, ledger)
     out.print(f"{len(ids)} documents selected (threshold {selection_threshold(cfg, ledger.delta):.3g} units per "
               f"document) in {out_dir} ({ledger.summary()})")

@@ -50,7 +50,6 @@ from privret.pipeline.summary import write_summary
 from privret.privacy.budget import BudgetPolicy, dataset_id
 from privret.privacy.ledger import LEDGER_FILE, PrivacyLedger, format_epsilon, has_ledger, require_public
 from privret.privacy.partition_selection import selection_threshold
-from privret.privacy.partition_selection_config import PartitionSelectionConfig
 from privret.privacy.private_selection import MECHANISM as CHOICE_MECHANISM
 from privret.runlock import RunLock, recover_tree
 from privret.synth.documents import public_documents, read_document_ids, recorded_dp_selection, sampled, write_selection
@@ -365,14 +364,10 @@ def _synthetic_documents(stage: Stage, run: Run) -> tuple[list, PrivacyLedger | 
         ledger = None
         if choice.source == "dp-select":
             console.rule("DP choice of documents (partition selection)")
-            try:
-                selected, ledger = recorded_dp_selection(run.pairs, run.cfg.unit, choice.selection,
-                                                         data_hash=run.data_hash, dataset_id=run.charged_to,
-                                                         directory=stage.output, budget=run.budget)
-            except InputError as err:  # the selection's own settings, named as the config file names them
-                if err.field in PartitionSelectionConfig.model_fields:
-                    err.field = f"synthetic_documents.selection.{err.field}"
-                raise
+            selected, ledger = recorded_dp_selection(run.pairs, run.cfg.unit, choice.selection,
+                                                     data_hash=run.data_hash, dataset_id=run.charged_to,
+                                                     directory=stage.output, budget=run.budget,
+                                                     field_name=lambda field: f"synthetic_documents.selection.{field}")
             ids = sampled(selected, choice)
             if not ids:
                 ledger.save(stage.output)  # the release happened: it stays on record

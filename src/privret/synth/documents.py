@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
+from typing import Callable
 
 from privret.data.beir import Document
 from privret.errors import InputError
@@ -67,18 +68,26 @@ def sampled(ids: list[str], choice: DocumentChoice) -> list[str]:
 
 
 def recorded_dp_selection(pairs, unit, cfg: PartitionSelectionConfig, *, data_hash: str, dataset_id: str,
-                          directory: Path, budget) -> tuple[list[str], object]:
+                          directory: Path, budget, field_name: Callable[[str], str]) -> tuple[list[str], object]:
     """Run a DP partition selection as a release: record it in the budget registry (cap check) before
     its noise is drawn, then select; returns the ids and the selection's ledger (saved by
-    :func:`write_selection`)."""
+    :func:`write_selection`).
+
+    An input error on one of the selection's own settings names that setting as the caller's user wrote it,
+    ``field_name(field)`` (a command's flag, a config file's path); other errors keep their field."""
     from privret.privacy import budget as budget_registry
     from privret.privacy.partition_selection import select_documents, selection_ledger
 
-    ledger = selection_ledger(pairs, unit, cfg, data_hash=data_hash, dataset_id=dataset_id)
-    budget_registry.check_and_record(budget_registry.Release.from_ledger(
-        ledger, release_id=budget_registry.new_release_id(), status="final", artefact=Path(directory).absolute()),
-        budget)
-    return select_documents(pairs, unit, cfg, ledger), ledger
+    try:
+        ledger = selection_ledger(pairs, unit, cfg, data_hash=data_hash, dataset_id=dataset_id)
+        budget_registry.check_and_record(budget_registry.Release.from_ledger(
+            ledger, release_id=budget_registry.new_release_id(), status="final",
+            artefact=Path(directory).absolute()), budget)
+        return select_documents(pairs, unit, cfg, ledger), ledger
+    except InputError as err:
+        if err.field in PartitionSelectionConfig.model_fields:
+            err.field = field_name(err.field)
+        raise
 
 
 def write_selection(directory: Path, ids: list[str], ledger=None) -> None:
