@@ -112,7 +112,7 @@ def test_pipeline_budget_section():
     section = BudgetSettings(cap=20, allow_over=True, dataset_name="log")
     assert section.policy() == budget.BudgetPolicy(cap=20, allow_over=True)
     for cap in (0, -1, float("inf"), float("nan")):
-        with pytest.raises(ValueError):
+        with pytest.raises(ValueError, match="cap\n.*(greater than 0|finite number)"):
             BudgetSettings(cap=cap)
 
 

@@ -75,7 +75,7 @@ def test_rank_and_exposure_on_a_hand_made_ranking():
     # 100 candidates, secret 25th: log2(100) - log2(25) = 2 bits
     scores = [float(-i) for i in range(100)]
     assert stats.secret_rank(scores, 24) == 25 and stats.exposure(25, 100) == pytest.approx(2.0)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"rank must be in \[1, 100\], got 0"):
         stats.exposure(0, 100)
 
 

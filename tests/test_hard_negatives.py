@@ -122,7 +122,7 @@ def test_a_row_needs_a_negative():
     with pytest.raises(ValueError, match="needs a negative per row"):
         DPRetrieverConfig(method="public-negatives", public_negatives=0)
     assert DPRetrieverConfig(method="public-negatives", public_negatives=0, hard_negatives=1).public_negatives == 0
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="public_negatives\n.*greater than or equal to 0"):
         DPRetrieverConfig(method="public-negatives", public_negatives=-1, hard_negatives=1)
 
 
@@ -289,7 +289,7 @@ def test_build_batch_draws_each_rows_hard_negatives_from_its_own_candidates(tiny
 def test_hard_negatives_are_refused_for_other_methods():
     with pytest.raises(ValueError, match="public-negatives only"):
         DPRetrieverConfig(method="logit-dp", hard_negatives=2)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="hard_negatives\n.*greater than or equal to 0"):
         DPRetrieverConfig(method="public-negatives", hard_negatives=-1)
 
 

@@ -48,7 +48,8 @@ def test_hnsw_searches_with_at_least_k_candidates():
     rng = np.random.default_rng(1)
     docs, queries = _unit(rng.standard_normal((2000, 16))), _unit(rng.standard_normal((10, 16)))
     _, hits = top_k(build_index(docs, SearchIndex(index="hnsw", hnsw_ef_search=1)), queries, 50)
-    assert (hits >= 0).all()  # FAISS alone would return mostly -1 with efSearch 1 < k
+    assert hits.shape == (10, 50) and (hits >= 0).all()  # FAISS alone would return mostly -1 with efSearch 1 < k
+    assert all(len(set(row)) == 50 for row in hits)  # 50 distinct documents per query
 
 
 def test_overlap_at_k_is_the_mean_share_of_exact_ids_found():
@@ -69,8 +70,9 @@ def test_ivf_cell_count_default_and_bounds():
 def test_bad_index_options_are_refused(fields):
     from pydantic import ValidationError
 
-    with pytest.raises(ValidationError):
+    with pytest.raises(ValidationError) as err:
         SearchIndex(**fields)
+    assert [e["loc"] for e in err.value.errors()] == [tuple(fields)]  # the error names the field given
 
 
 def test_cli_and_pipeline_config_name_the_bad_index_option(tmp_path, toy_beir):

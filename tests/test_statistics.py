@@ -51,7 +51,7 @@ def test_bootstrap_interval_covers_the_true_difference():
 def test_mean_sd():
     assert mean_sd([0.4]) == (0.4, 0.0)
     assert mean_sd([1.0, 2.0, 3.0]) == (2.0, 1.0)  # sample sd: sqrt((1 + 0 + 1) / 2)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="no values"):
         mean_sd([])
 
 

@@ -28,8 +28,9 @@ def test_client_sizes_are_unequal_and_cover_everything():
     sizes = client_sizes(40, 10)
     assert sizes == [1, 1, 2, 3, 4, 4, 5, 6, 7, 7]
     assert client_sizes(3, 2) == [1, 2]
-    with pytest.raises(InputError):
+    with pytest.raises(InputError, match="at least one article per client") as err:
         client_sizes(3, 4)
+    assert err.value.field == "n_clients"
 
 
 def _questions(root):

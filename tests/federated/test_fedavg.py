@@ -98,13 +98,35 @@ def test_dp_ledger_lists_what_the_run_releases_without_dp():
                                           data_hash="x").model_dump()["provenance"]
 
 
-def test_clipping_bounds_each_update():
-    cfg = FedConfig(dp="server", dp_noise_multiplier=0.0, dp_clip_norm=1.0)
-    strategy = make_strategy(cfg, n_clients=3)
+def _flat(arrays) -> np.ndarray:
+    return np.concatenate([arrays[k].numpy().ravel() for k in ("w", "b")])
+
+
+def test_each_update_is_clipped_before_the_uniform_mean():
+    """Without noise the DP aggregate is the uniform mean of the clients' updates, each clipped to norm C on its
+    own (brute force here): clipping the mean instead, or weighting by |D_i|, gives another vector."""
+    clip = 1.0
+    strategy = make_strategy(FedConfig(dp="server", dp_noise_multiplier=0.0, dp_clip_norm=clip), n_clients=3)
     strategy.current_arrays = ArrayRecord({"w": Array(np.zeros(2)), "b": Array(np.zeros((1, 1)))})
     arrays, _ = strategy.aggregate_train(1, _replies(CLIENTS, WEIGHTS))
-    flat = np.concatenate([arrays["w"].numpy().ravel(), arrays["b"].numpy().ravel()])
-    assert np.linalg.norm(flat) <= 1.0 + 1e-6
+    updates = [np.concatenate([c["w"].ravel(), c["b"].ravel()]) for c in CLIENTS]
+    expected = np.mean([u / max(1.0, np.linalg.norm(u) / clip) for u in updates], axis=0)
+    np.testing.assert_allclose(_flat(arrays), expected, rtol=1e-6)
+
+
+def test_the_server_noise_has_the_standard_deviation_sigma_c_over_m():
+    """Clients whose updates are all but zero leave only the noise: N(0, (sigma C / m)^2) per coordinate, m the
+    clients of the round, as the accountant assumes (the 4-sigma band of a sample sd). (An update of exactly zero
+    makes Flower's clipping divide by its norm, 0: each client moves one weight by 1e-9.)"""
+    sigma, clip, m, size = 1.5, 0.5, 3, 100_000
+    strategy = make_strategy(FedConfig(dp="server", dp_noise_multiplier=sigma, dp_clip_norm=clip), n_clients=m)
+    strategy.current_arrays = ArrayRecord({"w": Array(np.zeros(size)), "b": Array(np.zeros((1, 1)))})
+    almost_unchanged = {"w": np.zeros(size), "b": np.full((1, 1), 1e-9)}
+    arrays, _ = strategy.aggregate_train(1, _replies([almost_unchanged] * m, [1] * m))
+    noise = _flat(arrays)
+    expected = sigma * clip / m
+    assert abs(noise.mean()) < 4 * expected / np.sqrt(noise.size)
+    assert noise.std() == pytest.approx(expected, rel=4 / np.sqrt(2 * noise.size))
 
 
 @pytest.mark.parametrize("epsilon", [3.0, 8.0])
