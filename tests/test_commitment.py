@@ -13,6 +13,7 @@ import pytest
 
 from privret.data.beir import load_beir
 from privret.data.pairs import pairs_from_beir
+from privret.errors import InputError
 from privret.privacy import budget as budget_registry
 from privret.privacy import commitment
 from privret.privacy.ledger import PrivacyLedger
@@ -106,5 +107,5 @@ def test_a_dp_run_leaves_no_digest_of_the_log_and_still_knows_its_own_output(tin
     shown = PrivacyLedger.load(tmp_path / "gen").dataset_id  # the operator finds the releases from the file
     assert shown != raw_id and budget_registry.releases(shown) == budget_registry.releases(raw_id) != []
     assert train_generator(pairs, tmp_path / "gen", cfg, data_hash=RAW, resume=True).steps == ledger.steps
-    with pytest.raises(Exception, match="data_hash"):
+    with pytest.raises(InputError, match="already holds a generator trained with data_hash="):
         train_generator(pairs, tmp_path / "gen", cfg, data_hash=RAW[::-1], resume=True)

@@ -196,7 +196,7 @@ def test_train_ledger_and_resume_after_crash(tiny_llama_dir, tmp_path, monkeypat
     with pytest.raises(InputError, match="interrupted run") as refused:
         train_generator(pairs, tmp_path / "gen", cfg, data_hash="abc")
     assert refused.value.field == "resume"  # the CLI shows --resume
-    with pytest.raises(Exception, match="cannot resume"):
+    with pytest.raises(InputError, match="checkpoint was made with clip_norm=1.0, this run has 2.0; cannot resume"):
         train_generator(pairs, tmp_path / "gen", cfg.model_copy(update={"clip_norm": 2.0}), data_hash="abc",
                         resume=True)
     # a setting outside the ledger's plan too: Adam's restored state would silently keep the checkpoint's

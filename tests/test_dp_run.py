@@ -125,6 +125,43 @@ def test_a_run_records_planned_before_its_first_step_and_final_after_it(tmp_path
     assert PrivacyLedger.load(out).model_copy(update={"created_at": ""}) == ledger.published()
 
 
+class _Chosen(_Toy):
+    """The toy trainer, noting in ``given`` the units and the random source each step is given."""
+
+    def __init__(self, given: list):
+        super().__init__([])
+        self.given = given
+
+    def step(self, chosen, rng) -> float:
+        self.given.append((list(chosen), rng))
+        return super().step(chosen, rng)
+
+
+@pytest.mark.parametrize("secure_rng, sampler_class", [(False, "PoissonUnitSampler"),
+                                                       (True, "SecurePoissonUnitSampler")])
+def test_every_step_trains_on_the_poisson_sample_drawn_at_the_plans_rate(secure_rng, sampler_class, tmp_path,
+                                                                        monkeypatch):
+    """The run builds one Poisson sampler over the plan's N units at the plan's rate q, from its own random source
+    (the one that draws the noise), and each step's trainer gets exactly the units that sampler drew for it, in
+    order: no truncation, no reshuffle, no other source."""
+    built, drawn = [], []
+    real = getattr(dp_run, sampler_class)
+
+    def spy(n_units, sample_rate, rng):
+        sampler = real(n_units, sample_rate, rng)
+        built.append((n_units, sample_rate, rng))
+        return SimpleNamespace(sample=lambda: drawn.append(sampler.sample()) or list(drawn[-1]))
+
+    monkeypatch.setattr(dp_run, sampler_class, spy)
+    steps: list = []
+    run = _run(tmp_path, secure_rng=secure_rng)
+    run_training(run, lambda: _Chosen(steps), resume=False)
+    assert [(n, q) for n, q, _ in built] == [(run.plan.n_units, run.plan.sample_rate)] == [(10, 0.4)]
+    assert len(drawn) == len(steps) == run.plan.steps
+    assert [chosen for chosen, _ in steps] == drawn
+    assert all(rng is built[0][2] for _, rng in steps)
+
+
 def test_a_finished_output_is_returned_only_to_a_run_with_its_settings(tmp_path):
     seen: list = []
     run = _run(tmp_path, settings={"lr": 0.1}, train_config={"lr": 0.1, "checkpoint_every": 2})

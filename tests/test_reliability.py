@@ -330,21 +330,48 @@ def test_secure_noise_is_standard_gaussian_and_sampling_has_rate_q():
     assert abs(sum(sizes) / 20 - 3000) < 60
 
 
+def test_secure_poisson_sampler_includes_each_unit_independently_at_rate_q():
+    """What the accountant assumes of SecurePoissonUnitSampler (as test_poisson_sampler_matches_accountant_assumption
+    checks for the seeded one): every unit joins with probability q, each at most once, batch sizes vary as
+    Binomial(n, q) and can be zero. The CSPRNG cannot be seeded, so the bounds are chosen for a false alarm rate
+    below 1e-4: 5 standard errors per unit (50 units: < 3e-5), the size variance (relative standard error
+    sqrt(2.1 / draws) = 1.4%) within 15%, and P(no empty batch) = (1 - 0.9^50)^draws ~ e^-50."""
+    from privret.privacy.secure_rng import SecurePoissonUnitSampler
+
+    n, q, draws = 50, 0.1, 10_000
+    sampler = SecurePoissonUnitSampler(n, q)
+    counts, sizes = torch.zeros(n), []
+    for _ in range(draws):
+        batch = sampler.sample()
+        assert len(set(batch)) == len(batch) and all(0 <= u < n for u in batch)
+        counts[batch] += 1
+        sizes.append(len(batch))
+    assert ((counts / draws) - q).abs().max() < 5 * math.sqrt(q * (1 - q) / draws)  # not always the first units
+    sizes = torch.tensor(sizes, dtype=torch.float)
+    assert sizes.var().item() == pytest.approx(n * q * (1 - q), rel=0.15)  # not fixed-size batches
+    assert (sizes == 0).any()  # empty batches happen and are not skipped
+
+
 def test_secure_rng_training_records_it_in_the_ledger(tiny_llama_dir, tmp_path, monkeypatch):
+    """A secure-rng generator run draws every step's noise from the CSPRNG, at the std the ledger's guarantee
+    needs: sigma C, the ledger's noise multiplier times the per-unit clip norm C of the config (the generator
+    clips each unit's gradient to C, so Delta = C)."""
     from privret.privacy import secure_rng
 
-    calls = {"n": 0}
+    stds = []
     original = secure_rng.SecureRandom.normal_like
 
-    def counting(self, tensor, std):
-        calls["n"] += 1
+    def recording(self, tensor, std):
+        stds.append(std)
         return original(self, tensor, std)
 
-    monkeypatch.setattr(secure_rng.SecureRandom, "normal_like", counting)
-    ledger = train_generator(generator_pairs(), tmp_path / "gen", cfg_for(tiny_llama_dir, epochs=1, secure_rng=True),
-                             data_hash="h")
+    monkeypatch.setattr(secure_rng.SecureRandom, "normal_like", recording)
+    cfg = cfg_for(tiny_llama_dir, epochs=1, secure_rng=True, clip_norm=0.37)  # C != 1: a lost C would show
+    ledger = train_generator(generator_pairs(), tmp_path / "gen", cfg, data_hash="h")
     assert ledger.secure_rng and PrivacyLedger.load(tmp_path / "gen").secure_rng
-    assert calls["n"] == ledger.steps * 14  # one draw per trainable tensor (7 LoRA linears x A, B) per step
+    assert len(stds) == ledger.steps * 14  # one draw per trainable tensor (7 LoRA linears x A, B) per step
+    assert ledger.clip_norm == cfg.clip_norm and ledger.noise_multiplier > 0.1
+    assert stds == pytest.approx([ledger.noise_multiplier * cfg.clip_norm] * len(stds), rel=1e-9)
 
 
 # --- safe loading ---------------------------------------------------------------------------------
