@@ -33,7 +33,7 @@ from privret.run_layout import (CONFIG_FILE, DIRECT_ROW_PREFIX, DP_ROW_PREFIX, F
                                      TIMING_FILE, ZERO_SHOT)
 from privret.privacy.ledger import LEDGER_FILE, format_epsilon
 
-_EPS_DIR = re.compile(rf"^{re.escape(DP_ROW_PREFIX)}(?P<eps>inf|[0-9.eE+-]+?)"
+EPS_DIR = re.compile(rf"^{re.escape(DP_ROW_PREFIX)}(?P<eps>inf|[0-9.eE+-]+?)"
                       rf"(?P<suffix>{re.escape(FILTERED_SUFFIX)}|{re.escape(SELECTED_SUFFIX)})?$")
 _DIRECT_DIR = re.compile(rf"^{re.escape(DIRECT_ROW_PREFIX)}(?P<method>.+)-eps-(?P<eps>inf|[0-9.eE+-]+?)"
                          rf"(?P<suffix>{re.escape(SELECTED_SUFFIX)})?$")
@@ -167,7 +167,7 @@ def collect(run_dir: str | Path, *, show_private_queries: bool = False, examples
     for child in sorted(run_dir.iterdir()):
         if not child.is_dir() or not (child / METRICS_FILE).is_file():
             continue
-        if m := _EPS_DIR.match(child.name):
+        if m := EPS_DIR.match(child.name):
             ledger, source = _ledger(child / GENERATOR, child / SYNTHETIC, child / RETRIEVER)
             eps = ledger["epsilon"] if ledger else parse_eps(m["eps"])
             method = f"dp-synthetic{m['suffix'] or ''}"
