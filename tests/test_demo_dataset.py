@@ -54,6 +54,17 @@ def test_train_and_test_are_disjoint(demo):
     assert not {d for q in train.values() for d in q} & {d for q in test.values() for d in q}
 
 
+def test_the_demos_direct_dp_row_takes_every_unit_in_every_step(demo):
+    """The demo's direct DP row is SciFact's rule, whose batch is the whole log (sample rate 1): its expected
+    batch is the demo log's number of privacy units."""
+    from privret.cli.demo import DEMO_LOG_UNITS, demo_config
+    from privret.data.pairs import pairs_from_beir
+
+    cfg = demo_config()
+    assert len(pairs_from_beir(demo, "train").units(cfg.unit)) == DEMO_LOG_UNITS
+    assert cfg.direct_dp.settings.batch_size == DEMO_LOG_UNITS and cfg.direct_dp.methods == ["public-negatives"]
+
+
 def test_nicknames_are_private_vocabulary_that_transfers(generator, demo):
     """No document uses a nickname and each names one system by its formal name; each query names
     exactly one system by nickname and its relevant document is an article on that system; each
