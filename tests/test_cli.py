@@ -159,11 +159,40 @@ def test_pipeline_config_errors(tmp_path):
     config.write_text("name: [unclosed\n")
     result = run_cli("pipeline", str(config))
     assert result.returncode == 2 and "invalid YAML" in result.stderr
+    # a key given twice: YAML keeps the last silently (the run would train at epsilon 3); refused at its line
+    config.write_text("name: x\ndataset: data\nepsilons: [8]\ngenerator: {epochs: 1}\nepsilons: [3]\n")
+    result = run_cli("pipeline", str(config))
+    assert result.returncode == 2 and f"{config}:5: invalid YAML (key 'epsilons' given twice)" in result.stderr
+    result = run_cli("pipeline", str(tmp_path))  # a directory
+    assert result.returncode == 2 and f"{tmp_path}: config path is not a file" in result.stderr
     # PyYAML's reader error for a NUL byte spans two lines; ours must still be one
     config.write_bytes(b"\x00")
     result = run_cli("pipeline", str(config))
     assert result.returncode == 2 and "invalid YAML" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def test_a_pipeline_setting_refused_at_run_time_names_the_config_file(toy_beir, tmp_path):
+    """A DP row's delta of 1/n or more is refused before any stage runs (the library names the field as the config
+    does); the command adds the config file to the one line."""
+    config = tmp_path / "pipe.yaml"
+    config.write_text(f"name: x\ndataset: {toy_beir}\nepsilons: [8]\ngenerator: {{delta: 0.4}}\n")
+    result = run_cli("pipeline", str(config), "--run-dir", str(tmp_path / "run"))
+    assert result.returncode == 2, result.stderr
+    assert f"{config}, field 'generator.delta': delta must be in (0, 1/n)" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and not (tmp_path / "run" / "config.json").exists()
+
+
+def test_a_path_that_cannot_be_written_is_one_line_and_exit_2(tmp_path):
+    """An output path that is a directory ends in the OS's reason for that path, not a traceback."""
+    squad = tmp_path / "squad.json"
+    squad.write_text(json.dumps({"data": [{"title": "T", "paragraphs": [{"context": "Paris is in France.", "qas": [
+        {"id": "q1", "question": "Where is Paris?", "answers": [{"text": "France", "answer_start": 12}]}]}]}]}))
+    (tmp_path / "out.jsonl").mkdir()
+    result = run_cli("data", "squad-pairs", "--squad", str(squad), "--out", str(tmp_path / "out.jsonl"))
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert f"error: {tmp_path / 'out.jsonl'}: Is a directory" in result.stderr  # the output's name, not its temp
+    assert len(result.stderr.strip().splitlines()) == 1
 
 
 def test_unknown_model_is_a_clear_error(toy_beir, tmp_path):

@@ -263,6 +263,28 @@ def test_dp_document_choice_is_a_recorded_release_and_an_empty_one_is_refused(ti
         DocumentChoice(source="corpus", selection={"epsilon": 2.0})
 
 
+@pytest.mark.parametrize("section, field", [
+    ("generator", "generator.delta"),
+    ("per_method", "direct_dp.per_method.batch-clip.delta"),
+    ("settings", "direct_dp.settings.delta"),
+])
+def test_a_dp_rows_delta_of_1_over_n_or_more_is_refused_before_any_stage(tiny_config, tmp_path, section, field):
+    """A delta that does not protect a unit (>= 1/n) is refused when the run starts, named as the config names it,
+    not when its row's training starts after the references (each trainer checks again): nothing is written."""
+    from privret.pipeline.run import run_pipeline
+
+    data = tiny_config.model_dump()
+    if section == "generator":
+        data["generator"]["delta"] = 0.4
+    elif section == "per_method":
+        data["direct_dp"]["per_method"]["batch-clip"]["delta"] = 0.4
+    else:
+        data["direct_dp"]["settings"]["delta"] = 0.4
+    with pytest.raises(InputError, match=r"delta must be in \(0, 1/n\)") as err:
+        run_pipeline(PipelineConfig.model_validate(data), tmp_path / "run")
+    assert err.value.field == field and not (tmp_path / "run").exists()
+
+
 def test_config_refuses_documents_picked_by_the_private_log(toy_beir):
     from pydantic import ValidationError
 

@@ -10,7 +10,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
 
-import yaml
 from pydantic import (BaseModel, ConfigDict, Field, ValidationError, field_serializer, field_validator,
                       model_validator)
 
@@ -18,6 +17,7 @@ from privret.config_fields import ConfigPath
 from privret.data.beir import Document
 from privret.data.pairs import PrivacyUnit, examples_from_pairs
 from privret.errors import InputError, invalid_input
+from privret.io import read_yaml_mapping
 from privret.models.device_spec import DeviceSpec
 from privret.privacy.budget import DEFAULT_CAP, BudgetPolicy, Cap
 from privret.retrieval.index import SearchIndex
@@ -275,45 +275,9 @@ class PipelineConfig(BaseModel):
                                        "unit": self.unit})
 
 
-MAX_CONFIG_BYTES = 1 << 20  # a pipeline config is a few hundred bytes; PyYAML is slow on megabytes
-MAX_CONFIG_NESTING = 64  # PyYAML is quadratic in flow nesting ([[[...]]] 20k deep: > 60 s)
-
-
-def _bounded_text(path: Path) -> str:
-    """The file's text, refusing sizes and bracket nesting that would make PyYAML hang."""
-    with open(path, "rb") as f:
-        data = f.read(MAX_CONFIG_BYTES + 1)
-    if len(data) > MAX_CONFIG_BYTES:
-        raise InputError(f"config larger than {MAX_CONFIG_BYTES} bytes", path=path)
-    text = data.decode("utf-8")
-    depth = deepest = 0
-    for char in text:
-        if char in "[{":
-            depth += 1
-            deepest = max(deepest, depth)
-        elif char in "]}":
-            depth = max(0, depth - 1)
-    if deepest > MAX_CONFIG_NESTING:
-        raise InputError(f"config nested more than {MAX_CONFIG_NESTING} brackets deep", path=path)
-    return text
-
-
 def load_config(path: str | Path) -> PipelineConfig:
     path = Path(path)
-    try:
-        raw = yaml.safe_load(_bounded_text(path))
-    except FileNotFoundError:
-        raise InputError("config file not found", path=path) from None
-    except RecursionError:
-        raise InputError("YAML nested too deeply", path=path) from None
-    except UnicodeDecodeError:
-        raise InputError("config is not valid UTF-8", path=path) from None
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        raise InputError(f"invalid YAML ({getattr(err, 'problem', err)})", path=path,
-                         line=mark.line + 1 if mark else None) from None
-    if not isinstance(raw, dict):
-        raise InputError("config must be a YAML mapping", path=path)
+    raw = read_yaml_mapping(path)
     try:
         config = PipelineConfig.model_validate(raw)
     except ValidationError as err:

@@ -157,3 +157,60 @@ def append_log_record(path: Path, line: str) -> None:
         f.write((line + "\n").encode("utf-8"))
         f.flush()
         os.fsync(f.fileno())
+
+
+MAX_CONFIG_BYTES = 1 << 20  # a config is a few hundred bytes; PyYAML is slow on megabytes
+MAX_CONFIG_NESTING = 64  # PyYAML is quadratic in flow nesting ([[[...]]] 20k deep: > 60 s)
+
+
+def _bounded_text(path: Path) -> str:
+    """The file's text, refusing sizes and bracket nesting that would make PyYAML hang."""
+    with open(path, "rb") as f:
+        data = f.read(MAX_CONFIG_BYTES + 1)
+    if len(data) > MAX_CONFIG_BYTES:
+        raise InputError(f"config larger than {MAX_CONFIG_BYTES} bytes", path=path)
+    text = data.decode("utf-8")
+    depth = deepest = 0
+    for char in text:
+        if char in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char in "]}":
+            depth = max(0, depth - 1)
+    if deepest > MAX_CONFIG_NESTING:
+        raise InputError(f"config nested more than {MAX_CONFIG_NESTING} brackets deep", path=path)
+    return text
+
+
+def read_yaml_mapping(path: Path) -> dict:
+    """A YAML config file's top-level mapping. Refused, with the file (and the line where YAML knows it): a missing
+    file or a directory, text that is not UTF-8, too large or nested too deeply, invalid YAML, a key given twice in
+    one mapping (YAML would keep the last one silently), and anything but a mapping at the top (an empty file)."""
+    import yaml
+
+    class UniqueKeyLoader(yaml.SafeLoader):
+        def construct_mapping(self, node, deep=False):
+            seen = set()
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=deep)
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(None, None, f"key '{key}' given twice",
+                                                            key_node.start_mark)
+                seen.add(key)
+            return super().construct_mapping(node, deep=deep)
+
+    if not path.is_file():
+        raise InputError("config file not found" if not path.exists() else "config path is not a file", path=path)
+    try:
+        raw = yaml.load(_bounded_text(path), Loader=UniqueKeyLoader)  # noqa: S506 (a SafeLoader)
+    except RecursionError:
+        raise InputError("YAML nested too deeply", path=path) from None
+    except UnicodeDecodeError:
+        raise InputError("config is not valid UTF-8", path=path) from None
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        raise InputError(f"invalid YAML ({getattr(err, 'problem', err)})", path=path,
+                         line=mark.line + 1 if mark else None) from None
+    if not isinstance(raw, dict):
+        raise InputError("config must be a YAML mapping", path=path)
+    return raw

@@ -148,6 +148,11 @@ def test_cli_federated_train_bm25_and_bad_config(tiny_squad, tmp_path, monkeypat
     res = runner.invoke(app, ["federated", "train", "--data", str(tmp_path / "fed"), "--out", str(tmp_path / "r2"),
                               "--config", str(bad)])
     assert isinstance(res.exception, InputError) and res.exception.field == "num_roundz"
+    bad.write_text("rounds: 2\nrounds: 3\n")  # the same YAML reading as a pipeline config: a key twice is refused
+    res = runner.invoke(app, ["federated", "train", "--data", str(tmp_path / "fed"), "--out", str(tmp_path / "r2"),
+                              "--config", str(bad)])
+    assert isinstance(res.exception, InputError) and "key 'rounds' given twice" in str(res.exception)
+    assert res.exception.line == 2 and not (tmp_path / "r2").exists()
     assert not (tmp_path / "r2").exists()
     res = runner.invoke(app, ["federated", "train", "--data", str(tmp_path / "fed"), "--out", str(tmp_path / "r3"),
                               "--baseline", "bm25", "--dp-epsilon", "8"])

@@ -74,3 +74,9 @@ def main() -> None:
         Console(stderr=True).print(f"[bold red]error:[/] {as_flags(err).one_line()}", highlight=False,
                                    soft_wrap=True)
         sys.exit(EXIT_BAD_INPUT)
+    except OSError as err:  # a path the user gave that cannot be read or written (a directory, a missing file)
+        if err.filename is None:
+            raise
+        path = err.filename2 or err.filename  # a rename's target: the output's name, not its temporary one
+        Console(stderr=True).print(f"[bold red]error:[/] {path}: {err.strerror}", highlight=False, soft_wrap=True)
+        sys.exit(EXIT_BAD_INPUT)

@@ -19,21 +19,12 @@ app = typer.Typer(help="Federated dense retrieval for answer sentence selection 
 
 
 def _fed_config(config: Path | None, **overrides):
-    import yaml
-
     from privret.federated.config import FedConfig
+    from privret.io import read_yaml_mapping
 
     values = {}
     if config is not None:
-        if not config.is_file():
-            raise InputError("config file not found", path=config)
-        try:
-            values = yaml.safe_load(config.read_text(encoding="utf-8")) or {}
-        except yaml.YAMLError as err:
-            line = getattr(getattr(err, "problem_mark", None), "line", None)
-            raise InputError("malformed YAML", path=config, line=None if line is None else line + 1) from None
-        if not isinstance(values, dict):
-            raise InputError("expected a mapping of FedConfig fields", path=config)
+        values = read_yaml_mapping(config)
         unknown = sorted(set(values) - set(FedConfig.model_fields))
         if unknown:
             raise InputError("unknown field", path=config, field=unknown[0])

@@ -23,7 +23,8 @@ def pipeline(
     """Every row of a config's grid (references, public rows, DP synthetic, direct DP); re-runs skip finished stages.
 
     The budget flags override the config's budget section."""
-    from privret.config import load_config
+    from privret.config import PipelineConfig, load_config
+    from privret.errors import InputError
     from privret.pipeline.run import run_pipeline
     from privret.pipeline.summary import summary_table
 
@@ -37,7 +38,12 @@ def pipeline(
                    path=None if device is not None else config)
     target = run_dir or Path("runs") / cfg.name
     also_log_to(target / RUN_LOG)
-    rows = run_pipeline(cfg, target)
+    try:
+        rows = run_pipeline(cfg, target)
+    except InputError as err:  # a setting of the config file, named by its path there: the error names the file too
+        if err.path is None and err.field and err.field.split(".")[0] in PipelineConfig.model_fields:
+            err.path = str(config)
+        raise
     out.print(summary_table(rows))
     out.print(f"results: {target.resolve()}/summary.md")
 

@@ -47,6 +47,7 @@ from privret.run_layout import CHOICE, CONFIG_FILE, EMBEDDING_CACHE, PUBLIC_PAIR
 from privret.pipeline.stages import (DirectRow, FilteredRow, Stage, SyntheticRow, TrainedRow, check_stages,
                                      plan_stages, write_record)
 from privret.pipeline.summary import write_summary
+from privret.privacy.accounting import check_budget
 from privret.privacy.budget import BudgetPolicy, dataset_id
 from privret.privacy.ledger import LEDGER_FILE, PrivacyLedger, format_epsilon, has_ledger, require_public
 from privret.privacy.partition_selection import selection_threshold
@@ -171,11 +172,34 @@ def _require_public_models(cfg: PipelineConfig) -> None:
         require_public(model, field=f"direct_dp.{grid.section(method, 'model')}.model", use="direct DP training")
 
 
+def _check_dp_budgets(cfg: PipelineConfig, pairs: TrainingPairs) -> None:
+    """Each DP training row's (epsilon, delta) against the log's n units, before any stage runs: a delta of 1/n or
+    more is refused now, named as the config names it, instead of when its row starts (hours into a run). Each
+    trainer checks again; a row that holds units out trains on fewer of them, so it is left to its trainer (its n
+    is the fit part's)."""
+    n = len(pairs.units(cfg.unit))
+    rows = [("generator", "epsilons", cfg.generator.delta, epsilon)
+            for epsilon in cfg.epsilons if math.isfinite(epsilon) and cfg.generator.hold_out is None]
+    grid = cfg.direct_dp
+    for method in grid.methods:
+        for epsilon in grid.epsilons:
+            row = grid.config(method, epsilon, cfg.unit)
+            if row.hold_out is None:
+                rows.append((f"direct_dp.{grid.section(method, 'delta')}", "direct_dp.epsilons", row.delta, epsilon))
+    for section, epsilons, delta, epsilon in rows:
+        try:
+            check_budget(epsilon, delta if delta is not None else 1 / (2 * n), n)
+        except InputError as err:
+            err.field = epsilons if err.field == "epsilon" else f"{section}.{err.field}"
+            raise
+
+
 def _run_grid(cfg: PipelineConfig, run_dir: Path) -> list[dict]:
     _require_public_models(cfg)
-    run_dir.mkdir(parents=True, exist_ok=True)
     dataset = load_beir(cfg.dataset, splits=[cfg.train_split, cfg.eval_split])
     pairs = pairs_from_beir(dataset, cfg.train_split)
+    _check_dp_budgets(cfg, pairs)
+    run_dir.mkdir(parents=True, exist_ok=True)
     data_hash = dataset_hash(dataset, cfg.train_split)
     run = Run(cfg, run_dir, dataset, pairs, data_hash, dataset_id(pairs, cfg.budget.dataset_name), cfg.budget.policy())
     few_shot = cfg.public_rows.few_shot(dataset.corpus) if cfg.public_rows.prompted else None
