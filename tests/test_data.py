@@ -55,6 +55,18 @@ def test_qrels_unknown_ids_and_bad_scores(toy_beir, row, field):
     assert err.value.field == field and err.value.line == 8
 
 
+@pytest.mark.parametrize("rows", ["", "query-id\tcorpus-id\tscore\n", "q1\td1\t0\n"])
+def test_a_split_with_no_positive_judgement_is_refused_where_it_is_used(toy_beir, rows):
+    """An empty, header-only or all-zero qrels file loads (data validate lists it), but training or scoring on it
+    names the file: it used to end in a ValueError from the metrics (or an NDCG of 0 on every query)."""
+    (toy_beir / "qrels" / "test.tsv").write_text(rows)
+    dataset = load_beir(toy_beir)
+    assert dataset.split("train")  # the other split is untouched
+    with pytest.raises(InputError, match="no positive judgement in this split") as err:
+        dataset.split("test")
+    assert err.value.path == str(toy_beir / "qrels" / "test.tsv")
+
+
 def test_non_utf8_bytes(toy_beir):
     corpus = toy_beir / "corpus.jsonl"
     corpus.write_bytes(corpus.read_bytes() + b'{"_id": "d9", "text": "caf\xe9"}\n')

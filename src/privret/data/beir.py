@@ -41,10 +41,14 @@ class BeirDataset:
     root: Path | None = None
 
     def split(self, name: str) -> Qrels:
+        """The judgements of split ``name``; a split that is missing, or holds no positive judgement (an empty or
+        header-only file, every score 0), is an input error: nothing can be trained or scored on it."""
+        where = self.root / "qrels" if self.root else Path("qrels")
         if name not in self.qrels:
-            where = self.root / "qrels" if self.root else "qrels"
             raise InputError(f"no qrels for split '{name}' (have: {', '.join(sorted(self.qrels)) or 'none'})",
                              path=where)
+        if not any(score > 0 for docs in self.qrels[name].values() for score in docs.values()):
+            raise InputError("no positive judgement in this split", path=where / f"{name}.tsv")
         return self.qrels[name]
 
 
