@@ -115,6 +115,18 @@ def test_malformed_jsonl_names_the_line(tmp_path):
     assert err.value.line == 2
 
 
+def test_a_jsonl_corpus_in_which_no_record_has_the_field_is_refused(tmp_path):
+    """Records without the field are skipped, one by one; when none has it the audit would read no text and
+    report 0% found, so the file is refused, naming the field."""
+    path = tmp_path / "c.jsonl"
+    path.write_text('{"body": "no text field"}\n{"text": "kept"}\n')
+    assert list(iter_records(path, field="text")) == [(2, "kept")]
+    path.write_text('{"body": "a"}\n{"body": "b"}\n')
+    with pytest.raises(InputError, match="no record has the field 'text'") as err:
+        list(iter_records(path, field="text"))
+    assert err.value.field == "text" and err.value.path == str(path)
+
+
 def test_cli_overlap_only_and_bad_corpus_exit_2(private, tmp_path):
     root, texts, _ = private
     path = tmp_path / "c.txt"

@@ -129,13 +129,16 @@ def iter_records(path: str | Path, *, field: str | None = None,
     """Stream (1-based line number, text) from a text or JSONL file (``field`` set = JSONL).
 
     Bytes that are not UTF-8 are replaced (a web crawl is not clean text); a JSONL line that is not
-    a JSON object with a string ``field`` is an :class:`InputError` naming the line.
+    a JSON object with a string ``field`` is an :class:`InputError` naming the line. Records without ``field``
+    are skipped (heterogeneous dumps), but a JSONL file in which no record has it is an error: an audit that read
+    no text would report a clean 0%.
     """
     path = Path(path)
     if not path.is_file():
         raise InputError("corpus file not found", path=path)
     raw, stream = _open_binary(path)
     last = 0
+    found = False
     try:
         for number, line in enumerate(stream, start=1):
             text = line.decode("utf-8", errors="replace")
@@ -160,9 +163,12 @@ def iter_records(path: str | Path, *, field: str | None = None,
             if not isinstance(value, str):
                 raise InputError(f"expected a string, got {type(value).__name__}", path=path, line=number,
                                  field=field)
+            found = True
             yield number, value
         if on_bytes is not None:
             on_bytes(raw.tell() - last)
+        if field is not None and not found:
+            raise InputError(f"no record has the field '{field}': nothing to audit", path=path, field=field)
     except (OSError, EOFError) as err:
         raise InputError(f"cannot read ({err})", path=path) from None
     finally:
