@@ -74,6 +74,18 @@ def test_interpolation_and_a_dp_choice_refuse_a_private_base(private_encoder, ti
     assert (private_encoder / LEDGER_FILE).is_file()  # refused for its ledger, not for a missing file
 
 
+def _config_with(toy_beir, field: str, model) -> PipelineConfig:
+    """A toy pipeline with every kind of row, whose config field ``field`` (dotted) names ``model``."""
+    raw = {"name": "toy", "dataset": str(toy_beir), "epsilons": [8.0], "synthetic_filter": {},
+           "direct_dp": {"methods": ["public-negatives"], "epsilons": [8.0], "settings": {}, "per_method": {}}}
+    *parents, leaf = field.split(".")
+    section = raw
+    for key in parents:
+        section = section.setdefault(key, {})
+    section[leaf] = str(model)
+    return PipelineConfig.model_validate(raw)
+
+
 @pytest.mark.parametrize("field", ["retriever.model", "generator.model", "synthetic_filter.encoder",
                                    "direct_dp.settings.model", "direct_dp.per_method.public-negatives.model"])
 def test_the_pipeline_refuses_a_private_starting_model_before_writing_anything(field, private_encoder, toy_beir,
@@ -81,15 +93,20 @@ def test_the_pipeline_refuses_a_private_starting_model_before_writing_anything(f
     """Every model a row starts from is checked before the first stage, not when its stage starts hours later."""
     from privret.pipeline.run import run_pipeline
 
-    raw = {"name": "toy", "dataset": str(toy_beir), "epsilons": [8.0], "synthetic_filter": {},
-           "direct_dp": {"methods": ["public-negatives"], "epsilons": [8.0], "settings": {}, "per_method": {}}}
-    *parents, leaf = field.split(".")
-    section = raw
-    for key in parents:
-        section = section.setdefault(key, {})
-    section[leaf] = str(private_encoder)
     with pytest.raises(InputError, match="needs a public model") as err:
-        run_pipeline(PipelineConfig.model_validate(raw), tmp_path / "run")
+        run_pipeline(_config_with(toy_beir, field, private_encoder), tmp_path / "run")
+    assert err.value.field == field and not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("field", ["retriever.model", "generator.model", "synthetic_filter.encoder",
+                                   "direct_dp.per_method.public-negatives.model"])
+def test_the_pipeline_refuses_a_missing_starting_model_before_writing_anything(field, toy_beir, tmp_path):
+    """A starting model that is not there is named by its config field before the first stage (it used to surface
+    when its stage started, after the references)."""
+    from privret.pipeline.run import run_pipeline
+
+    with pytest.raises(InputError, match="model directory not found") as err:
+        run_pipeline(_config_with(toy_beir, field, tmp_path / "no-such-model"), tmp_path / "run")
     assert err.value.field == field and not (tmp_path / "run").exists()
 
 

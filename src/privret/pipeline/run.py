@@ -43,6 +43,7 @@ from privret.io import file_sha256, write_json_atomic
 from privret.models.device import precision_label, use_device
 from privret.models.encoder import load_encoder
 from privret.models.model_card import record_evaluation
+from privret.models.registry import HUB_IDS, resolve
 from privret.run_layout import CHOICE, CONFIG_FILE, EMBEDDING_CACHE, PUBLIC_PAIRS, PUBLIC_PROMPTED, TIMING_FILE
 from privret.pipeline.stages import (DirectRow, FilteredRow, Stage, SyntheticRow, TrainedRow, check_stages,
                                      plan_stages, write_record)
@@ -159,17 +160,28 @@ def run_pipeline(cfg: PipelineConfig, run_dir: str | Path) -> list[dict]:
         return _run_grid(cfg, Path(run_dir))
 
 
-def _require_public_models(cfg: PipelineConfig) -> None:
-    """Refuse, before any stage runs, a starting model that read private data: every row carries only its own
-    release's ledger, so each model a row starts from must be public (each stage checks again when it starts)."""
-    require_public(cfg.retriever.model, field="retriever.model", use="the pipeline's encoder")
-    require_public(cfg.generator.model, field="generator.model", use="generator training")
-    if cfg.synthetic_filter is not None:
-        require_public(cfg.synthetic_filter.encoder, field="synthetic_filter.encoder", use="the round-trip filter")
+def _check_starting_models(cfg: PipelineConfig) -> None:
+    """Refuse, before any stage runs, a starting model that cannot be found (a missing directory, a hub id not
+    in the cache offline), naming its config field, and one that read private data: every row carries only its
+    own release's ledger, so each model a row starts from must be public (each stage checks again when it
+    starts). Bundled names are always there (installed with privret); they are converted when first used."""
     grid = cfg.direct_dp
+    models = [(cfg.retriever.model, "retriever.model", "the pipeline's encoder")]
+    if cfg.epsilons or cfg.public_rows.prompted or cfg.public_rows.public_pairs is not None:
+        models.append((cfg.generator.model, "generator.model", "generator training"))
+    if cfg.synthetic_filter is not None:
+        models.append((cfg.synthetic_filter.encoder, "synthetic_filter.encoder", "the round-trip filter"))
     for method in grid.methods if grid.epsilons else []:
         model = grid.config(method, grid.epsilons[0], cfg.unit).model
-        require_public(model, field=f"direct_dp.{grid.section(method, 'model')}.model", use="direct DP training")
+        models.append((model, f"direct_dp.{grid.section(method, 'model')}.model", "direct DP training"))
+    for model, field, use in models:
+        if model not in HUB_IDS:  # a bundled name
+            try:
+                resolve(model)
+            except InputError as err:
+                err.field = field
+                raise
+        require_public(model, field=field, use=use)
 
 
 def _check_dp_budgets(cfg: PipelineConfig, pairs: TrainingPairs) -> None:
@@ -195,7 +207,7 @@ def _check_dp_budgets(cfg: PipelineConfig, pairs: TrainingPairs) -> None:
 
 
 def _run_grid(cfg: PipelineConfig, run_dir: Path) -> list[dict]:
-    _require_public_models(cfg)
+    _check_starting_models(cfg)
     dataset = load_beir(cfg.dataset, splits=[cfg.train_split, cfg.eval_split])
     pairs = pairs_from_beir(dataset, cfg.train_split)
     _check_dp_budgets(cfg, pairs)
