@@ -148,6 +148,13 @@ def test_cli_federated_train_bm25_and_bad_config(tiny_squad, tmp_path, monkeypat
     res = runner.invoke(app, ["federated", "train", "--data", str(tmp_path / "fed"), "--out", str(tmp_path / "r2"),
                               "--config", str(bad)])
     assert isinstance(res.exception, InputError) and res.exception.field == "num_roundz"
+    bad.write_text("rounds: -2\n")  # a bad value from the file is named by the file and its field, not a flag
+    res = runner.invoke(app, ["federated", "train", "--data", str(tmp_path / "fed"), "--out", str(tmp_path / "r2"),
+                              "--config", str(bad)])
+    assert isinstance(res.exception, InputError) and (res.exception.path, res.exception.field) == (str(bad), "rounds")
+    res = runner.invoke(app, ["federated", "train", "--data", str(tmp_path / "fed"), "--out", str(tmp_path / "r2"),
+                              "--config", str(bad), "--rounds", "-3"])  # the flag given over it is what is wrong
+    assert isinstance(res.exception, InputError) and res.exception.field == "--rounds" and res.exception.path is None
     bad.write_text("rounds: 2\nrounds: 3\n")  # the same YAML reading as a pipeline config: a key twice is refused
     res = runner.invoke(app, ["federated", "train", "--data", str(tmp_path / "fed"), "--out", str(tmp_path / "r2"),
                               "--config", str(bad)])

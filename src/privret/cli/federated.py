@@ -19,17 +19,27 @@ app = typer.Typer(help="Federated dense retrieval for answer sentence selection 
 
 
 def _fed_config(config: Path | None, **overrides):
+    """The run's FedConfig: the ``--config`` file's fields, then the flags given over them. A bad value is named
+    where the user wrote it: the file and its field when it came from the file, else the flag."""
+    from pydantic import ValidationError
+
+    from privret.errors import invalid_input
     from privret.federated.config import FedConfig
     from privret.io import read_yaml_mapping
 
-    values = {}
-    if config is not None:
-        values = read_yaml_mapping(config)
-        unknown = sorted(set(values) - set(FedConfig.model_fields))
-        if unknown:
-            raise InputError("unknown field", path=config, field=unknown[0])
-    values.update({k: v for k, v in overrides.items() if v is not None})
-    return build_config(FedConfig, **values)
+    from_file = read_yaml_mapping(config) if config is not None else {}
+    unknown = sorted(set(from_file) - set(FedConfig.model_fields))
+    if unknown:
+        raise InputError("unknown field", path=config, field=unknown[0])
+    flags = {k: v for k, v in overrides.items() if v is not None}
+    values = from_file | flags
+    try:
+        return FedConfig(**values)
+    except ValidationError as err:
+        location = err.errors()[0]["loc"]
+        if location and location[0] in from_file and location[0] not in flags:
+            raise invalid_input(err, path=config) from None
+    return build_config(FedConfig, **values)  # raises, naming the flags
 
 
 @app.command("train")
