@@ -37,6 +37,14 @@ def test_corpus_errors_name_file_line_field(toy_beir, line, field, message):
     assert message in err.value.one_line() and "\n" not in err.value.one_line()
 
 
+def test_an_empty_queries_file_is_named(toy_beir):
+    """It used to surface as the first qrels line's unknown query id."""
+    (toy_beir / "queries.jsonl").write_text("")
+    with pytest.raises(InputError, match="queries file is empty") as err:
+        load_beir(toy_beir)
+    assert err.value.path == str(toy_beir / "queries.jsonl")
+
+
 def test_duplicate_ids(toy_beir):
     queries = toy_beir / "queries.jsonl"
     queries.write_text(queries.read_text() + json.dumps({"_id": "q1", "text": "again"}) + "\n")

@@ -78,6 +78,8 @@ def load_queries(path: str | Path) -> dict[str, str]:
     queries: dict[str, str] = {}
     for line, query_id, obj in _records_by_id(path, "query"):
         queries[query_id] = require_text(obj, "text", path=path, line=line)
+    if not queries:
+        raise InputError("queries file is empty", path=path)
     return queries
 
 
