@@ -11,9 +11,10 @@
 # five or more hours on 2 cores, and a run directory does not outlive a session here; with them, the share against
 # the whole grid is smaller, so leaving them out can only make the goal harder to meet. About 2.5 hours on 2 cores;
 # re-running resumes (the pipeline skips finished stages).
-# Added 2026-12-01 (twenty-second session) before any figure of its run existed: the run takes over 3 hours here
-# (the retrievers' recipe selection trains each up to 6 times), longer than a session's CPU, and its directory does
-# not outlive the session. For a run that cannot finish, bench/bars_cost_bound.py WORK_DIR/run --epsilon 8 bounds
+# Added 2026-12-01 (twenty-second session) before any figure of its run existed: the run takes hours here (each
+# selected retriever trains 3 times: two candidates and the retrain on all pairs), which a session may not leave it,
+# and its directory does not outlive the session. For a run that cannot finish, bench/bars_cost_bound.py
+# WORK_DIR/run --epsilon 8 bounds
 # the share from above by the route's stages timed so far (the epsilon-0 row fully timed); reported as "at most",
 # the goal met only if that bound is at most 30%, "not shown" otherwise (never "not met" on a bound).
 #   usage: bench/bars_cost.sh WORK_DIR
