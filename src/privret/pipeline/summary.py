@@ -63,15 +63,27 @@ def _summary_cells(rows: list[dict], compared: _Comparisons) -> list[list[str]]:
     return cells
 
 
+TERMINAL_COLUMNS = {"training data": "training data", "epsilon": "ε", "NDCG@10": "NDCG@10", "retention": "retention",
+                    "ΔNDCG@10 vs zero-shot [95% CI]": "Δ vs zero-shot [95% CI]", BAR_HEADER: "Δ vs ε = 0 bar [95% CI]"}
+"""The columns the terminal shows, by their summary.md header, with shorter headers (an 80-column terminal holds
+them); summary.md has every column."""
+
+
 def summary_table(rows: list[dict]) -> Table:
+    """The summary for the terminal: :data:`TERMINAL_COLUMNS` of summary.md's table, numbers never wrapped or cut
+    (the labels wrap instead)."""
     compared = _Comparisons.of(rows)
     sentence = compared.note(rows)
     table = Table(title="Retrieval on the evaluation split (seed Table 3 layout)",
-                  caption=EXPLANATION + (f" {sentence}" if sentence else ""))
-    for column in compared.columns():
-        table.add_column(column, justify="left" if column == "training data" else "right")
+                  caption=EXPLANATION + (f" {sentence}" if sentence else "") + " Every metric: summary.md.")
+    columns = compared.columns()
+    shown = [i for i, column in enumerate(columns) if column in TERMINAL_COLUMNS]
+    for i in shown:
+        label = columns[i] == "training data"
+        table.add_column(TERMINAL_COLUMNS[columns[i]], justify="left" if label else "right", no_wrap=not label,
+                         overflow="fold" if label else "ellipsis", ratio=1 if label else None)
     for cells in _summary_cells(rows, compared):
-        table.add_row(*cells)
+        table.add_row(*(cells[i] for i in shown))
     return table
 
 
