@@ -12,10 +12,10 @@
 # the whole grid is smaller, so leaving them out can only make the goal harder to meet. About 2.5 hours on 2 cores;
 # re-running resumes (the pipeline skips finished stages).
 # Added 2026-12-01 (twenty-second session) before any figure of its run existed: the run takes hours here (each
-# selected retriever trains 3 times: two candidates and the retrain on all pairs), which a session may not leave it,
-# and its directory does not outlive the session. For a run that cannot finish, bench/bars_cost_bound.py
-# WORK_DIR/run --epsilon 8 bounds
-# the share from above by the route's stages timed so far (the epsilon-0 row fully timed); reported as "at most",
+# selected retriever trains 3 times: two candidates and the retrain on all pairs), maybe more than a session gives,
+# and its directory does not outlive the session. For a run that cannot finish,
+# `bench/bars_cost_bound.py WORK_DIR/run --epsilon 8` bounds the share from above by the route's stages timed so far
+# (the epsilon-0 row fully timed and never resumed); reported as "at most",
 # the goal met only if that bound is at most 30%, "not shown" otherwise (never "not met" on a bound).
 #   usage: bench/bars_cost.sh WORK_DIR
 set -euo pipefail

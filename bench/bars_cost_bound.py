@@ -8,7 +8,10 @@ session) still bounds it. Every stage time is written as the stage ends (``timin
     share = (seconds of the epsilon-0 rows) / (seconds of the synthetic route)
          <= (seconds of the epsilon-0 rows) / (seconds of the route's stages timed so far)
 
-provided the epsilon-0 rows are fully timed (else nothing is printed but what is missing). The route is the one of
+provided the epsilon-0 rows are fully timed (else nothing is printed but what is missing) and none of their
+stages was resumed after a crash (a resumed stage counts only its last part, cost.py: an under-count of the
+numerator, which would break the bound; this script cannot tell, so the run must not have been resumed while an
+epsilon-0 row was running). The route is the one of
 cost.py: zero-shot, original pairs and the DP synthetic rows of the epsilon (``eps-<e>``, ``-filtered``,
 ``-selected``); rows the run has not started add nothing to the bound. It is always printed as "at most": the
 figure itself is the finished run's report (the rule of bench/bars_cost.sh); this bound is for a run that did not
@@ -73,6 +76,8 @@ def main() -> None:
     if not all(complete[name] for name in public):
         raise SystemExit("an epsilon-0 row is not fully timed: no bound")
     added, base = sum(totals[n] for n in public), sum(totals[n] for n in route)
+    if base <= 0:
+        raise SystemExit("no stage of the synthetic route is timed yet: no bound")
     print(f"epsilon-0 rows {minutes(added)} over the {minutes(base)} of the synthetic route's stages timed so far: "
           f"at most +{100 * added / base:.1f}%")
 

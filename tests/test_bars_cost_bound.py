@@ -45,3 +45,10 @@ def test_no_bound_while_an_epsilon_0_row_is_unfinished(tmp_path):
     _row(run, "public-prompted", generator=5, generate=300)  # its retriever has no time yet: an under-count
     done = _run(run)
     assert done.returncode != 0 and "not fully timed: no bound" in done.stderr
+
+
+def test_no_bound_before_the_route_has_a_timed_stage(tmp_path):
+    run = tmp_path / "run"
+    _row(run, "public-prompted", 60, generator=5, generate=300, retriever=535)
+    done = _run(run)
+    assert done.returncode != 0 and "no stage of the synthetic route is timed yet" in done.stderr

@@ -60,9 +60,15 @@ def test_the_demos_direct_dp_row_takes_every_unit_in_every_step(demo):
     from privret.cli.demo import DEMO_LOG_UNITS, demo_config
     from privret.data.pairs import pairs_from_beir
 
+    from privret.train.dp_run import plan_run
+
     cfg = demo_config()
-    assert len(pairs_from_beir(demo, "train").units(cfg.unit)) == DEMO_LOG_UNITS
-    assert cfg.direct_dp.settings.batch_size == DEMO_LOG_UNITS and cfg.direct_dp.methods == ["public-negatives"]
+    n_units = len(pairs_from_beir(demo, "train").units(cfg.unit))
+    assert n_units == DEMO_LOG_UNITS and cfg.direct_dp.methods == ["public-negatives"]
+    row = cfg.direct_dp.config("public-negatives", cfg.direct_dp.epsilons[0], cfg.unit)  # the method's checks
+    plan = plan_run(row, n_units)
+    assert (plan.sample_rate, plan.steps, plan.epsilon) == (1.0, 12, 8.0)
+    assert (row.trainable, row.hard_negatives, row.public_negatives, row.dropout) == ("bias-top:3", 2, 1, False)
 
 
 def test_nicknames_are_private_vocabulary_that_transfers(generator, demo):

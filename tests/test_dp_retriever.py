@@ -355,7 +355,8 @@ def test_train_dp_retriever_end_to_end(method, tmp_path, tiny_bert_dir, monkeypa
     assert ledger.steps == math.ceil(1 / (4 / 10)) and ledger.unit == "query" and ledger.n_units == 10
     assert PrivacyLedger.load(tmp_path / "r") .epsilon == ledger.epsilon
     delta_expected, sigma = _expected_sensitivity(cfg), ledger.noise_multiplier
-    assert sigma > 0.1 and len(stds) >= ledger.steps
+    n_tensors = len(make_trainable(load_encoder(str(tiny_bert_dir)), cfg.trainable, lora_rank=cfg.lora_rank))
+    assert sigma > 0.1 and len(stds) == ledger.steps * n_tensors  # one draw per trained tensor per step
     assert stds == pytest.approx([sigma * delta_expected] * len(stds), rel=1e-9)
     details = json.loads((tmp_path / "r" / "dp_mechanism.json").read_text())
     assert details["noise_multiplier"] == pytest.approx(sigma, rel=1e-12)

@@ -115,16 +115,17 @@ def test_malformed_jsonl_names_the_line(tmp_path):
     assert err.value.line == 2
 
 
-def test_a_jsonl_corpus_in_which_no_record_has_the_field_is_refused(tmp_path):
-    """Records without the field are skipped, one by one; when none has it the audit would read no text and
-    report 0% found, so the file is refused, naming the field."""
-    path = tmp_path / "c.jsonl"
-    path.write_text('{"body": "no text field"}\n{"text": "kept"}\n')
-    assert list(iter_records(path, field="text")) == [(2, "kept")]
-    path.write_text('{"body": "a"}\n{"body": "b"}\n')
-    with pytest.raises(InputError, match="no record has the field 'text'") as err:
-        list(iter_records(path, field="text"))
-    assert err.value.field == "text" and err.value.path == str(path)
+def test_a_corpus_of_which_no_record_is_read_is_refused(private, tmp_path):
+    """JSONL records without the text field are skipped one by one, and a shard without any is fine beside others;
+    a corpus of which no record was read would report a clean 0% found, so it is refused."""
+    root, texts, _ = private
+    empty, some = tmp_path / "empty.jsonl", tmp_path / "some.jsonl"
+    empty.write_text('{"body": "a"}\n{"body": "b"}\n')
+    some.write_text(json.dumps({"text": texts[0]}) + "\n")
+    assert corpus_overlap(root, "train", [empty, some])["queries"]["found"] == 1
+    with pytest.raises(InputError, match="no record read from the corpus .*field 'text'") as err:
+        corpus_overlap(root, "train", [empty])
+    assert err.value.path == str(empty)
 
 
 def test_cli_overlap_only_and_bad_corpus_exit_2(private, tmp_path):

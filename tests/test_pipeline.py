@@ -285,6 +285,27 @@ def test_a_dp_rows_delta_of_1_over_n_or_more_is_refused_before_any_stage(tiny_co
     assert err.value.field == field and not (tmp_path / "run").exists()
 
 
+def test_a_row_that_holds_units_out_is_left_to_its_trainer(tiny_config, tmp_path, monkeypatch):
+    """Its trainer's n is the fit part's, smaller than the log's: a delta in [1/n, 1/n_fit) is valid for it, so the
+    up-front check must not refuse it (the run goes on to its first stage)."""
+    from privret.pipeline import run as pipeline_run
+
+    data = tiny_config.model_dump()
+    n = len(pipeline_run.pairs_from_beir(pipeline_run.load_beir(tiny_config.dataset), "train").units(tiny_config.unit))
+    data["direct_dp"]["settings"]["delta"] = 1.0 / n  # refused for the whole log, not for a part of it
+    data["direct_dp"]["settings"]["hold_out"] = {"heldout_fraction": 0.5}
+
+    class Started(Exception):
+        pass
+
+    def first_stage(*args, **kwargs):
+        raise Started
+
+    monkeypatch.setattr(pipeline_run, "plan_stages", first_stage)
+    with pytest.raises(Started):
+        pipeline_run.run_pipeline(PipelineConfig.model_validate(data), tmp_path / "run")
+
+
 def test_config_refuses_documents_picked_by_the_private_log(toy_beir):
     from pydantic import ValidationError
 

@@ -99,7 +99,7 @@ def test_the_pipeline_refuses_a_private_starting_model_before_writing_anything(f
 
 
 @pytest.mark.parametrize("field", ["retriever.model", "generator.model", "synthetic_filter.encoder",
-                                   "direct_dp.per_method.public-negatives.model"])
+                                   "direct_dp.settings.model", "direct_dp.per_method.public-negatives.model"])
 def test_the_pipeline_refuses_a_missing_starting_model_before_writing_anything(field, toy_beir, tmp_path):
     """A starting model that is not there is named by its config field before the first stage (it used to surface
     when its stage started, after the references)."""

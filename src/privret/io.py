@@ -185,15 +185,25 @@ def _bounded_text(path: Path) -> str:
 def read_yaml_mapping(path: Path) -> dict:
     """A YAML config file's top-level mapping. Refused, with the file (and the line where YAML knows it): a missing
     file or a directory, text that is not UTF-8, too large or nested too deeply, invalid YAML, a key given twice in
-    one mapping (YAML would keep the last one silently), and anything but a mapping at the top (an empty file)."""
+    one mapping (YAML would keep the last one silently), and anything but a mapping at the top. An empty file (or
+    comments only) is the empty mapping."""
     import yaml
 
     class UniqueKeyLoader(yaml.SafeLoader):
+        """SafeLoader that refuses a key given twice in one mapping. Merge keys (``<<: *anchor``) are left to
+        SafeLoader, so a mapping may still override what it merges; an unhashable key gets SafeLoader's error."""
+
         def construct_mapping(self, node, deep=False):
             seen = set()
             for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
                 key = self.construct_object(key_node, deep=deep)
-                if key in seen:
+                try:
+                    repeated = key in seen
+                except TypeError:  # a list or mapping as key
+                    break
+                if repeated:
                     raise yaml.constructor.ConstructorError(None, None, f"key '{key}' given twice",
                                                             key_node.start_mark)
                 seen.add(key)
@@ -211,6 +221,8 @@ def read_yaml_mapping(path: Path) -> dict:
         mark = getattr(err, "problem_mark", None)
         raise InputError(f"invalid YAML ({getattr(err, 'problem', err)})", path=path,
                          line=mark.line + 1 if mark else None) from None
+    if raw is None:  # an empty file, or comments only: no field set
+        return {}
     if not isinstance(raw, dict):
         raise InputError("config must be a YAML mapping", path=path)
     return raw

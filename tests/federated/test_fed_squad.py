@@ -160,7 +160,10 @@ def test_cli_federated_train_bm25_and_bad_config(tiny_squad, tmp_path, monkeypat
                               "--config", str(bad)])
     assert isinstance(res.exception, InputError) and "key 'rounds' given twice" in str(res.exception)
     assert res.exception.line == 2 and not (tmp_path / "r2").exists()
-    assert not (tmp_path / "r2").exists()
+    bad.write_text("dp: none\ndp_clip_norm: 2\n")  # an error of the file's fields together: named by the file
+    res = runner.invoke(app, ["federated", "train", "--data", str(tmp_path / "fed"), "--out", str(tmp_path / "r2"),
+                              "--config", str(bad)])
+    assert isinstance(res.exception, InputError) and res.exception.path == str(bad), res.output
     res = runner.invoke(app, ["federated", "train", "--data", str(tmp_path / "fed"), "--out", str(tmp_path / "r3"),
                               "--baseline", "bm25", "--dp-epsilon", "8"])
     assert isinstance(res.exception, InputError) and res.exception.field == "--dp-epsilon"

@@ -130,15 +130,13 @@ def iter_records(path: str | Path, *, field: str | None = None,
 
     Bytes that are not UTF-8 are replaced (a web crawl is not clean text); a JSONL line that is not
     a JSON object with a string ``field`` is an :class:`InputError` naming the line. Records without ``field``
-    are skipped (heterogeneous dumps), but a JSONL file in which no record has it is an error: an audit that read
-    no text would report a clean 0%.
+    are skipped (heterogeneous dumps): :func:`corpus_overlap` refuses a corpus of which no record was read.
     """
     path = Path(path)
     if not path.is_file():
         raise InputError("corpus file not found", path=path)
     raw, stream = _open_binary(path)
     last = 0
-    found = False
     try:
         for number, line in enumerate(stream, start=1):
             text = line.decode("utf-8", errors="replace")
@@ -163,12 +161,9 @@ def iter_records(path: str | Path, *, field: str | None = None,
             if not isinstance(value, str):
                 raise InputError(f"expected a string, got {type(value).__name__}", path=path, line=number,
                                  field=field)
-            found = True
             yield number, value
         if on_bytes is not None:
             on_bytes(raw.tell() - last)
-        if field is not None and not found:
-            raise InputError(f"no record has the field '{field}': nothing to audit", path=path, field=field)
     except (OSError, EOFError) as err:
         raise InputError(f"cannot read ({err})", path=path) from None
     finally:
@@ -234,6 +229,9 @@ def corpus_overlap(private_root: str | Path, split: str, corpus_files: list[str 
                 for matcher in matchers.values():
                     if not matcher.done:
                         matcher.scan(text, f"{path}:{number}")
+    if records == 0:  # a clean 0% would say nothing: no text was read (no record has the field, say)
+        raise InputError(f"no record read from the corpus (JSONL records without the field '{field or 'text'}' are "
+                         "skipped): nothing to audit", path=", ".join(str(p) for p in files))
     q_res = OverlapResult("queries", len(queries), len(eligible_q), matchers["queries"].found)
     d_res = OverlapResult("documents", len(documents), len(eligible_d), matchers["documents"].found)
     return {

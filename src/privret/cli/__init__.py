@@ -10,6 +10,7 @@ live in :mod:`privret.cli.common`. Commands import their heavy dependencies when
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 from pathlib import Path
@@ -61,6 +62,11 @@ def _global_options(
         set_trust_pickle(True)
 
 
+PATH_ERRORS = {errno.ENOENT, errno.EISDIR, errno.ENOTDIR, errno.EACCES, errno.EPERM, errno.EEXIST, errno.ENAMETOOLONG,
+               errno.EROFS, errno.ENOTEMPTY}
+RENAME_TARGET_ERRORS = {errno.EISDIR, errno.ENOTEMPTY, errno.EEXIST}
+
+
 def main() -> None:
     """The ``privret`` entry point: bad input ends in a one-line message and exit code 2. Under torchrun
     (:mod:`privret.distributed`) every rank runs the command and only rank 0 prints: the others' standard
@@ -75,8 +81,9 @@ def main() -> None:
                                    soft_wrap=True)
         sys.exit(EXIT_BAD_INPUT)
     except OSError as err:  # a path the user gave that cannot be read or written (a directory, a missing file)
-        if err.filename is None:
-            raise
-        path = err.filename2 or err.filename  # a rename's target: the output's name, not its temporary one
+        if err.filename is None or err.errno not in PATH_ERRORS:
+            raise  # a full disk, too many open files, an I/O error: not the input's fault
+        # a rename onto a directory or a taken name: the output's name, not its temporary one
+        path = err.filename2 if err.filename2 and err.errno in RENAME_TARGET_ERRORS else err.filename
         Console(stderr=True).print(f"[bold red]error:[/] {path}: {err.strerror}", highlight=False, soft_wrap=True)
         sys.exit(EXIT_BAD_INPUT)

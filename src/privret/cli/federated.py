@@ -37,7 +37,8 @@ def _fed_config(config: Path | None, **overrides):
         return FedConfig(**values)
     except ValidationError as err:
         location = err.errors()[0]["loc"]
-        if location and location[0] in from_file and location[0] not in flags:
+        from_the_file = location[0] in from_file and location[0] not in flags if location else not flags
+        if from_the_file:  # a field of the file, or (no flag given) the file's fields together
             raise invalid_input(err, path=config) from None
     return build_config(FedConfig, **values)  # raises, naming the flags
 

@@ -86,6 +86,11 @@ HUB_IDS = {"smollm2-135m": "HuggingFaceTB/SmolLM2-135M-Instruct", "minilm-l6": "
 """The public Hugging Face id of each bundled default (what a model card names as its base model)."""
 
 
+def is_bundled(name: str) -> bool:
+    """Whether ``name`` is a default model shipped in an installed package (always there; converted on first use)."""
+    return name in _BUNDLED
+
+
 def resolve(name: str) -> str:
     """A local path (bundled or given) or a hub id that is available; else a clear error."""
     if name in _BUNDLED:

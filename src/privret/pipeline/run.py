@@ -43,7 +43,7 @@ from privret.io import file_sha256, write_json_atomic
 from privret.models.device import precision_label, use_device
 from privret.models.encoder import load_encoder
 from privret.models.model_card import record_evaluation
-from privret.models.registry import HUB_IDS, resolve
+from privret.models.registry import is_bundled, resolve
 from privret.run_layout import CHOICE, CONFIG_FILE, EMBEDDING_CACHE, PUBLIC_PAIRS, PUBLIC_PROMPTED, TIMING_FILE
 from privret.pipeline.stages import (DirectRow, FilteredRow, Stage, SyntheticRow, TrainedRow, check_stages,
                                      plan_stages, write_record)
@@ -166,16 +166,15 @@ def _check_starting_models(cfg: PipelineConfig) -> None:
     own release's ledger, so each model a row starts from must be public (each stage checks again when it
     starts). Bundled names are always there (installed with privret); they are converted when first used."""
     grid = cfg.direct_dp
-    models = [(cfg.retriever.model, "retriever.model", "the pipeline's encoder")]
-    if cfg.epsilons or cfg.public_rows.prompted or cfg.public_rows.public_pairs is not None:
-        models.append((cfg.generator.model, "generator.model", "generator training"))
+    models = [(cfg.retriever.model, "retriever.model", "the pipeline's encoder"),
+              (cfg.generator.model, "generator.model", "generator training")]  # every epsilon has a generator row
     if cfg.synthetic_filter is not None:
         models.append((cfg.synthetic_filter.encoder, "synthetic_filter.encoder", "the round-trip filter"))
     for method in grid.methods if grid.epsilons else []:
         model = grid.config(method, grid.epsilons[0], cfg.unit).model
         models.append((model, f"direct_dp.{grid.section(method, 'model')}.model", "direct DP training"))
     for model, field, use in models:
-        if model not in HUB_IDS:  # a bundled name
+        if not is_bundled(model):  # a path or a hub id: found now (a bundled one is installed with privret)
             try:
                 resolve(model)
             except InputError as err:
