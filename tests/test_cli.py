@@ -200,6 +200,22 @@ def test_unknown_model_is_a_clear_error(toy_beir, tmp_path):
     assert result.returncode == 2 and "model directory not found" in result.stderr
 
 
+@pytest.mark.parametrize("damage", ["truncated weights", "malformed config"])
+def test_a_damaged_model_directory_is_one_line_naming_it(toy_beir, tiny_bert_dir, tmp_path, damage):
+    import shutil
+
+    model = shutil.copytree(tiny_bert_dir, tmp_path / "model")
+    if damage == "truncated weights":
+        weights = model / "model.safetensors"
+        weights.write_bytes(weights.read_bytes()[:5])
+    else:
+        (model / "config.json").write_text('{"model_type": "bert", ')
+    result = run_cli("evaluate", "--model", str(model), "--data", str(toy_beir))
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert f"{model}: cannot read the model (" in result.stderr and "damaged or incomplete" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
 def test_offline_hub_id_says_how_to_get_it(tmp_path, monkeypatch):
     from privret.errors import ModelUnavailableError
     from privret.models.registry import resolve

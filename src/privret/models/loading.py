@@ -2,13 +2,14 @@
 
 ``trust_remote_code`` is always off and weights are read from safetensors when the repository
 has them; pickle-only weights need ``--trust-remote-pickle`` and offline mode is enforced
-(:mod:`privret.models.safety`); a load failure (missing files, no network) becomes a one-line
-:class:`~privret.errors.ModelUnavailableError` that says how to make the model available.
+(:mod:`privret.models.safety`); a load failure (missing files, no network, a damaged local directory) becomes a
+one-line :class:`~privret.errors.ModelUnavailableError` that says how to make the model available.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import TypeVar
 
 from privret.errors import ModelUnavailableError
@@ -23,9 +24,17 @@ def load_pretrained(name: str, loader: Callable[[str], T]) -> T:
     enforce_offline()
     location = resolve(name)
     check_weights(location, name)
+    from safetensors import SafetensorError
+
     try:
         return loader(location)
-    except OSError as err:
+    except (OSError, SafetensorError, ValueError) as err:
+        reason = (str(err).splitlines() or [type(err).__name__])[0]
+        if Path(location).is_dir():  # a local directory: a truncated weights file, a malformed JSON file of it
+            raise ModelUnavailableError(f"cannot read the model ({reason}): a damaged or incomplete model "
+                                        "directory?", path=location) from None
+        if not isinstance(err, OSError):
+            raise
         raise ModelUnavailableError(
-            f"cannot load model '{name}' ({str(err).splitlines()[0]}); pass a local directory, or download it "
+            f"cannot load model '{name}' ({reason}); pass a local directory, or download it "
             f"first with `hf download {name}` on a machine with network") from None
