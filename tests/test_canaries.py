@@ -224,3 +224,8 @@ def test_cli_rejects_bad_lists(tmp_path, toy_beir):
         result = run_cli("audit", "canaries", "--data", str(toy_beir), "--out", str(tmp_path / "a"), flag, value)
         assert result.returncode == 2 and f"'{flag}'" in result.stderr, result.stderr
     assert not (tmp_path / "a").exists()
+    # a generator that cannot be loaded is found before the audit's settings are written
+    result = run_cli("audit", "canaries", "--data", str(toy_beir), "--out", str(tmp_path / "a"),
+                     "--model", str(tmp_path / "no-such-model"))
+    assert result.returncode == 2 and "model directory not found" in result.stderr, result.stderr
+    assert not (tmp_path / "a" / "settings.json").exists()

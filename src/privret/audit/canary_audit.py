@@ -155,11 +155,11 @@ def run_canary_audit(pairs: TrainingPairs, out_dir: str | Path, cfg: CanaryAudit
     if settings_file.exists():
         if not same_settings(json.loads(settings_file.read_text()), settings):
             raise InputError("holds an audit with other settings; choose another output directory", path=out_dir)
-    else:
+    fits = _query_fits(cfg.generator.model, cfg.generator.max_query_tokens)  # a model that cannot load: nothing written
+    if not settings_file.exists():
         write_json_atomic(settings_file, settings)
 
     results = []
-    fits = _query_fits(cfg.generator.model, cfg.generator.max_query_tokens)
     trials = {t: make_canaries(base, trial=t, repetitions=tuple(cfg.repetitions), n_candidates=cfg.candidates,
                                seed=cfg.seed, fits=fits) for t in range(cfg.trials)}
     with Progress() as progress:
