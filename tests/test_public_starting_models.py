@@ -175,3 +175,12 @@ def test_public_training_refuses_dp_and_a_private_starting_model(private_encoder
                          "2", "--public", *extra)
         assert result.returncode == 2 and field in result.stderr, result.stderr
         assert len(result.stderr.strip().splitlines()) == 1 and not (tmp_path / "r").exists()
+
+
+def test_a_ledger_with_a_field_of_the_wrong_type_names_the_field(tmp_path):
+    PRIVATE.save(tmp_path)
+    path = tmp_path / LEDGER_FILE
+    path.write_text(path.read_text().replace('"epsilon": 8.0', '"epsilon": "eight"'))
+    with pytest.raises(InputError, match="unreadable ledger") as err:
+        PrivacyLedger.load(tmp_path)
+    assert (err.value.path, err.value.field) == (str(path), "epsilon")

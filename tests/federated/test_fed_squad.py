@@ -107,6 +107,20 @@ def test_cli_data_fed_squad(tiny_squad, tmp_path):
     assert res.exit_code != 0 and not (tmp_path / "fed2").exists()
 
 
+@pytest.mark.parametrize("field", ["positive", "answer_sentences"])
+def test_an_unknown_sentence_is_blamed_on_the_field_that_names_it(tiny_squad, tmp_path, field):
+    from privret.data.fed_squad import load_client
+
+    build_fed_squad(tiny_squad, tmp_path / "fed", n_clients=2)
+    questions = tmp_path / "fed" / "client_00" / "questions.jsonl"
+    rows = [json.loads(line) for line in questions.read_text().splitlines()]
+    rows[1][field] = "no-such-sentence" if field == "positive" else ["no-such-sentence"]
+    questions.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(InputError, match="unknown sentence 'no-such-sentence'") as err:
+        load_client(tmp_path / "fed" / "client_00")
+    assert (err.value.line, err.value.field) == (2, field)
+
+
 def test_cli_federated_train_bm25_and_bad_config(tiny_squad, tmp_path, monkeypatch):
     from typer.testing import CliRunner
 

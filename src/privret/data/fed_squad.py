@@ -300,9 +300,10 @@ def load_client(client_dir: str | Path) -> ClientData:
                      answer_sentences=list(_row(row, "answer_sentences", path, line, list)))
         if q.split not in ("train", "test"):
             raise InputError("must be 'train' or 'test'", path=path, line=line, field="split")
-        for sid in [q.positive, *q.answer_sentences]:
-            if sid not in known:
-                raise InputError(f"unknown sentence '{sid}'", path=path, line=line, field="answer_sentences")
+        for field, sids_of_field in (("positive", [q.positive]), ("answer_sentences", q.answer_sentences)):
+            for sid in sids_of_field:
+                if sid not in known:
+                    raise InputError(f"unknown sentence '{sid}'", path=path, line=line, field=field)
         questions.append(q)
     return ClientData(name=client_dir.name, sentence_ids=sids, sentences=texts, sentence_passage=owner,
                       passages=passages, questions=questions)

@@ -15,9 +15,9 @@ import math
 from datetime import datetime, timezone
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, model_serializer
+from pydantic import BaseModel, ConfigDict, ValidationError, model_serializer
 
-from privret.errors import InputError
+from privret.errors import InputError, invalid_input
 from privret.io import write_text_atomic
 from privret.privacy.commitment import commit
 from privret.privacy.partition import LogPart, compose_parts
@@ -183,7 +183,9 @@ class PrivacyLedger(BaseModel):
             raise InputError("no privacy ledger (was this written by privret?)", path=path)
         try:
             return cls.model_validate(json.loads(path.read_text(encoding="utf-8")))
-        except (json.JSONDecodeError, ValueError) as err:
+        except ValidationError as err:  # a field of the wrong type or value: named
+            raise invalid_input(err, path=path, what="unreadable ledger") from None
+        except ValueError as err:  # not JSON (json.JSONDecodeError), or not UTF-8
             raise InputError(f"unreadable ledger: {str(err).splitlines()[0]}", path=path) from None
 
     def summary(self) -> str:
