@@ -27,20 +27,17 @@ import json
 from pathlib import Path
 from types import SimpleNamespace
 
-from privret.report.collect import EPS_DIR, parse_eps
-from privret.report.cost import STAGES, expected_stages, minutes
-from privret.run_layout import FILTERED_SUFFIX, METRICS_FILE, ORIGINAL, PUBLIC_ROWS, SELECTED_SUFFIX, TIMING_FILE, \
-    ZERO_SHOT
+from privret.report.collect import EPS_DIR, parse_eps, read_timing
+from privret.report.cost import STAGES, expected_stages, minutes, timed_seconds
+from privret.run_layout import FILTERED_SUFFIX, METRICS_FILE, ORIGINAL, PUBLIC_ROWS, SELECTED_SUFFIX, ZERO_SHOT
 
 
 def timed_stages(row_dir: Path) -> dict[str, float]:
-    """The stages of a row directory that have a time so far (keys of cost.STAGES)."""
-    timing = json.loads((row_dir / TIMING_FILE).read_text()) if (row_dir / TIMING_FILE).is_file() else {}
-    seconds = {k.removesuffix("_seconds"): float(v) for k, v in timing.items() if k.endswith("_seconds")}
+    """The stages of a row directory that have a time so far (keys of cost.STAGES), read as the report reads them."""
     metrics = row_dir / METRICS_FILE
-    if metrics.is_file() and "eval_seconds" in (m := json.loads(metrics.read_text())):
-        seconds["eval"] = float(m["eval_seconds"])
-    return seconds
+    row = SimpleNamespace(timing=read_timing(row_dir), metrics=json.loads(metrics.read_text()) if metrics.is_file()
+                          else {})
+    return timed_seconds(row)
 
 
 def method_of(name: str) -> str:

@@ -13,7 +13,7 @@ DEMO_LOG_UNITS = 170  # distinct training queries of the bundled demo log (tests
 def demo_config() -> PipelineConfig:
     """Small enough for about 15 minutes on 2 CPU cores: one epsilon plus the references.
 
-    Two DP rows at epsilon 8, alternatives (releasing both would compose to 16):
+    Two DP rows at epsilon 8, alternatives (releasing both composes their budgets: at most 16, see budget.json):
 
     - the synthetic route, 7 on the generator and 1 on a DP choice, on the private log, among the public
       encoder, the retriever trained on the synthetic queries and their interpolation (``private_selection``),

@@ -12,6 +12,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
+from safetensors import SafetensorError
+
 from privret.errors import ModelUnavailableError
 from privret.models.registry import resolve
 from privret.models.safety import check_weights, enforce_offline
@@ -24,8 +26,6 @@ def load_pretrained(name: str, loader: Callable[[str], T]) -> T:
     enforce_offline()
     location = resolve(name)
     check_weights(location, name)
-    from safetensors import SafetensorError
-
     try:
         return loader(location)
     except (OSError, SafetensorError, ValueError) as err:

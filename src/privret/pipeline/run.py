@@ -48,7 +48,7 @@ from privret.run_layout import CHOICE, CONFIG_FILE, EMBEDDING_CACHE, PUBLIC_PAIR
 from privret.pipeline.stages import (DirectRow, FilteredRow, Stage, SyntheticRow, TrainedRow, check_stages,
                                      plan_stages, write_record)
 from privret.pipeline.summary import write_summary
-from privret.privacy.accounting import check_budget
+from privret.privacy.accounting import check_budget, default_delta
 from privret.privacy.budget import BudgetPolicy, dataset_id
 from privret.privacy.ledger import LEDGER_FILE, PrivacyLedger, format_epsilon, has_ledger, require_public
 from privret.privacy.partition_selection import selection_threshold
@@ -199,7 +199,7 @@ def _check_dp_budgets(cfg: PipelineConfig, pairs: TrainingPairs) -> None:
                 rows.append((f"direct_dp.{grid.section(method, 'delta')}", "direct_dp.epsilons", row.delta, epsilon))
     for section, epsilons, delta, epsilon in rows:
         try:
-            check_budget(epsilon, delta if delta is not None else 1 / (2 * n), n)
+            check_budget(epsilon, delta if delta is not None else default_delta(n), n)
         except InputError as err:
             err.field = epsilons if err.field == "epsilon" else f"{section}.{err.field}"
             raise

@@ -157,12 +157,12 @@ def collect(run_dir: str | Path, *, show_private_queries: bool = False, examples
     if (run_dir / ORIGINAL / METRICS_FILE).is_file():
         ledger, source = _ledger(run_dir / ORIGINAL / RETRIEVER, run_dir / ORIGINAL)
         rows.append(Row(ORIGINAL, "original pairs (non-private)", "original", math.inf,
-                        _metrics(run_dir / ORIGINAL / METRICS_FILE), ledger, source, _timing(run_dir / ORIGINAL)))
+                        _metrics(run_dir / ORIGINAL / METRICS_FILE), ledger, source, read_timing(run_dir / ORIGINAL)))
     for key, label in PUBLIC_ROWS.items():
         if (run_dir / key / METRICS_FILE).is_file():
             ledger, source = _ledger(run_dir / key / GENERATOR, run_dir / key / SYNTHETIC, run_dir / key / RETRIEVER)
             rows.append(Row(key, label, key, 0.0, _metrics(run_dir / key / METRICS_FILE), ledger, source,
-                            _timing(run_dir / key)))
+                            read_timing(run_dir / key)))
     stages = []
     for child in sorted(run_dir.iterdir()):
         if not child.is_dir() or not (child / METRICS_FILE).is_file():
@@ -172,7 +172,7 @@ def collect(run_dir: str | Path, *, show_private_queries: bool = False, examples
             eps = ledger["epsilon"] if ledger else parse_eps(m["eps"])
             method = f"dp-synthetic{m['suffix'] or ''}"
             stages.append(Row(child.name, f"{method_label(method)} (ε={format_epsilon(parse_eps(m['eps']))})",
-                              method, eps, _metrics(child / METRICS_FILE), ledger, source, _timing(child),
+                              method, eps, _metrics(child / METRICS_FILE), ledger, source, read_timing(child),
                               grid_epsilon=parse_eps(m["eps"])))
         elif m := _DIRECT_DIR.match(child.name):
             ledger, source = _ledger(child / RETRIEVER, child)
@@ -180,7 +180,7 @@ def collect(run_dir: str | Path, *, show_private_queries: bool = False, examples
             chosen = ", chosen with DP on held-out units" if m["suffix"] else ""
             stages.append(Row(child.name, f"direct {m['method']}{chosen} (ε={format_epsilon(parse_eps(m['eps']))})",
                               f"direct-{m['method']}{m['suffix'] or ''}", eps, _metrics(child / METRICS_FILE), ledger,
-                              source, _timing(child), grid_epsilon=parse_eps(m["eps"])))
+                              source, read_timing(child), grid_epsilon=parse_eps(m["eps"])))
     stages.sort(key=lambda r: (not r.method.startswith("dp-synthetic"), r.method, -r.epsilon if r.epsilon is not None else 0))
     rows += stages
     for r in rows:
@@ -209,7 +209,8 @@ def _per_query(path: Path) -> dict[str, float] | None:
         raise InputError("expected {query id: {'ndcg@10': number, ...}}", path=path, field="ndcg@10") from None
 
 
-def _timing(stage: Path) -> dict:
+def read_timing(stage: Path) -> dict:
+    """A row directory's ``timing.json`` ({stage_seconds: seconds}); {} when it has none yet."""
     path = stage / TIMING_FILE
     if not path.is_file():
         return {}

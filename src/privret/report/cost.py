@@ -42,12 +42,18 @@ def expected_stages(row: Row) -> set[str]:
     return {"generator", "generate", "retriever", "eval"}  # DP synthetic and the rows without private data
 
 
-def stage_seconds(row: Row) -> dict[str, float] | None:
-    """``{stage: seconds}`` of ``row``, or None when a stage it runs has no time."""
+def timed_seconds(row: Row) -> dict[str, float]:
+    """``{stage: seconds}`` of the stages of ``row`` that have a time (so far, in a run still going)."""
     seconds = {name.removesuffix("_seconds"): float(value) for name, value in row.timing.items()
                if name.endswith("_seconds")}
     if "eval_seconds" in row.metrics:
         seconds["eval"] = float(row.metrics["eval_seconds"])
+    return seconds
+
+
+def stage_seconds(row: Row) -> dict[str, float] | None:
+    """``{stage: seconds}`` of ``row``, or None when a stage it runs has no time."""
+    seconds = timed_seconds(row)
     return seconds if expected_stages(row) <= set(seconds) else None
 
 
