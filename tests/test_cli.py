@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -41,6 +42,27 @@ def test_every_command_has_help():
         result = run_cli(*command, "--help")
         assert result.returncode == 0, (command, result.stderr)
         assert "Usage" in result.stdout
+
+
+@pytest.mark.parametrize("args, message", [
+    (["evaluate", "--no-such-flag"], "No such option '--no-such-flag'. (see privret evaluate --help)"),
+    (["retriever", "train", "--out", "x", "--epochs", "many"],
+     "Invalid value for '--epochs': 'many' is not a valid float. (see privret retriever train --help)"),
+    (["retriever", "train"], "Missing option '--out'. (see privret retriever train --help)"),
+    (["no-such-command"], "No such command 'no-such-command'. (see privret --help)"),
+])
+def test_a_usage_error_is_one_line_and_exit_2(args, message):
+    """Click's usage errors (an unknown flag, a value of the wrong type, a missing option) end like any bad input:
+    one line naming the problem and where the help is, exit 2 (not Click's boxed usage text)."""
+    result = run_cli(*args)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip() == f"error: {message}"
+
+
+def test_a_group_without_its_command_shows_its_help():
+    result = run_cli("data")
+    assert "validate" in result.stdout + result.stderr and "Traceback" not in result.stderr
+    assert result.returncode == 2  # as Click's standalone mode ends it
 
 
 def test_validate_ok(toy_beir):
@@ -180,19 +202,60 @@ def test_a_pipeline_setting_refused_at_run_time_names_the_config_file(toy_beir, 
     result = run_cli("pipeline", str(config), "--run-dir", str(tmp_path / "run"))
     assert result.returncode == 2, result.stderr
     assert f"{config}, field 'generator.delta': delta must be in (0, 1/n)" in result.stderr
-    assert len(result.stderr.strip().splitlines()) == 1 and not (tmp_path / "run" / "config.json").exists()
+    assert len(result.stderr.strip().splitlines()) == 1 and not (tmp_path / "run").exists()  # no run dir, no log
+    (toy_beir / "queries.jsonl").write_text('{"_id": "q1"}\n')  # bad data: found before the run directory is made
+    config.write_text(f"name: x\ndataset: {toy_beir}\nepsilons: [8]\n")
+    result = run_cli("pipeline", str(config), "--run-dir", str(tmp_path / "run"))
+    assert result.returncode == 2 and "queries.jsonl:1, field 'text': missing" in result.stderr, result.stderr
+    assert not (tmp_path / "run").exists()
 
 
-def test_a_path_that_cannot_be_written_is_one_line_and_exit_2(tmp_path):
-    """An output path that is a directory ends in the OS's reason for that path, not a traceback."""
-    squad = tmp_path / "squad.json"
-    squad.write_text(json.dumps({"data": [{"title": "T", "paragraphs": [{"context": "Paris is in France.", "qas": [
-        {"id": "q1", "question": "Where is Paris?", "answers": [{"text": "France", "answer_start": 12}]}]}]}]}))
-    (tmp_path / "out.jsonl").mkdir()
-    result = run_cli("data", "squad-pairs", "--squad", str(squad), "--out", str(tmp_path / "out.jsonl"))
+@pytest.mark.parametrize("command, flag", [
+    (["evaluate", "--model", "MISSING", "--data", "DATA", "--json", "OUT"], "--json"),
+    (["evaluate", "--model", "MISSING", "--data", "DATA", "--per-query", "OUT"], "--per-query"),
+    (["evaluate", "similarity", "--synthetic", "MISSING", "--data", "DATA", "--json", "OUT"], "--json"),
+    (["audit", "overlap", "--data", "MISSING", "--json", "OUT"], "--json"),
+    (["data", "squad-pairs", "--squad", "MISSING", "--out", "OUT"], "--out"),
+    (["report", "MISSING", "--out", "OUT"], "--out"),
+    (["report", "MISSING", "--utility-json", "OUT"], "--utility-json"),
+])
+@pytest.mark.parametrize("where", ["a directory", "under a file"])
+def test_an_output_file_that_cannot_be_written_is_refused_before_any_work(toy_beir, tmp_path, command, flag, where):
+    """An output file that is a directory, or lies under a file, is refused when the command line is read: the error
+    names the flag and the path, not the missing input the command would have failed on first (the write itself
+    would only fail after the whole evaluation)."""
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "a-file").write_text("x")
+    target = tmp_path / "taken" if where == "a directory" else tmp_path / "a-file" / "out.json"
+    places = {"MISSING": str(tmp_path / "missing"), "DATA": str(toy_beir), "OUT": str(target)}
+    result = run_cli(*(places.get(a, a) for a in command))
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
-    assert f"error: {tmp_path / 'out.jsonl'}: Is a directory" in result.stderr  # the output's name, not its temp
-    assert len(result.stderr.strip().splitlines()) == 1
+    reason = "is a directory" if where == "a directory" else f"cannot be written: {tmp_path / 'a-file'} is a file"
+    assert f"error: {target}, field '{flag}': {reason}" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and not (tmp_path / "missing").exists()
+
+
+@pytest.mark.parametrize("code, shown", [(21, "TARGET: Is a directory"), (2, "TEMP: No such file or directory")])
+def test_an_os_error_on_a_path_is_one_line_naming_the_output(monkeypatch, capsys, code, shown):
+    """A path the OS refuses (found only when written) ends in one line and exit 2; a rename onto a directory names
+    the output, not its temporary name. An OS error that is not the path's fault (a full disk) stays a crash."""
+    import errno
+
+    import privret.cli as cli
+
+    def fails(errno_code):
+        def app(**click_settings):
+            raise OSError(errno_code, os.strerror(errno_code), "TEMP", None, "TARGET")
+        return app
+
+    monkeypatch.setattr(cli, "app", fails(code))
+    with pytest.raises(SystemExit) as exit_:
+        cli.main()
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.strip() == f"error: {shown}"
+    monkeypatch.setattr(cli, "app", fails(errno.ENOSPC))
+    with pytest.raises(OSError, match="No space left"):
+        cli.main()
 
 
 def test_unknown_model_is_a_clear_error(toy_beir, tmp_path):

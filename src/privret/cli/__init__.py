@@ -14,10 +14,12 @@ import errno
 import os
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, NoReturn, Optional
 
+import click
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from privret.chatter import route_library_output
 from privret.cli import audit, data, evaluate, federated, filtering, generate, generator, pipeline, report, retriever
@@ -67,23 +69,38 @@ PATH_ERRORS = {errno.ENOENT, errno.EISDIR, errno.ENOTDIR, errno.EACCES, errno.EP
 RENAME_TARGET_ERRORS = {errno.EISDIR, errno.ENOTEMPTY, errno.EEXIST}
 
 
+def _fail(text: str, code: int = EXIT_BAD_INPUT) -> NoReturn:
+    """End with ``error: TEXT`` as one line on standard error (``text`` is shown as written, never as markup)."""
+    Console(stderr=True).print(f"[bold red]error:[/] {escape(text)}", highlight=False, soft_wrap=True)
+    sys.exit(code)
+
+
 def main() -> None:
-    """The ``privret`` entry point: bad input ends in a one-line message and exit code 2. Under torchrun
-    (:mod:`privret.distributed`) every rank runs the command and only rank 0 prints: the others' standard
-    output goes nowhere, so all they can show is an error (on standard error)."""
+    """The ``privret`` entry point: bad input ends in a one-line message and exit code 2 (a usage error too: an
+    unknown flag, a value of the wrong type, a missing option; Click's own form of these is a boxed usage text).
+    Under torchrun (:mod:`privret.distributed`) every rank runs the command and only rank 0 prints: the others'
+    standard output goes nowhere, so all they can show is an error (on standard error)."""
     keep_freed_memory()
     try:
         if not launched().main:
             sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (for the life of the process)
-        app()
+        code = app(prog_name="privret", standalone_mode=False)  # errors come here, not printed by Click
+    except click.exceptions.NoArgsIsHelpError as err:  # a group without its command: the help is printed already
+        sys.exit(err.exit_code)
+    except click.UsageError as err:
+        hint = f" (see {err.ctx.command_path} --help)" if err.ctx is not None else ""
+        _fail(" ".join(err.format_message().split()) + hint, err.exit_code)
+    except click.ClickException as err:
+        _fail(" ".join(err.format_message().split()), err.exit_code)
+    except click.Abort:  # Ctrl-D at a prompt
+        _fail("aborted", 1)
     except InputError as err:
-        Console(stderr=True).print(f"[bold red]error:[/] {as_flags(err).one_line()}", highlight=False,
-                                   soft_wrap=True)
-        sys.exit(EXIT_BAD_INPUT)
+        _fail(as_flags(err).one_line())
     except OSError as err:  # a path the user gave that cannot be read or written (a directory, a missing file)
         if err.filename is None or err.errno not in PATH_ERRORS:
             raise  # a full disk, too many open files, an I/O error: not the input's fault
         # a rename onto a directory or a taken name: the output's name, not its temporary one
         path = err.filename2 if err.filename2 and err.errno in RENAME_TARGET_ERRORS else err.filename
-        Console(stderr=True).print(f"[bold red]error:[/] {path}: {err.strerror}", highlight=False, soft_wrap=True)
-        sys.exit(EXIT_BAD_INPUT)
+        _fail(f"{path}: {err.strerror}")
+    if isinstance(code, int) and code != 0:  # typer.Exit(code), Ctrl-C (130)
+        sys.exit(code)

@@ -9,23 +9,32 @@ import typer
 
 from privret.cli.common import flag, out
 from privret.cli.options import (UNIT_HELP, AllowOverOpt, BudgetCapOpt, DataOpt, DatasetNameOpt, PairsOpt,
-                                 SplitOpt)
+                                 SplitOpt, output_file)
 
 app = typer.Typer(help="Validate and prepare datasets.", no_args_is_help=True)
 
 
 @app.command("validate")
-def data_validate(path: Annotated[Path, typer.Argument(help="BEIR directory or pairs JSONL file")]) -> None:
+def data_validate(
+    path: Annotated[Path, typer.Argument(help="BEIR directory or pairs JSONL file")],
+    corpus: Annotated[Optional[Path], typer.Option(
+        help="a pairs file's doc_id rows: the BEIR directory (or its corpus.jsonl) whose documents they name")]
+    = None,
+) -> None:
     """Check a dataset strictly; exit 2 with file, line and field on the first problem."""
-    from privret.data.beir import load_beir
+    from privret.data.beir import load_beir, load_corpus
     from privret.data.pairs import load_pairs_jsonl
+    from privret.errors import InputError
 
     if path.is_dir():
+        if corpus is not None:
+            raise InputError("applies to a pairs file only (a BEIR directory has its corpus)", field="--corpus")
         ds = load_beir(path)
         out.print(f"ok: {len(ds.corpus)} documents, {len(ds.queries)} queries, splits "
                   + ", ".join(f"{s} ({len(q)} queries)" for s, q in ds.qrels.items()))
     else:
-        tp = load_pairs_jsonl(path)
+        documents = None if corpus is None else load_corpus(corpus / "corpus.jsonl" if corpus.is_dir() else corpus)
+        tp = load_pairs_jsonl(path, documents)
         out.print(f"ok: {len(tp.pairs)} pairs, {len(tp.units('query'))} query units")
 
 
@@ -146,7 +155,8 @@ def data_squad_beir(
 @app.command("squad-pairs")
 def data_squad_pairs(
     squad: SquadOpt,
-    out_file: Annotated[Path, typer.Option("--out", help="public pairs JSONL to write ({query, doc} rows)")],
+    out_file: Annotated[Path, typer.Option("--out", help="public pairs JSONL to write ({query, doc} rows)",
+                                           callback=output_file)],
     paragraphs: Annotated[Optional[int], typer.Option(
         help="draw this many paragraphs (seeded, without replacement); default: every paragraph")] = None,
     seed: Annotated[int, typer.Option(help="seed of the paragraph sample and of each paragraph's question")] = 0,

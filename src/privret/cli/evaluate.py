@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from privret.cli.common import build_config, given_flags, out
-from privret.cli.options import JsonResultOpt, PrivateDataOpt, device_option
+from privret.cli.options import JsonResultOpt, PrivateDataOpt, device_option, output_file
 from privret.errors import InputError
 
 app = typer.Typer()
@@ -27,10 +27,11 @@ def evaluate(
     = None,
     label: Annotated[Optional[list[str]], typer.Option(help="row name per --model in the --datasets table")] = None,
     split: Annotated[str, typer.Option(help="qrels split to evaluate on")] = "test",
-    json_out: Annotated[Optional[Path], typer.Option("--json", help="also write the metrics here")] = None,
+    json_out: Annotated[Optional[Path], typer.Option("--json", help="also write the metrics here",
+                                                     callback=output_file)] = None,
     per_query_out: Annotated[Optional[Path], typer.Option(
-        "--per-query", help="--data: also write each query's metrics here ({qid: {metric: value}}, for paired CIs)")]
-    = None,
+        "--per-query", help="--data: also write each query's metrics here ({qid: {metric: value}}, for paired CIs)",
+        callback=output_file)] = None,
     cache_dir: Annotated[Optional[Path], typer.Option(
         help="reuse or store corpus embeddings here (a .npy per model weights and corpus); they reveal what "
              "the model does, so keep them where the model may be kept")] = None,

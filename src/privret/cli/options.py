@@ -14,6 +14,8 @@ from typing import Annotated, Optional
 
 import typer
 
+from privret.errors import InputError
+
 MODEL_HELP = "registry name, local path or HF id"
 ENCODER_HELP = f"encoder: {MODEL_HELP}"
 DELTA_HELP = "default 1/(2n), n units"
@@ -66,9 +68,25 @@ DeviceOpt = Annotated[str, typer.Option("--device", help=DEVICE_HELP)]
 ConfigDeviceOpt = Annotated[Optional[str], typer.Option(
     "--device", help=f"{DEVICE_HELP} (default: the config's device)")]
 
+
+def output_file(ctx: typer.Context, param: typer.CallbackParam, path: Optional[Path]) -> Optional[Path]:
+    """Click callback of an option naming a file to write: a path that cannot become a file (an existing
+    directory, or under an existing file) is refused when the command line is read, before any work, naming the
+    flag (the write itself would fail only at the end, after the work)."""
+    if path is None or ctx.resilient_parsing:
+        return path
+    if path.is_dir():
+        raise InputError("is a directory; give the file to write", path=path, field=param.opts[0])
+    parent = next((p for p in path.parents if p.exists()), None)
+    if parent is not None and not parent.is_dir():
+        raise InputError(f"cannot be written: {parent} is a file", path=path, field=param.opts[0])
+    return path
+
+
 # audits of a private dataset
 PrivateDataOpt = Annotated[Path, typer.Option("--data", help="the private BEIR dataset")]
-JsonResultOpt = Annotated[Optional[Path], typer.Option("--json", help="write the result here (JSON)")]
+JsonResultOpt = Annotated[Optional[Path], typer.Option("--json", help="write the result here (JSON)",
+                                                       callback=output_file)]
 
 # GeneratorTrainConfig fields, in --help order
 _GENERATOR_TRAINING = {
@@ -86,7 +104,6 @@ _GENERATOR_TRAINING = {
 def checked_device(spec: str, *, field: str = "--device", path: Path | None = None) -> str:
     """``spec`` if it names a device present here; else a one-line :class:`~privret.errors.InputError`
     naming ``field`` (and the config file ``path``)."""
-    from privret.errors import InputError
     from privret.models.device import resolve_device
 
     try:

@@ -8,18 +8,20 @@ from typing import Annotated, Optional
 import typer
 
 from privret.cli.common import out
+from privret.cli.options import output_file
 
 
 def report(
     run_dir: Annotated[Path, typer.Argument(help="run directory written by `privret pipeline`")],
-    out_file: Annotated[Optional[Path], typer.Option("--out", help="HTML file (default RUN_DIR/report.html)")]
-    = None,
+    out_file: Annotated[Optional[Path], typer.Option("--out", help="HTML file (default RUN_DIR/report.html)",
+                                                     callback=output_file)] = None,
     show_private_queries: Annotated[bool, typer.Option(
         help="also show original (private) queries and the non-private generator's examples")] = False,
     examples: Annotated[int, typer.Option(help="documents in the example-queries table")] = 3,
     utility_json: Annotated[Optional[Path], typer.Option(
         "--utility-json", help="also write NDCG@10, retention and the CI against zero-shot per row as JSON "
-        "(the layout of bench/results/privacy_utility.json); needs the zero-shot and original rows")] = None,
+        "(the layout of bench/results/privacy_utility.json); needs the zero-shot and original rows",
+        callback=output_file)] = None,
 ) -> None:
     """One self-contained HTML report (plot, tables, examples, ledgers) + a Markdown summary; --utility-json adds
     the privacy-utility JSON."""
