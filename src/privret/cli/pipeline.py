@@ -7,7 +7,6 @@ from typing import Annotated, Optional
 
 import typer
 
-from privret.chatter import RUN_LOG, also_log_to
 from privret.cli.common import budget_policy, out
 from privret.cli.options import AllowOverOpt, BudgetCapOpt, ConfigDeviceOpt, DatasetNameOpt, DeviceOpt, checked_device
 
@@ -37,7 +36,6 @@ def pipeline(
     checked_device(cfg.device, field="--device" if device is not None else "device",
                    path=None if device is not None else config)
     target = run_dir or Path("runs") / cfg.name
-    also_log_to(target / RUN_LOG)
     try:
         rows = run_pipeline(cfg, target)
     except InputError as err:  # a setting of the config file, named by its path there: the error names the file too
@@ -57,7 +55,6 @@ def demo(run_dir: Annotated[Path, typer.Option(help="where to write the demo run
     from privret.pipeline.summary import summary_table
 
     checked_device(device)
-    also_log_to(run_dir / RUN_LOG)
     rows = run_pipeline(demo_config().model_copy(update={"device": device}), run_dir)
     out.print(summary_table(rows))
     out.print(f"results: {run_dir.resolve()}/summary.md")

@@ -33,6 +33,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from privret.chatter import RUN_LOG, also_log_to
 from privret.config import PipelineConfig
 from privret.data.beir import BeirDataset, dataset_hash, eval_hash, load_beir
 from privret.data.pairs import TrainingPairs, pairs_from_beir
@@ -210,7 +211,8 @@ def _run_grid(cfg: PipelineConfig, run_dir: Path) -> list[dict]:
     dataset = load_beir(cfg.dataset, splits=[cfg.train_split, cfg.eval_split])
     pairs = pairs_from_beir(dataset, cfg.train_split)
     _check_dp_budgets(cfg, pairs)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    run_dir.mkdir(parents=True, exist_ok=True)  # only now: a run refused above leaves nothing behind
+    also_log_to(run_dir / RUN_LOG)
     data_hash = dataset_hash(dataset, cfg.train_split)
     run = Run(cfg, run_dir, dataset, pairs, data_hash, dataset_id(pairs, cfg.budget.dataset_name), cfg.budget.policy())
     few_shot = cfg.public_rows.few_shot(dataset.corpus) if cfg.public_rows.prompted else None
