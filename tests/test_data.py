@@ -123,6 +123,9 @@ def test_pairs_errors(tmp_path, toy_beir):
     with pytest.raises(InputError, match="unknown document id") as err:
         load_pairs_jsonl(path, corpus)
     assert (err.value.line, err.value.field) == (1, "doc_id")
+    with pytest.raises(InputError, match="names document 'nope' by id, and no corpus was given") as err:
+        load_pairs_jsonl(path)  # not "unknown": there was nothing to look it up in
+    assert (err.value.line, err.value.field) == (1, "doc_id")
     path.write_text(json.dumps({"query": "x"}) + "\n")
     with pytest.raises(InputError, match="need 'doc_id' or 'doc'"):
         load_pairs_jsonl(path, corpus)
@@ -139,6 +142,53 @@ def test_query_units_are_distinct_texts_not_ids():
         [pairs[i] for i in u] for u in group_units(pairs, PrivacyUnit.query) if pairs[u[0]].query != "b"]
 
 
-def test_user_unit_requires_user_ids():
-    with pytest.raises(InputError, match="user_id"):
+def test_user_unit_requires_user_ids_and_names_the_line_without_one(tmp_path):
+    with pytest.raises(InputError, match="these pairs carry none") as err:
         group_units([QueryDocPair("a", "d1")], PrivacyUnit.user)
+    assert err.value.field == "user_id"
+    path = tmp_path / "pairs.jsonl"
+    path.write_text('{"query": "a", "doc": "x", "user_id": "u1"}\n\n{"query": "b", "doc": "y"}\n')
+    pairs = load_pairs_jsonl(path)
+    with pytest.raises(InputError) as err:
+        pairs.units("user")
+    assert (err.value.path, err.value.line, err.value.field) == (str(path), 3, "user_id")
+    # where a pair was read is not part of it: the same pair read from another line is equal, and groups alike
+    assert pairs.pairs[1] == QueryDocPair("b", pairs.pairs[1].doc_id)
+    assert pairs.units("query") == [[0], [1]]
+
+
+def test_a_document_list_names_the_line_of_an_unknown_or_repeated_id(tmp_path):
+    from privret.data.beir import Document
+    from privret.synth.documents import read_document_ids
+
+    corpus = {d: Document(d, "", f"text {d}") for d in ("d1", "d2", "d3")}
+    path = tmp_path / "ids.txt"
+    path.write_text("d2\n\nd1\n")
+    assert read_document_ids(path, corpus) == ["d2", "d1"]  # the list's order, blank lines skipped
+    path.write_text("d2\n\nd1\nd2\n")
+    with pytest.raises(InputError, match=r"document id 'd2' given twice \(first on line 1\)") as err:
+        read_document_ids(path, corpus)
+    assert (err.value.path, err.value.line, err.value.field) == (str(path), 4, "doc_id")
+    path.write_text("d1\nd9\n")
+    with pytest.raises(InputError, match="unknown document id 'd9'") as err:
+        read_document_ids(path, corpus)
+    assert (err.value.line, err.value.field) == (2, "doc_id")
+
+
+def test_data_validate_checks_a_pairs_files_document_ids_against_corpus(tmp_path, toy_beir):
+    from helpers import run_cli
+
+    known = next(iter(load_beir(toy_beir).corpus))
+    path = tmp_path / "pairs.jsonl"
+    path.write_text(json.dumps({"query": "x", "doc_id": known}) + "\n" + json.dumps({"query": "y", "doc_id": "nope"})
+                    + "\n")
+    for corpus in (toy_beir, toy_beir / "corpus.jsonl"):
+        result = run_cli("data", "validate", str(path), "--corpus", str(corpus))
+        assert result.returncode == 2 and f"{path}:2, field 'doc_id': unknown document id 'nope'" in result.stderr
+    path.write_text(json.dumps({"query": "x", "doc_id": known}) + "\n")
+    result = run_cli("data", "validate", str(path), "--corpus", str(toy_beir))
+    assert result.returncode == 0 and "ok: 1 pairs, 1 query units" in result.stdout, result.stderr
+    result = run_cli("data", "validate", str(path))
+    assert result.returncode == 2 and "no corpus was given" in result.stderr
+    result = run_cli("data", "validate", str(toy_beir), "--corpus", str(toy_beir))
+    assert result.returncode == 2 and "field '--corpus': applies to a pairs file only" in result.stderr

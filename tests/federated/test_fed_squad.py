@@ -121,6 +121,36 @@ def test_an_unknown_sentence_is_blamed_on_the_field_that_names_it(tiny_squad, tm
     assert (err.value.line, err.value.field) == (2, field)
 
 
+@pytest.mark.parametrize("name", ["passages.jsonl", "sentences.jsonl", "questions.jsonl"])
+def test_an_id_given_twice_in_a_client_file_is_refused_at_its_line(tiny_squad, tmp_path, name):
+    """A repeated id would merge two questions' metrics (or two passages, two sentences) silently."""
+    from privret.data.fed_squad import load_client
+
+    build_fed_squad(tiny_squad, tmp_path / "fed", n_clients=2)
+    path = tmp_path / "fed" / "client_01" / name
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert len(rows) >= 2, rows
+    path.write_text("".join(json.dumps(r) + "\n" for r in [*rows, rows[0]]))
+    with pytest.raises(InputError, match=f"duplicate id '{rows[0]['id']}' \\(first on line 1\\)") as err:
+        load_client(tmp_path / "fed" / "client_01")
+    assert (err.value.path, err.value.line, err.value.field) == (str(path), len(rows) + 1, "id")
+
+
+def test_a_question_id_given_twice_in_the_squad_file_is_refused(tiny_squad, tmp_path):
+    """SQuAD's question ids key each question's split and relevance in every dataset built from the file."""
+    from privret.data.fed_squad import load_squad
+
+    squad = json.loads(tiny_squad.read_text())
+    first = squad["data"][0]["paragraphs"][0]["qas"][0]
+    last_paragraph = squad["data"][-1]["paragraphs"][-1]
+    last_paragraph["qas"].append({**first, "question": "Another question?"})
+    tiny_squad.write_text(json.dumps(squad))
+    a, p, q = len(squad["data"]) - 1, len(squad["data"][-1]["paragraphs"]) - 1, len(last_paragraph["qas"]) - 1
+    with pytest.raises(InputError, match=f"duplicate question id '{first['id']}'") as err:
+        load_squad(tiny_squad)
+    assert err.value.field == f"data[{a}].paragraphs[{p}].qas[{q}].id"
+
+
 def test_cli_federated_train_bm25_and_bad_config(tiny_squad, tmp_path, monkeypatch):
     from typer.testing import CliRunner
 

@@ -153,6 +153,7 @@ def load_squad(path: Path) -> list[dict]:
             raise InputError(f"missing {key} list", path=path, field=f"{where}.{key}")
         return node[key]
 
+    question_ids: set[str] = set()
     for a_i, art in enumerate(articles):
         where = f"data[{a_i}]"
         need_text(art, "title", where, "missing or empty title")
@@ -163,6 +164,9 @@ def load_squad(path: Path) -> list[dict]:
                 qw = f"{pw}.qas[{q_i}]"
                 for key in ("id", "question"):
                     need_text(qa, key, qw, "missing or empty")
+                if qa["id"] in question_ids:  # a question's id keys its split, its metrics and its relevance
+                    raise InputError(f"duplicate question id '{qa['id']}'", path=path, field=f"{qw}.id")
+                question_ids.add(qa["id"])
                 for an_i, an in enumerate(need_list(qa, "answers", qw)):
                     text = an.get("text") if isinstance(an, dict) else an
                     if not isinstance(text, str):
@@ -275,16 +279,25 @@ def _row(obj: dict, key: str, path: Path, line: int, kind=str):
     return value
 
 
+def _new_id(seen: dict[str, int], row: dict, path: Path, line: int) -> str:
+    """The row's ``id``, refused if an earlier line of the file (recorded in ``seen``) has it."""
+    key = _row(row, "id", path, line)
+    if key in seen:
+        raise InputError(f"duplicate id '{key}' (first on line {seen[key]})", path=path, line=line, field="id")
+    seen[key] = line
+    return key
+
+
 def load_client(client_dir: str | Path) -> ClientData:
-    """Read one ``client_XX`` directory strictly (InputError with file, line and field)."""
+    """Read one ``client_XX`` directory strictly (InputError with file, line and field; ids unique per file)."""
     client_dir = Path(client_dir)
     sids, texts, owner, passages = [], [], [], {}
-    for line, row in read_jsonl(client_dir / "passages.jsonl"):
-        passages[_row(row, "id", client_dir / "passages.jsonl", line)] = list(
-            _row(row, "sentence_ids", client_dir / "passages.jsonl", line, list))
-    path = client_dir / "sentences.jsonl"
+    path, seen = client_dir / "passages.jsonl", {}
     for line, row in read_jsonl(path):
-        sids.append(_row(row, "id", path, line))
+        passages[_new_id(seen, row, path, line)] = list(_row(row, "sentence_ids", path, line, list))
+    path, seen = client_dir / "sentences.jsonl", {}
+    for line, row in read_jsonl(path):
+        sids.append(_new_id(seen, row, path, line))
         texts.append(_row(row, "text", path, line))
         pid = _row(row, "passage_id", path, line)
         if pid not in passages:
@@ -292,9 +305,9 @@ def load_client(client_dir: str | Path) -> ClientData:
         owner.append(pid)
     known = set(sids)
     questions = []
-    path = client_dir / "questions.jsonl"
+    path, seen = client_dir / "questions.jsonl", {}
     for line, row in read_jsonl(path):
-        q = Question(id=_row(row, "id", path, line), text=_row(row, "question", path, line),
+        q = Question(id=_new_id(seen, row, path, line), text=_row(row, "question", path, line),
                      split=_row(row, "split", path, line), passage_id=_row(row, "passage_id", path, line),
                      positive=_row(row, "positive", path, line),
                      answer_sentences=list(_row(row, "answer_sentences", path, line, list)))

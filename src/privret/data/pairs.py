@@ -45,6 +45,9 @@ class QueryDocPair:
     doc_id: str
     query_id: str | None = None
     user_id: str | None = None
+    # where the pair was read (a pairs file and its line; None for a BEIR split or a pair built in code), for
+    # errors about it only: not part of the pair (equality, the dataset's id and the units ignore it)
+    source: tuple[str, int] | None = field(default=None, compare=False)
 
 
 @dataclass
@@ -82,13 +85,16 @@ def load_pairs_jsonl(path: str | Path, corpus: dict[str, Document] | None = None
     ``doc_id`` rows need ``corpus``; inline ``doc`` rows add their document to the corpus and, unless
     ``corpus`` already holds it, to ``inline_doc_ids`` (a document of the private file, not public).
     """
-    corpus = dict(corpus or {})
+    have_corpus, corpus = corpus is not None, dict(corpus or {})
     inline: set[str] = set()
     pairs: list[QueryDocPair] = []
     for line, obj in read_jsonl(path):
         query = require_text(obj, "query", path=path, line=line)
         if "doc_id" in obj:
             doc_id = require_text(obj, "doc_id", path=path, line=line)
+            if not have_corpus:
+                raise InputError(f"names document '{doc_id}' by id, and no corpus was given to look it up in (the "
+                                 "BEIR dataset whose documents the file names)", path=path, line=line, field="doc_id")
             if doc_id not in corpus:
                 raise InputError(f"unknown document id '{doc_id}'", path=path, line=line, field="doc_id")
         elif "doc" in obj:
@@ -101,7 +107,8 @@ def load_pairs_jsonl(path: str | Path, corpus: dict[str, Document] | None = None
             raise InputError("missing (need 'doc_id' or 'doc')", path=path, line=line, field="doc_id")
         user_id = require_text(obj, "user_id", path=path, line=line) if "user_id" in obj else None
         query_id = require_text(obj, "query_id", path=path, line=line) if "query_id" in obj else None
-        pairs.append(QueryDocPair(query=query, doc_id=doc_id, query_id=query_id, user_id=user_id))
+        pairs.append(QueryDocPair(query=query, doc_id=doc_id, query_id=query_id, user_id=user_id,
+                                  source=(str(path), line)))
     if not pairs:
         raise InputError("no pairs", path=path)
     return TrainingPairs(pairs=pairs, corpus=corpus, inline_doc_ids=frozenset(inline))
@@ -112,10 +119,13 @@ def group_units(pairs: list[QueryDocPair], unit: PrivacyUnit) -> list[list[int]]
     if unit is PrivacyUnit.pair:
         return [[i] for i in range(len(pairs))]
     if unit is PrivacyUnit.user:
-        missing = [i for i, p in enumerate(pairs) if p.user_id is None]
-        if missing:
-            raise InputError(f"privacy unit 'user' needs a user_id on every pair; pair {missing[0] + 1} has none",
-                             field="user_id")
+        missing = next((p for p in pairs if p.user_id is None), None)
+        if missing is not None:
+            if missing.source is not None:
+                raise InputError("missing: privacy unit 'user' needs a user_id on every pair", path=missing.source[0],
+                                 line=missing.source[1], field="user_id")
+            raise InputError("privacy unit 'user' needs a user_id on every pair, and these pairs carry none (a BEIR "
+                             "split has no user ids: give a pairs file with user_id)", field="user_id")
         keys = [p.user_id for p in pairs]
     else:
         keys = [p.query for p in pairs]

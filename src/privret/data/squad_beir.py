@@ -89,13 +89,10 @@ def build_squad_beir(squad_json: str | Path, out_dir: str | Path, *, test_articl
         for p_i, par in enumerate(art["paragraphs"]):
             doc_id = f"{a_i}-{p_i}"
             corpus[doc_id] = Document(doc_id, art["title"].replace("_", " "), par["context"])
-            for q_i, qa in enumerate(par["qas"]):
+            for qa in par["qas"]:
                 if qa.get("is_impossible"):
                     impossible += 1
                     continue
-                if qa["id"] in queries:
-                    raise InputError(f"duplicate question id '{qa['id']}'", path=squad_json,
-                                     field=f"data[{a_i}].paragraphs[{p_i}].qas[{q_i}].id")
                 queries[qa["id"]] = qa["question"]
                 qrels[split_of[art["title"]]][qa["id"]] = {doc_id: 1}
     left_out = 0

@@ -31,24 +31,28 @@ SELECTED_IDS_FILE = "documents.txt"  # in a selection directory, beside the DP s
 
 
 def read_document_ids(path: Path, corpus: dict[str, Document]) -> list[str]:
-    """Ids of a public document list (one per line; blank lines skipped); every id must be in ``corpus``."""
+    """Ids of a public document list (one per line; blank lines skipped); every id must be in ``corpus`` and appear
+    once (a repeated id is refused, not merged silently)."""
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except FileNotFoundError:
         raise InputError("document list not found", path=path) from None
     except UnicodeDecodeError:
         raise InputError("document list is not valid UTF-8", path=path) from None
-    ids = []
+    first_line: dict[str, int] = {}
     for number, line in enumerate(lines, start=1):
         doc_id = line.strip()
         if not doc_id:
             continue
         if doc_id not in corpus:
             raise InputError(f"unknown document id '{doc_id}'", path=path, line=number, field="doc_id")
-        ids.append(doc_id)
-    if not ids:
+        if doc_id in first_line:
+            raise InputError(f"document id '{doc_id}' given twice (first on line {first_line[doc_id]})", path=path,
+                             line=number, field="doc_id")
+        first_line[doc_id] = number
+    if not first_line:
         raise InputError("document list is empty", path=path)
-    return list(dict.fromkeys(ids))
+    return list(first_line)
 
 
 def public_documents(choice: DocumentChoice, corpus: dict[str, Document]) -> list[Document]:
