@@ -17,6 +17,8 @@
 # `bench/bars_cost_bound.py WORK_DIR/run --epsilon 8` bounds the share from above by the route's stages timed so far
 # (the epsilon-0 row fully timed and never resumed); reported as "at most",
 # the goal met only if that bound is at most 30%, "not shown" otherwise (never "not met" on a bound).
+# Run 2026-12-01 (twenty-third session, runs/s36): 1 h 46 min end to end; the bar added +56% (docs/benchmarks.md,
+# "What the epsilon-0 bar costs, end to end"; its files in bench/results/bars_cost/).
 #   usage: bench/bars_cost.sh WORK_DIR
 set -euo pipefail
 work=$1
