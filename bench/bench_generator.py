@@ -9,6 +9,10 @@
 (d) few-shot generation (the prompted epsilon = 0 row: three public examples in every prompt) with the prompts'
     shared prefix computed once per batch over the whole prompt for every row, interleaved batch by batch;
     also the share of queries that come out identical (same seed: the two differ only by float noise).
+(e) sampling 2 queries a document with each prompt read once (privret's ``generate``) over transformers' own
+    ``generate(num_return_sequences=2)`` on the left-padded whole prompts, which reads each prompt twice: for the
+    fine-tuned generators' plain prompt and for the prompted row's few-shot one, interleaved batch by batch on the
+    same seeds; also the share of identical queries.
 
     .venv/bin/python bench/bench_generator.py --data ../shared/data/scifact --out bench/results/generator.json
 """
@@ -19,6 +23,7 @@ import argparse
 import json
 import platform
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -143,6 +148,48 @@ def few_shot_prefix(dataset, batches: int, batch: int = 32, num_queries: int = 2
 
 
 @torch.no_grad()
+def whole_prompts_generate(gen, docs: list[str], *, num_queries: int, seed: int, **sampling) -> list[list[str]]:
+    """The obvious implementation ``gen.generate`` replaces: ``transformers``' sampling from the tokenizer's
+    left-padded whole prompts, ``num_return_sequences`` rows each (every prompt read once per row)."""
+    tok = gen.tokenizer
+    tok.padding_side = "left"
+    enc = tok([gen.prompt(d) for d in docs], return_tensors="pt", padding=True, add_special_tokens=False)
+    torch.manual_seed(seed)
+    gen.model.eval()
+    with gen.autocast():
+        out = gen.model.generate(**enc.to(gen.device), do_sample=True, top_k=0, num_return_sequences=num_queries,
+                                 pad_token_id=tok.pad_token_id, **sampling)
+    texts = [gen._decode(row) for row in out[:, enc["input_ids"].shape[1]:]]
+    return [texts[num_queries * i: num_queries * (i + 1)] for i in range(len(docs))]
+
+
+def prompt_read_once(dataset, batches: int, batch: int = 32, num_queries: int = 2) -> dict:
+    """(e): ``configs/scifact.yaml``'s sampling (2 queries a document, 32 documents a call, 40 new tokens at
+    most, top-p 0.8), privret's ``generate`` against :func:`whole_prompts_generate`, alternating on the same
+    batches and seeds, for the plain prompt and the few-shot one."""
+    claims = [line.split("\t") for line in (Path(__file__).parent / "scifact_public_claims.tsv").read_text().splitlines()]
+    gen = load_generator("smollm2-135m")
+    docs = [d.full_text for d in list(dataset.corpus.values())[2000: 2000 + batches * batch]]
+    sampling = {"top_p": 0.8, "temperature": 1.0, "max_new_tokens": 40}
+    result = {}
+    for prompt, examples in (("plain", []), ("few_shot", [(dataset.corpus[d].full_text, c) for d, c in claims])):
+        gen.examples = examples
+        gen.generate(docs[:2], max_new_tokens=4, seed=0)  # warm-up
+        seconds, queries = {"ours": 0.0, "whole": 0.0}, {"ours": [], "whole": []}
+        for lo in range(0, len(docs), batch):
+            for way in ("ours", "whole"):
+                start = time.perf_counter()
+                run = gen.generate if way == "ours" else partial(whole_prompts_generate, gen)
+                queries[way] += run(docs[lo: lo + batch], num_queries=num_queries, seed=lo, **sampling)
+                seconds[way] += time.perf_counter() - start
+        same = sum(a == b for x, y in zip(queries["ours"], queries["whole"]) for a, b in zip(x, y))
+        result[prompt] = {"ours_s_per_doc": seconds["ours"] / len(docs), "whole_s_per_doc": seconds["whole"] / len(docs),
+                          "speedup": seconds["whole"] / seconds["ours"],
+                          "identical_queries": same / (len(docs) * num_queries)}
+    return {**result, "documents": len(docs), "batch": batch, "num_queries": num_queries, "bf16": gen.bf16}
+
+
+@torch.no_grad()
 def next_token_logits_gap(gen, docs: list[str]) -> dict:
     """The largest difference between the two layouts' next-token logits after each prompt (and the logits'
     largest magnitude): sampling draws the same token from both unless the gap moves a draw across a boundary."""
@@ -166,8 +213,8 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=256, help="training pairs used (cache size)")
     parser.add_argument("--generate-docs", type=int, default=32)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
-    parser.add_argument("--only", default="a,b,c", help="comma list of the measurements to run (a, b, c, d)")
-    parser.add_argument("--few-shot-batches", type=int, default=3, help="(d): timed batches of 32 documents each")
+    parser.add_argument("--only", default="a,b,c", help="comma list of the measurements to run (a, b, c, d, e)")
+    parser.add_argument("--few-shot-batches", type=int, default=3, help="(d), (e): timed batches of 32 documents each")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -221,6 +268,9 @@ def main() -> None:
     if "d" in only:
         results["d_few_shot_prefix"] = {**few_shot_prefix(dataset, args.few_shot_batches), "setting": setting}
         print(results["d_few_shot_prefix"], flush=True)
+    if "e" in only:
+        results["e_prompt_read_once"] = {**prompt_read_once(dataset, args.few_shot_batches), "setting": setting}
+        print(results["e_prompt_read_once"], flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     tmp = args.out.with_suffix(".tmp")
     tmp.write_text(json.dumps(results, indent=2) + "\n")

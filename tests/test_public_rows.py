@@ -266,44 +266,76 @@ def test_prompt_batch_layout_shares_the_prefix_and_pads_after_it():
     assert ids.tolist()[1] == [0, 0, 5, 6, 7, 1] and mask.tolist()[1] == [0, 0, 1, 1, 1, 1]
 
 
-def test_generation_with_a_shared_prefix_writes_what_the_full_prompts_write(tiny_llama_dir):
-    """Few-shot prompts: keys and values of the shared prefix computed once give the same sampled queries as
-    every row's whole prompt; without examples the batch is the tokenizer's left-padded one, as before."""
-    from privret.models.generator import shared_prefix_length
-
-    generator = load_generator(str(tiny_llama_dir), bf16=False)
-    docs = [d for _, _, d in TOY_DOCS[:3]] + ["a much longer document " * 6]
-    plain = generator.generate(docs, num_queries=2, top_p=0.8, max_new_tokens=6, seed=3)
-    tok = generator.tokenizer
-    tok.padding_side = "left"  # the implementation before the shared prefix, as the reference
-    enc = tok([generator.prompt(d) for d in docs], return_tensors="pt", padding=True, add_special_tokens=False)
-    torch.manual_seed(3)
-    out = generator.model.generate(**enc, do_sample=True, top_p=0.8, top_k=0, temperature=1.0, max_new_tokens=6,
-                                   num_return_sequences=2, pad_token_id=tok.pad_token_id)
-    texts = [generator._decode(row) for row in out[:, enc["input_ids"].shape[1]:]]
-    assert plain == [texts[2 * i: 2 * i + 2] for i in range(len(docs))]
-
-    generator.examples = EXAMPLES
-    prompts = [tok(generator.prompt(d), add_special_tokens=False).input_ids for d in docs]
-    assert shared_prefix_length(prompts) > 10  # the instruction and the examples
-    # the same draws from the same distributions give the same queries (float noise aside: the layouts
-    # compute the prefix in other shapes); a wrong position or mask would change the distributions
-    sampled = {"num_queries": 2, "top_p": 0.8, "max_new_tokens": 8, "seed": 0}
-    shared = generator.generate(docs, **sampled)
-    assert shared == generator.generate(docs, reuse_prefix=False, **sampled)
-    assert len({q for queries in shared for q in queries}) == 2 * len(docs)  # not one degenerate answer
-
-
-def test_the_shared_prefix_layout_gives_the_whole_prompts_next_token_logits(tiny_llama_dir):
-    """The platform-independent form of the check above, through the code the bench measures the gap with
-    (bench/bench_generator.py, next_token_logits_gap): both layouts' next-token logits agree to float rounding,
-    and a cache that skips the padding mask would not (the rows' prompts differ in length)."""
+def _bench_generator():
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("bench_generator", Path(__file__).resolve().parents[1] / "bench"
                                                   / "bench_generator.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
+    return bench
+
+
+def test_generation_reading_each_prompt_once_writes_what_the_whole_prompts_write(tiny_llama_dir):
+    """Each prompt's keys and values computed once for its 2 samples (and, with few-shot examples, the shared
+    prefix's once for the batch) give the queries that sampling from every row's whole prompt gives: the same
+    draws from the same distributions (float noise aside: the layouts compute in other shapes); a cache given to
+    the wrong rows, or a wrong position or mask, would change the distributions."""
+    from privret.models.generator import shared_prefix_length
+
+    whole_prompts = _bench_generator().whole_prompts_generate  # the obvious implementation
+    generator = load_generator(str(tiny_llama_dir), bf16=False)
+    docs = [d for _, _, d in TOY_DOCS[:3]] + ["a much longer document " * 6]
+    plain = generator.generate(docs, num_queries=2, top_p=0.8, max_new_tokens=6, seed=3)
+    assert plain == whole_prompts(generator, docs, num_queries=2, seed=3, top_p=0.8, max_new_tokens=6)
+
+    generator.examples = EXAMPLES
+    prompts = [generator.tokenizer(generator.prompt(d), add_special_tokens=False).input_ids for d in docs]
+    assert shared_prefix_length(prompts) > 10  # the instruction and the examples
+    sampled = {"top_p": 0.8, "max_new_tokens": 8}
+    shared = generator.generate(docs, num_queries=2, seed=0, **sampled)
+    assert shared == whole_prompts(generator, docs, num_queries=2, seed=0, **sampled)
+    assert shared == generator.generate(docs, num_queries=2, seed=0, reuse_prefix=False, **sampled)
+    assert len({q for queries in shared for q in queries}) == 2 * len(docs)  # not one degenerate answer
+
+
+@pytest.mark.parametrize("few_shot", [False, True])
+def test_the_prompt_cache_gives_the_whole_prompts_next_token_logits(tiny_llama_dir, few_shot):
+    """The platform-independent form of the check above: after :meth:`PromptBatch.prompt_cache`, the last prompt
+    token's logits are those of a forward over the whole left-padded prompts, to float rounding; the cache made
+    without each row's own positions would not give them (the rows' prompts differ in length; this tiny model
+    is barely sensitive to positions, so the margin is set against float rounding)."""
+    generator = load_generator(str(tiny_llama_dir), bf16=False)
+    generator.examples = EXAMPLES if few_shot else []
+    docs = [d for _, _, d in TOY_DOCS[:3]] + ["a much longer document " * 6]
+    batch = generator.prompt_batch(docs)
+    assert (batch.shared > 10) == few_shot
+    last = slice(batch.ids.shape[1] - 1, None)
+    with torch.no_grad():
+        whole = generator.prompt_batch(docs, reuse_prefix=False)
+        reference = generator.model(input_ids=whole.ids, attention_mask=whole.mask,
+                                    position_ids=whole.positions).logits[:, -1]
+        cached = generator.model(input_ids=batch.ids[:, last], attention_mask=batch.mask,
+                                 position_ids=batch.positions[:, last],
+                                 past_key_values=batch.prompt_cache(generator.model)).logits[:, -1]
+        tolerance = 1e-6 * max(1.0, reference.abs().max().item())  # float32 rounding
+        assert (cached - reference).abs().max() < tolerance
+        from transformers import DynamicCache
+
+        unpositioned = batch.prefix_cache(generator.model).get("past_key_values", DynamicCache())
+        rest = slice(batch.shared, batch.ids.shape[1] - 1)  # the mutation: positions counted over the padding
+        generator.model(input_ids=batch.ids[:, rest], attention_mask=batch.mask[:, :rest.stop],
+                        past_key_values=unpositioned)
+        wrong = generator.model(input_ids=batch.ids[:, last], attention_mask=batch.mask,
+                                position_ids=batch.positions[:, last], past_key_values=unpositioned).logits[:, -1]
+    assert (wrong - reference).abs().max() > 20 * tolerance  # 1e-4 and more here, against about 1e-8 above
+
+
+def test_the_shared_prefix_layout_gives_the_whole_prompts_next_token_logits(tiny_llama_dir):
+    """The platform-independent form of the check above, through the code the bench measures the gap with
+    (bench/bench_generator.py, next_token_logits_gap): both layouts' next-token logits agree to float rounding,
+    and a cache that skips the padding mask would not (the rows' prompts differ in length)."""
+    bench = _bench_generator()
     generator = load_generator(str(tiny_llama_dir), bf16=False)
     generator.examples = EXAMPLES
     docs = [d for _, _, d in TOY_DOCS[:3]] + ["a much longer document " * 6]

@@ -10,9 +10,12 @@ Two model families sit behind one interface, :class:`QueryGenerator`:
 A causal generator may carry *few-shot examples* (``examples``: public (document, query) pairs)
 that are put in every prompt before the document: earlier user/assistant turns under a chat
 template, else ``Document: ... Query: ...`` lines. They are saved with the generator. Without
-examples (every fine-tuned generator) the prompt is exactly the zero-shot one. Sampling with
-examples computes the keys and values of the prompts' shared prefix (instruction and examples)
-once per call instead of once per row (:meth:`CausalQueryGenerator.generate`).
+examples (every fine-tuned generator) the prompt is exactly the zero-shot one.
+
+Sampling (:meth:`CausalQueryGenerator.generate`) reads each prompt once: the keys and values of a
+document's prompt are computed once and repeated for its ``num_queries`` samples (a plain
+``generate(num_return_sequences=n)`` computes them n times), and with examples those of the prompts'
+shared prefix (instruction and examples) once per call.
 
 A generator fine-tuned from a *warm start* (another saved generator, see
 :func:`privret.train.generator.train_generator`) keeps a copy of it in ``warm_start/``; loading
@@ -329,21 +332,26 @@ class CausalQueryGenerator(QueryGenerator):
     @torch.no_grad()
     def generate(self, docs, *, num_queries=1, top_p=0.8, temperature=1.0, max_new_tokens=48, seed=None,
                  reuse_prefix=True):
-        """``num_queries`` sampled queries for each of ``docs``. With few-shot examples every prompt starts with
-        the same tokens (instruction and examples): with ``reuse_prefix`` their keys and values are computed
-        once per call and shared by every row (:meth:`prompt_batch`). Without examples the batch is the plain
-        left-padded one."""
+        """``num_queries`` sampled queries for each of ``docs``. Each prompt's keys and values (all its tokens but
+        the last) are computed once and repeated for its ``num_queries`` rows (:meth:`PromptBatch.prompt_cache`);
+        sampling then starts from each row's last prompt token, so the draws are those of the whole prompts.
+        With few-shot examples every prompt starts with the same tokens (instruction and examples): with
+        ``reuse_prefix`` these are computed once per call (:meth:`prompt_batch`). Without examples the batch is
+        the plain left-padded one."""
         if not docs:
             return []
         if seed is not None:
             torch.manual_seed(seed)
-        batch = self.prompt_batch(docs, reuse_prefix=reuse_prefix).repeat(num_queries).to(self.device)
+        batch = self.prompt_batch(docs, reuse_prefix=reuse_prefix).to(self.device)
         self.model.eval()
         with self.autocast():
-            out = self.model.generate(input_ids=batch.ids, attention_mask=batch.mask, do_sample=True, top_p=top_p,
-                                      top_k=0, temperature=temperature, max_new_tokens=max_new_tokens,
-                                      pad_token_id=self.tokenizer.pad_token_id, **batch.prefix_cache(self.model))
-        new = out[:, batch.ids.shape[1]:]
+            cache = batch.prompt_cache(self.model)
+            cache.batch_repeat_interleave(num_queries)
+            rows = batch.repeat(num_queries)
+            out = self.model.generate(input_ids=rows.ids, attention_mask=rows.mask, past_key_values=cache,
+                                      do_sample=True, top_p=top_p, top_k=0, temperature=temperature,
+                                      max_new_tokens=max_new_tokens, pad_token_id=self.tokenizer.pad_token_id)
+        new = out[:, rows.ids.shape[1]:]
         texts = [self._decode(row) for row in new]
         return [texts[i * num_queries: (i + 1) * num_queries] for i in range(len(docs))]
 
@@ -380,8 +388,7 @@ class PromptBatch:
 
     def prefix_cache(self, model) -> dict:
         """``{"past_key_values": cache}`` with the shared prefix's keys and values computed once and repeated for
-        every row (what ``model.generate`` or a forward of ``ids[:, shared:]`` continues from); ``{}`` when nothing
-        is shared."""
+        every row (what a forward of ``ids[:, shared:]`` continues from); ``{}`` when nothing is shared."""
         if not self.shared:
             return {}
         from transformers import DynamicCache
@@ -390,6 +397,19 @@ class PromptBatch:
         model(input_ids=self.ids[:1, :self.shared], past_key_values=cache, use_cache=True)
         cache.batch_repeat_interleave(len(self.ids))
         return {"past_key_values": cache}
+
+    def prompt_cache(self, model):
+        """The keys and values of every prompt token but the last (the shared prefix from :meth:`prefix_cache`,
+        the rest under the padding mask and each row's own positions): ``model.generate`` on ``ids`` continues
+        from it with the last token, so the prompts are read once however many rows each is repeated into."""
+        from transformers import DynamicCache
+
+        cache = self.prefix_cache(model).get("past_key_values", DynamicCache())
+        rest = slice(self.shared, self.ids.shape[1] - 1)
+        if rest.stop > rest.start:
+            model(input_ids=self.ids[:, rest], attention_mask=self.mask[:, :rest.stop],
+                  position_ids=self.positions[:, rest], past_key_values=cache, use_cache=True)
+        return cache
 
 
 def shared_prefix_length(prompts: list[list[int]]) -> int:
