@@ -394,21 +394,22 @@ class PromptBatch:
         from transformers import DynamicCache
 
         cache = DynamicCache()
-        model(input_ids=self.ids[:1, :self.shared], past_key_values=cache, use_cache=True)
+        model.get_decoder()(input_ids=self.ids[:1, :self.shared], past_key_values=cache, use_cache=True)
         cache.batch_repeat_interleave(len(self.ids))
         return {"past_key_values": cache}
 
     def prompt_cache(self, model):
         """The keys and values of every prompt token but the last (the shared prefix from :meth:`prefix_cache`,
         the rest under the padding mask and each row's own positions): ``model.generate`` on ``ids`` continues
-        from it with the last token, so the prompts are read once however many rows each is repeated into."""
+        from it with the last token, so the prompts are read once however many rows each is repeated into. Both
+        run the decoder only: no logits are needed until the last token."""
         from transformers import DynamicCache
 
         cache = self.prefix_cache(model).get("past_key_values", DynamicCache())
         rest = slice(self.shared, self.ids.shape[1] - 1)
         if rest.stop > rest.start:
-            model(input_ids=self.ids[:, rest], attention_mask=self.mask[:, :rest.stop],
-                  position_ids=self.positions[:, rest], past_key_values=cache, use_cache=True)
+            model.get_decoder()(input_ids=self.ids[:, rest], attention_mask=self.mask[:, :rest.stop],
+                                position_ids=self.positions[:, rest], past_key_values=cache, use_cache=True)
         return cache
 
 
