@@ -152,8 +152,8 @@ def whole_prompts_generate(gen, docs: list[str], *, num_queries: int, seed: int,
     """The obvious implementation ``gen.generate`` replaces: ``transformers``' sampling from the tokenizer's
     left-padded whole prompts, ``num_return_sequences`` rows each (every prompt read once per row)."""
     tok = gen.tokenizer
-    tok.padding_side = "left"
-    enc = tok([gen.prompt(d) for d in docs], return_tensors="pt", padding=True, add_special_tokens=False)
+    enc = tok([gen.prompt(d) for d in docs], return_tensors="pt", padding=True, padding_side="left",
+              add_special_tokens=False)
     torch.manual_seed(seed)
     gen.model.eval()
     with gen.autocast():
@@ -199,7 +199,8 @@ def next_token_logits_gap(gen, docs: list[str]) -> dict:
     split = gen.prompt_batch(docs)
     rest = slice(split.shared, None)
     split_logits = gen.model(input_ids=split.ids[:, rest], attention_mask=split.mask,
-                             position_ids=split.positions[:, rest], **split.prefix_cache(gen.model)).logits[:, -1]
+                             position_ids=split.positions[:, rest],
+                             past_key_values=split.prefix_cache(gen.model)).logits[:, -1]
     return {"shared_prefix_tokens": split.shared, "max_abs_logit_gap": (whole_logits - split_logits).abs().max().item(),
             "max_abs_logit": whole_logits.abs().max().item()}
 

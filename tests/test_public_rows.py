@@ -320,9 +320,7 @@ def test_the_prompt_cache_gives_the_whole_prompts_next_token_logits(tiny_llama_d
                                  past_key_values=batch.prompt_cache(generator.model)).logits[:, -1]
         tolerance = 1e-6 * max(1.0, reference.abs().max().item())  # float32 rounding
         assert (cached - reference).abs().max() < tolerance
-        from transformers import DynamicCache
-
-        unpositioned = batch.prefix_cache(generator.model).get("past_key_values", DynamicCache())
+        unpositioned = batch.prefix_cache(generator.model)
         rest = slice(batch.shared, batch.ids.shape[1] - 1)  # the mutation: positions counted over the padding
         generator.model(input_ids=batch.ids[:, rest], attention_mask=batch.mask[:, :rest.stop],
                         past_key_values=unpositioned)
@@ -347,7 +345,7 @@ def test_the_shared_prefix_layout_gives_the_whole_prompts_next_token_logits(tiny
     with torch.no_grad():  # the mutation: padding left unmasked changes what the short rows see
         unmasked = generator.model(input_ids=batch.ids[:, batch.shared:], attention_mask=torch.ones_like(batch.mask),
                                    position_ids=batch.positions[:, batch.shared:],
-                                   **batch.prefix_cache(generator.model)).logits[:, -1]
+                                   past_key_values=batch.prefix_cache(generator.model)).logits[:, -1]
         whole = generator.prompt_batch(docs, reuse_prefix=False)
         reference = generator.model(input_ids=whole.ids, attention_mask=whole.mask,
                                     position_ids=whole.positions).logits[:, -1]

@@ -386,26 +386,23 @@ class PromptBatch:
     def to(self, device) -> "PromptBatch":
         return PromptBatch(self.ids.to(device), self.mask.to(device), self.shared)
 
-    def prefix_cache(self, model) -> dict:
-        """``{"past_key_values": cache}`` with the shared prefix's keys and values computed once and repeated for
-        every row (what a forward of ``ids[:, shared:]`` continues from); ``{}`` when nothing is shared."""
-        if not self.shared:
-            return {}
+    def prefix_cache(self, model):
+        """A cache holding the shared prefix's keys and values, computed once and repeated for every row (what a
+        forward of ``ids[:, shared:]`` continues from); empty when nothing is shared."""
         from transformers import DynamicCache
 
         cache = DynamicCache()
-        model.get_decoder()(input_ids=self.ids[:1, :self.shared], past_key_values=cache, use_cache=True)
-        cache.batch_repeat_interleave(len(self.ids))
-        return {"past_key_values": cache}
+        if self.shared:
+            model.get_decoder()(input_ids=self.ids[:1, :self.shared], past_key_values=cache, use_cache=True)
+            cache.batch_repeat_interleave(len(self.ids))
+        return cache
 
     def prompt_cache(self, model):
         """The keys and values of every prompt token but the last (the shared prefix from :meth:`prefix_cache`,
         the rest under the padding mask and each row's own positions): ``model.generate`` on ``ids`` continues
         from it with the last token, so the prompts are read once however many rows each is repeated into. Both
         run the decoder only: no logits are needed until the last token."""
-        from transformers import DynamicCache
-
-        cache = self.prefix_cache(model).get("past_key_values", DynamicCache())
+        cache = self.prefix_cache(model)
         rest = slice(self.shared, self.ids.shape[1] - 1)
         if rest.stop > rest.start:
             model.get_decoder()(input_ids=self.ids[:, rest], attention_mask=self.mask[:, :rest.stop],
