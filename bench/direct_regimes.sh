@@ -53,8 +53,9 @@
 #   12 steps at lr 1.28e-3  the same scaling at 12 steps (sigma 1.713 at epsilon 8): a quarter of the compute.
 # Run 2026-11-28 (thirteenth session), seed 0 each, validation NDCG@10 against the public encoder's 0.7368: 12 steps
 # at lr 1.28e-3 0.7613, 48 steps at lr 2e-3 0.7847 (the shipped rule: -0.0235 for the scaled schedule, paired CI
-# [-0.0321, -0.0151]), so the scaling argument fails on this proxy and the rule stays; 48 steps at lr 6.4e-4 was
-# stopped within its first step, not run (docs/benchmarks.md, "A log of SciFact's size")
+# [-0.0321, -0.0151]), so the scaling argument fails on this proxy and the rule stays; 48 steps at lr 6.4e-4, stopped
+# within its first step then, ran 2026-12-02 (twenty-fifth session): 0.7610, -0.0238 [-0.0319, -0.0159] against the
+# shipped rule, so choose-small keeps it (docs/benchmarks.md, "A log of SciFact's size")
 # One thread per job; two jobs fit the 2-core machine side by side. Where CUDA is available the runs use it (privret's
 # device auto; PB=128 units per pass fit an H200 easily): a SciFact run of 48 steps took about 2 minutes there.
 #   usage: bench/direct_regimes.sh WORK_DIR STEP...
