@@ -23,6 +23,8 @@
 #                           (another seed: WORK/<name>-eps<epsilon>-seed<seed>)
 #   seed:<name>:<seed>      another run of the regime at epsilon 8, both splits (a private run draws its sampling,
 #                           noise, negatives and dropout from os.urandom whatever --seed says: the seed names the run)
+#   scifact-nonoise:<name>  the scifact: step's run at epsilon 8 with the noise switched off (bench/clip_only.py: NOT
+#                           DP, a diagnosis, reporting only): what the schedule and clip reach on SciFact without noise
 #   keep:<name>             copies what the run released and its evaluations to bench/results/direct_regimes/<name>,
 #                           with the tensors it changed when they fit in 1 MB (BitFit; not a merged LoRA) (rebuild:
 #                           bench/iterate_average.py --from-parameters);
@@ -154,6 +156,13 @@ EOF
       re='--epochs ([0-9]+)'; [[ ${REGIMES[$n]} =~ $re ]]; steps=$((12 * BASH_REMATCH[1]))  # 12 per SQuAD epoch
       dp_train "$out" "$n" "$S" --batch-size 807 --epochs $steps --epsilon "$e" --seed "$s"
       D=$S ev "$out" test "$out-test"; echo "SciFact $n at epsilon $e, seed $s: test $(ndcg "$out-test")" ;;
+    scifact-nonoise:*)  # the shipped SciFact schedule of a regime with the noise switched off: NOT DP, a diagnosis
+      n=${step#scifact-nonoise:}; S=../shared/data/scifact; out=$work/scifact/$n-nonoise
+      D=$S ev minilm-l6 test "$work/scifact/zero-shot-test"
+      re='--epochs ([0-9]+)'; [[ ${REGIMES[$n]} =~ $re ]]; steps=$((12 * BASH_REMATCH[1]))
+      [ -f "$out/NOT_DP.txt" ] || .venv/bin/python bench/clip_only.py retriever train $(dp_base "$S" "$work") \
+          ${REGIMES[$n]} --batch-size 807 --epochs $steps --epsilon 8 --out "$out"
+      D=$S ev "$out" test "$out-test"; echo "SciFact $n without noise (not DP): test $(ndcg "$out-test")" ;;
     keep:*)  # what survives the machine: ledger, mechanism, settings, per-query evaluations and the trained tensors
       n=${step#keep:}; k=bench/results/direct_regimes/$n; mkdir -p "$k"
       cp "$work/$n"/{privacy_ledger.json,dp_mechanism.json,train_config.json} "$k/"
