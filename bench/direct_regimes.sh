@@ -77,6 +77,14 @@ dp_train() {  # $1 out dir, $2 regime, $3 data, then options that override the r
   [ -f "$out/privacy_ledger.json" ] || $P retriever train $(dp_base "$data" "$work") ${REGIMES[$n]} "$@" \
       --out "$out"
 }
+nonoise_train() {  # $1 out dir, $2 regime, $3 data, then overriding options: the regime's steps without noise, unless done
+  local out=$1 n=$2 data=$3; shift 3
+  [ -f "$out/NOT_DP.txt" ] || .venv/bin/python bench/clip_only.py retriever train $(dp_base "$data" "$work") ${REGIMES[$n]} \
+      "$@" --epsilon 8 --out "$out"
+}
+scifact_steps() {  # $1 regime: the steps it takes on SciFact, 12 per SQuAD epoch (each taking all 807 units)
+  local re='--epochs ([0-9]+)'; [[ ${REGIMES[$1]} =~ $re ]]; echo $((12 * BASH_REMATCH[1]))
+}
 both_splits() {  # $1 regime, $2 epsilon, $3 seed, $4 out dir: the DP run (unless done), evaluated on both splits
   dp_train "$4" "$1" "$D" --epsilon "$2" --seed "$3"
   ev "$4" validation "$4-validation"; ev "$4" test "$4-test"
@@ -102,8 +110,7 @@ for step in "$@"; do
       ev "$work/$n" validation "$work/$n-validation"; echo "$n validation: $(ndcg "$work/$n-validation")" ;;
     nonoise:*)
       n=${step#nonoise:}
-      [ -f "$work/$n-nonoise/NOT_DP.txt" ] || .venv/bin/python bench/clip_only.py retriever train $(dp_base "$D" "$work") ${REGIMES[$n]} \
-          --epsilon 8 --out "$work/$n-nonoise"
+      nonoise_train "$work/$n-nonoise" "$n" "$D"
       ev "$work/$n-nonoise" validation "$work/$n-nonoise-validation"
       echo "$n without noise (not DP) validation: $(ndcg "$work/$n-nonoise-validation")" ;;
     choose|choose-small)
@@ -153,15 +160,12 @@ EOF
       IFS=: read -r n e s <<<"${step#scifact:}"; s=${s:-0}; S=../shared/data/scifact
       out=$work/scifact/$n-eps$e; [ "$s" = 0 ] || out=$out-seed$s
       D=$S ev minilm-l6 test "$work/scifact/zero-shot-test"
-      re='--epochs ([0-9]+)'; [[ ${REGIMES[$n]} =~ $re ]]; steps=$((12 * BASH_REMATCH[1]))  # 12 per SQuAD epoch
-      dp_train "$out" "$n" "$S" --batch-size 807 --epochs $steps --epsilon "$e" --seed "$s"
+      dp_train "$out" "$n" "$S" --batch-size 807 --epochs "$(scifact_steps "$n")" --epsilon "$e" --seed "$s"
       D=$S ev "$out" test "$out-test"; echo "SciFact $n at epsilon $e, seed $s: test $(ndcg "$out-test")" ;;
     scifact-nonoise:*)  # the shipped SciFact schedule of a regime with the noise switched off: NOT DP, a diagnosis
       n=${step#scifact-nonoise:}; S=../shared/data/scifact; out=$work/scifact/$n-nonoise
       D=$S ev minilm-l6 test "$work/scifact/zero-shot-test"
-      re='--epochs ([0-9]+)'; [[ ${REGIMES[$n]} =~ $re ]]; steps=$((12 * BASH_REMATCH[1]))
-      [ -f "$out/NOT_DP.txt" ] || .venv/bin/python bench/clip_only.py retriever train $(dp_base "$S" "$work") \
-          ${REGIMES[$n]} --batch-size 807 --epochs $steps --epsilon 8 --out "$out"
+      nonoise_train "$out" "$n" "$S" --batch-size 807 --epochs "$(scifact_steps "$n")"
       D=$S ev "$out" test "$out-test"; echo "SciFact $n without noise (not DP): test $(ndcg "$out-test")" ;;
     keep:*)  # what survives the machine: ledger, mechanism, settings, per-query evaluations and the trained tensors
       n=${step#keep:}; k=bench/results/direct_regimes/$n; mkdir -p "$k"
