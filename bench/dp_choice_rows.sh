@@ -72,12 +72,7 @@ print(c['epochs'], c['max_doc_tokens'])" "$work/ret-eps7-s$g/recipe_selection.js
       # (bench/scifact_public_claims.tsv; the documents' text is read from the corpus here, never stored), then
       # as synthetic:<s>
       s=${step#prompted:}
-      [ -f "$work/public-claims.jsonl" ] || python3 -c "import json,sys
-docs = {d['_id']: d for d in map(json.loads, open(sys.argv[1]))}
-for line in open(sys.argv[2]):
-    i, claim = line.rstrip('\\n').split('\\t')
-    print(json.dumps({'query': claim, 'doc': docs[i]['title'] + '. ' + docs[i]['text']}))" \
-          $D/corpus.jsonl bench/scifact_public_claims.tsv > "$work/public-claims.jsonl"
+      scifact_public_claims $D/corpus.jsonl "$work/public-claims.jsonl"
       [ -d "$work/gen-prompted" ] || $P generator prompt --public-pairs "$work/public-claims.jsonl" --examples 3 \
           --out "$work/gen-prompted"
       [ -f "$work/syn-prompted-s$s/manifest.json" ] || $P generate --generator "$work/gen-prompted" --data $D \

@@ -14,3 +14,19 @@ evaluate_once() {
 
 # ndcg OUT: the NDCG@10 that evaluate_once wrote to OUT/metrics.json
 ndcg() { python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['ndcg@10'])" "$1/metrics.json"; }
+
+# scifact_public_claims CORPUS OUT: the public pairs file ({query, doc} JSONL) of the prompted SciFact generator, the
+#   three claims we wrote (bench/scifact_public_claims.tsv) with their documents' title and text read from CORPUS
+#   (SciFact's corpus.jsonl; never stored in the repository); written to a temporary file, then renamed; skipped when
+#   OUT exists
+scifact_public_claims() {
+  [ -f "$2" ] && return 0
+  python3 - "$1" bench/scifact_public_claims.tsv > "$2.tmp" <<'EOF'
+import json, sys
+docs = {d["_id"]: d for d in map(json.loads, open(sys.argv[1]))}
+for line in open(sys.argv[2]):
+    doc_id, claim = line.rstrip("\n").split("\t")
+    print(json.dumps({"query": claim, "doc": docs[doc_id]["title"] + ". " + docs[doc_id]["text"]}))
+EOF
+  mv "$2.tmp" "$2"
+}
