@@ -152,6 +152,32 @@ def data_squad_beir(
     out.print(f"{manifest['documents']} documents; {splits}; written to {out_dir}")
 
 
+@app.command("public-proxy")
+def data_public_proxy(
+    synthetic: Annotated[Path, typer.Option(
+        help="an epsilon-0 synthetic set (privret generate with a prompted or public-pairs generator)")],
+    corpus: Annotated[Path, typer.Option(help="the public corpus: a BEIR directory or its corpus.jsonl")],
+    out_dir: Annotated[Path, typer.Option("--out", help="BEIR directory to write (must not exist)")],
+    train: Annotated[int, typer.Option(help="documents whose synthetic queries form the train split (the log)")],
+    validation: Annotated[int, typer.Option(help="documents whose synthetic queries form the validation split")],
+    seed: Annotated[int, typer.Option(help="seed of the document order (sha256(seed:doc id))")] = 0,
+) -> None:
+    """A public proxy log in a private log's domain, to choose DP settings on.
+
+    The synthetic set must carry an epsilon-0 ledger (no private data), so a
+    choice made on the proxy spends no budget. Its documents in
+    sha256(seed:doc id) order: the first --train give the train qrels, the
+    next --validation the validation qrels (one document's queries stay in
+    one split). The corpus is the whole public corpus."""
+    from privret.synth.public_proxy import build_public_proxy
+
+    manifest = build_public_proxy(synthetic, corpus, out_dir, train_documents=train,
+                                  validation_documents=validation, seed=seed)
+    splits = ", ".join(f"{name}: {s['documents']} documents, {s['queries']} queries"
+                       for name, s in manifest["splits"].items())
+    out.print(f"{manifest['documents']} documents; {splits}; written to {out_dir}")
+
+
 @app.command("squad-pairs")
 def data_squad_pairs(
     squad: SquadOpt,
