@@ -25,7 +25,8 @@
 #                           noise, negatives and dropout from os.urandom whatever --seed says: the seed names the run)
 #   scifact-nonoise:<name>  the scifact: step's run at epsilon 8 with the noise switched off (bench/clip_only.py: NOT
 #                           DP, a diagnosis, reporting only): what the schedule and clip reach on SciFact without noise
-#   keep:<name>             copies what the run released and its evaluations to bench/results/direct_regimes/<name>,
+#   keep:<name>             copies what the run released and its evaluations to bench/results/direct_regimes/<name>
+#                           (a nonoise run's NOT_DP.txt with them),
 #                           with the tensors it changed when they fit in 1 MB (BitFit; not a merged LoRA) (rebuild:
 #                           bench/iterate_average.py --from-parameters);
 #                           a SciFact run is named by its directory under WORK: keep:scifact/<name>-eps<eps>[-seed<s>]
@@ -58,6 +59,18 @@
 # [-0.0321, -0.0151]), so the scaling argument fails on this proxy and the rule stays; 48 steps at lr 6.4e-4, stopped
 # within its first step then, ran 2026-12-02 (twenty-fifth session): 0.7610, -0.0238 [-0.0319, -0.0159] against the
 # shipped rule, so choose-small keeps it (docs/benchmarks.md, "A log of SciFact's size")
+# SciFact's domain proxy (added 2026-12-02): the SQuAD proxies keep SciFact's log size, not its domain. This one keeps
+# the domain and reads no SciFact query (privret data public-proxy, docs/concepts.md):
+#   proxy-data              the untrained generator shown our three claims (bench/scifact_public_claims.tsv; epsilon 0)
+#                           writes one claim for each of 1,120 public SciFact documents (a seeded sample of the corpus);
+#                           807 of those documents are the log (SciFact's number of units), 300 the validation split
+#                           (SciFact's number of test queries), over the whole corpus: WORK/scifact-proxy
+#   proxy:<name>[:<seed>]   the scifact: step's run at epsilon 8 on the proxy's log, evaluated on its validation split
+#                           (WORK/proxy/<name>[-seed<seed>]; the public encoder in WORK/proxy-zero-shot-validation)
+#   choose-proxy            the best of those as choose-small does -> WORK/proxy/choice.txt
+# Candidates, fixed 2026-12-02 before any ran (bench/regimes.sh): the shipped rule's regime (top3-b512-c1-e4-nodrop-pn1),
+# every bias (bias-b512-c1-e4-nodrop-pn1), LoRA of rank 4 (lora4-b512-c1-e4-nodrop-pn1), the clip at 3
+# (top3-b512-c3-e4-nodrop-pn1); configs/scifact.yaml changes only when one beats the shipped regime on the proxy.
 # One thread per job; two jobs fit the 2-core machine side by side. Where CUDA is available the runs use it (privret's
 # device auto; PB=128 units per pass fit an H200 easily): a SciFact run of 48 steps took about 2 minutes there.
 #   usage: bench/direct_regimes.sh WORK_DIR STEP...
@@ -113,12 +126,14 @@ for step in "$@"; do
       nonoise_train "$work/$n-nonoise" "$n" "$D"
       ev "$work/$n-nonoise" validation "$work/$n-nonoise-validation"
       echo "$n without noise (not DP) validation: $(ndcg "$work/$n-nonoise-validation")" ;;
-    choose|choose-small)
+    choose|choose-small|choose-proxy)
+      base=$work/zero-shot-validation
       if [ "$step" = choose ]; then runs=$work; names=("${!REGIMES[@]}")
-      else runs=$work/small; names=(); [ -d "$runs" ] || { echo "no small-log runs in $runs" >&2; exit 2; }
+      else runs=$work/small; [ "$step" = choose-small ] || { runs=$work/proxy; base=$work/proxy-zero-shot-validation; }
+        names=(); [ -d "$runs" ] || { echo "no runs in $runs" >&2; exit 2; }
         for d in "$runs"/*-validation; do  # one name per schedule; its other seeds are averaged in by name
           [[ $d == *-seed*-validation ]] || names+=("$(basename "${d%-validation}")"); done; fi
-      python3 - "$work/zero-shot-validation" "$runs" "${names[@]}" <<'EOF'
+      python3 - "$base" "$runs" "${names[@]}" <<'EOF'
 import json, sys
 from pathlib import Path
 base, work = Path(sys.argv[1]), Path(sys.argv[2])  # the public encoder's evaluation; the runs' directory
@@ -162,6 +177,22 @@ EOF
       D=$S ev minilm-l6 test "$work/scifact/zero-shot-test"
       dp_train "$out" "$n" "$S" --batch-size 807 --epochs "$(scifact_steps "$n")" --epsilon "$e" --seed "$s"
       D=$S ev "$out" test "$out-test"; echo "SciFact $n at epsilon $e, seed $s: test $(ndcg "$out-test")" ;;
+    proxy-data)  # SciFact's domain, no SciFact query: prompted claims (epsilon 0) for sampled public documents
+      S=../shared/data/scifact
+      scifact_public_claims $S/corpus.jsonl "$work/public-claims.jsonl"
+      [ -d "$work/gen-prompted" ] || $P generator prompt --public-pairs "$work/public-claims.jsonl" --examples 3 \
+          --out "$work/gen-prompted"
+      [ -f "$work/proxy-claims/manifest.json" ] || $P generate --generator "$work/gen-prompted" --data $S \
+          --documents corpus --sample 1120 --sample-seed 1 --num-queries 1 --seed 0 --resume --out "$work/proxy-claims"
+      [ -d "$work/scifact-proxy" ] || $P data public-proxy --synthetic "$work/proxy-claims" --corpus $S \
+          --train 807 --validation 300 --seed 0 --out "$work/scifact-proxy" ;;
+    proxy:*)
+      IFS=: read -r n s <<<"${step#proxy:}"; s=${s:-0}; Q=$work/scifact-proxy
+      out=$work/proxy/$n; [ "$s" = 0 ] || out=$out-seed$s
+      D=$Q ev minilm-l6 validation "$work/proxy-zero-shot-validation"
+      dp_train "$out" "$n" "$Q" --batch-size 807 --epochs "$(scifact_steps "$n")" --epsilon 8 --seed "$s"
+      D=$Q ev "$out" validation "$out-validation"
+      echo "SciFact proxy, $n, seed $s: validation $(ndcg "$out-validation") (zero-shot $(ndcg "$work/proxy-zero-shot-validation"))" ;;
     scifact-nonoise:*)  # the shipped SciFact schedule of a regime with the noise switched off: NOT DP, a diagnosis
       n=${step#scifact-nonoise:}; S=../shared/data/scifact; out=$work/scifact/$n-nonoise
       D=$S ev minilm-l6 test "$work/scifact/zero-shot-test"
@@ -170,6 +201,8 @@ EOF
     keep:*)  # what survives the machine: ledger, mechanism, settings, per-query evaluations and the trained tensors
       n=${step#keep:}; k=bench/results/direct_regimes/$n; mkdir -p "$k"
       cp "$work/$n"/{privacy_ledger.json,dp_mechanism.json,train_config.json} "$k/"
+      # a diagnosis trained with the noise off keeps its marker beside the ledger of the noise it did not add
+      [ ! -f "$work/$n/NOT_DP.txt" ] || cp "$work/$n/NOT_DP.txt" "$k/"
       for split in validation test; do
         [ ! -f "$work/$n-$split/per_query.json" ] || { mkdir -p "$k/$split"; cp "$work/$n-$split"/*.json "$k/$split/"; }
       done
