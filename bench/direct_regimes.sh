@@ -62,7 +62,8 @@
 # SciFact's domain proxy (added 2026-12-02): the SQuAD proxies keep SciFact's log size, not its domain. This one keeps
 # the domain and reads no SciFact query (privret data public-proxy, docs/concepts.md):
 #   proxy-data              the untrained generator shown our three claims (bench/scifact_public_claims.tsv; epsilon 0)
-#                           writes one claim for each of 1,120 public SciFact documents (a seeded sample of the corpus);
+#                           writes one claim for each of 1,120 public SciFact documents (a seeded sample of the corpus),
+#                           cut after its first sentence (--first-sentence: the 135M model runs on past the claim);
 #                           807 of those documents are the log (SciFact's number of units), 300 the validation split
 #                           (SciFact's number of test queries), over the whole corpus: WORK/scifact-proxy
 #   proxy:<name>[:<seed>]   the scifact: step's run at epsilon 8 on the proxy's log, evaluated on its validation split
@@ -185,7 +186,7 @@ EOF
       [ -f "$work/proxy-claims/manifest.json" ] || $P generate --generator "$work/gen-prompted" --data $S \
           --documents corpus --sample 1120 --sample-seed 1 --num-queries 1 --seed 0 --resume --out "$work/proxy-claims"
       [ -d "$work/scifact-proxy" ] || $P data public-proxy --synthetic "$work/proxy-claims" --corpus $S \
-          --train 807 --validation 300 --seed 0 --out "$work/scifact-proxy" ;;
+          --train 807 --validation 300 --seed 0 --first-sentence --out "$work/scifact-proxy" ;;
     proxy:*)
       IFS=: read -r n s <<<"${step#proxy:}"; s=${s:-0}; Q=$work/scifact-proxy
       out=$work/proxy/$n; [ "$s" = 0 ] || out=$out-seed$s

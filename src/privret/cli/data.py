@@ -161,6 +161,8 @@ def data_public_proxy(
     train: Annotated[int, typer.Option(help="documents whose synthetic queries form the train split (the log)")],
     validation: Annotated[int, typer.Option(help="documents whose synthetic queries form the validation split")],
     seed: Annotated[int, typer.Option(help="seed of the document order (sha256(seed:doc id))")] = 0,
+    first_sentence: Annotated[bool, typer.Option(
+        "--first-sentence", help="cut each query after its first sentence end (., ? or ! and a space)")] = False,
 ) -> None:
     """A public proxy log in a private log's domain, to choose DP settings on.
 
@@ -172,7 +174,7 @@ def data_public_proxy(
     from privret.synth.public_proxy import build_public_proxy
 
     manifest = build_public_proxy(synthetic, corpus, out_dir, train_documents=train,
-                                  validation_documents=validation, seed=seed)
+                                  validation_documents=validation, seed=seed, first_sentence_only=first_sentence)
     splits = ", ".join(f"{name}: {s['documents']} documents, {s['queries']} queries"
                        for name, s in manifest["splits"].items())
     out.print(f"{manifest['documents']} documents; {splits}; written to {out_dir}")
