@@ -68,7 +68,12 @@
 #                           (SciFact's number of test queries), over the whole corpus: WORK/scifact-proxy
 #   proxy:<name>[:<seed>]   the scifact: step's run at epsilon 8 on the proxy's log, evaluated on its validation split
 #                           (WORK/proxy/<name>[-seed<seed>]; the public encoder in WORK/proxy-zero-shot-validation)
+#   proxy-original          the non-private reference on the proxy's log (as `original`: 1 epoch, documents cut at
+#                           256 tokens, every weight) and the public encoder, on the proxy's validation split: the room
+#                           the proxy offers (WORK/proxy-original, WORK/proxy-{zero-shot,original}-validation)
 #   choose-proxy            the best of those as choose-small does -> WORK/proxy/choice.txt
+#   keep-proxy              the proxy's manifests (the claims' hash and counts, not their text) and the evaluations of
+#                           proxy-original, to bench/results/direct_regimes/proxy/ (a DP run: keep:proxy/<name>)
 # Candidates, fixed 2026-12-02 before any ran (bench/regimes.sh): the shipped rule's regime (top3-b512-c1-e4-nodrop-pn1),
 # every bias (bias-b512-c1-e4-nodrop-pn1), LoRA of rank 4 (lora4-b512-c1-e4-nodrop-pn1), the clip at 3
 # (top3-b512-c3-e4-nodrop-pn1); configs/scifact.yaml changes only when one beats the shipped regime on the proxy.
@@ -187,6 +192,14 @@ EOF
           --documents corpus --sample 1120 --sample-seed 1 --num-queries 1 --seed 0 --resume --out "$work/proxy-claims"
       [ -d "$work/scifact-proxy" ] || $P data public-proxy --synthetic "$work/proxy-claims" --corpus $S \
           --train 807 --validation 300 --seed 0 --first-sentence --out "$work/scifact-proxy" ;;
+    proxy-original)
+      Q=$work/scifact-proxy
+      [ -f "$work/proxy-original/model.safetensors" ] || $P retriever train --data "$Q" --out "$work/proxy-original" \
+          --epochs 1 --max-doc-tokens 256
+      D=$Q ev minilm-l6 validation "$work/proxy-zero-shot-validation"
+      D=$Q ev "$work/proxy-original" validation "$work/proxy-original-validation"
+      echo "SciFact proxy, validation: zero-shot $(ndcg "$work/proxy-zero-shot-validation"), original" \
+           "$(ndcg "$work/proxy-original-validation")" ;;
     proxy:*)
       IFS=: read -r n s <<<"${step#proxy:}"; s=${s:-0}; Q=$work/scifact-proxy
       out=$work/proxy/$n; [ "$s" = 0 ] || out=$out-seed$s
@@ -194,6 +207,13 @@ EOF
       dp_train "$out" "$n" "$Q" --batch-size 807 --epochs "$(scifact_steps "$n")" --epsilon 8 --seed "$s"
       D=$Q ev "$out" validation "$out-validation"
       echo "SciFact proxy, $n, seed $s: validation $(ndcg "$out-validation") (zero-shot $(ndcg "$work/proxy-zero-shot-validation"))" ;;
+    keep-proxy)
+      k=bench/results/direct_regimes/proxy; mkdir -p "$k"
+      cp "$work/proxy-claims/manifest.json" "$k/claims_manifest.json"; cp "$work/scifact-proxy/manifest.json" "$k/"
+      for n in zero-shot original; do
+        [ ! -f "$work/proxy-$n-validation/per_query.json" ] || { mkdir -p "$k/$n/validation"
+          cp "$work/proxy-$n-validation"/*.json "$k/$n/validation/"; }
+      done ;;
     scifact-nonoise:*)  # the shipped SciFact schedule of a regime with the noise switched off: NOT DP, a diagnosis
       n=${step#scifact-nonoise:}; S=../shared/data/scifact; out=$work/scifact/$n-nonoise
       D=$S ev minilm-l6 test "$work/scifact/zero-shot-test"
