@@ -107,6 +107,10 @@ def test_cli_writes_the_proxy_and_reports_bad_input_in_one_line(tmp_path):
     again = run_cli(*args)
     assert again.returncode == 2 and len(again.stderr.strip().splitlines()) == 1
     assert f"{tmp_path / 'proxy'}: already exists" in again.stderr
+    other = run_cli(*args[:-1], str(tmp_path / "other"))  # another output: written
+    assert other.returncode == 0
+    zero = run_cli(*[("0" if a == "7" else a) for a in args[:-1]], str(tmp_path / "zero"))
+    assert zero.returncode == 2 and "--train" in zero.stderr and not (tmp_path / "zero").exists()
 
 
 def test_first_sentence_cuts_after_the_first_sentence_end_only():

@@ -158,8 +158,8 @@ def data_public_proxy(
         help="an epsilon-0 synthetic set (privret generate with a prompted or public-pairs generator)")],
     corpus: Annotated[Path, typer.Option(help="the public corpus: a BEIR directory or its corpus.jsonl")],
     out_dir: Annotated[Path, typer.Option("--out", help="BEIR directory to write (must not exist)")],
-    train: Annotated[int, typer.Option(help="documents whose synthetic queries form the train split (the log)")],
-    validation: Annotated[int, typer.Option(help="documents whose synthetic queries form the validation split")],
+    train: Annotated[int, typer.Option(min=1, help="documents whose synthetic queries form the train split (the log)")],
+    validation: Annotated[int, typer.Option(min=1, help="documents whose synthetic queries form the validation split")],
     seed: Annotated[int, typer.Option(help="seed of the document order (sha256(seed:doc id))")] = 0,
     first_sentence: Annotated[bool, typer.Option(
         "--first-sentence", help="cut each query after its first sentence end (., ? or ! and a space)")] = False,

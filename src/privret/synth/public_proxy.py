@@ -84,8 +84,8 @@ def build_public_proxy(synthetic_dir: str | Path, corpus_dir: str | Path, out_di
     order = document_order(list(queries_of), seed)
     parts = {"train": order[:train_documents], "validation": order[train_documents:wanted]}
     qrels = {split: {q: {d: 1} for d in docs for q in queries_of[d]} for split, docs in parts.items()}
-    cut = first_sentence if first_sentence_only else str.strip
-    queries = {q: cut(synthetic.queries[q]) for split in qrels.values() for q in split}
+    queries = {q: first_sentence(synthetic.queries[q]) if first_sentence_only else synthetic.queries[q]
+               for split in qrels.values() for q in split}
     manifest = {
         "format_version": FORMAT_VERSION,
         "synthetic": str(synthetic_dir), "synthetic_sha256": file_sha256(synthetic_dir / "queries.jsonl",
