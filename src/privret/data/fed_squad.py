@@ -46,6 +46,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from privret.data.seeded import seeded_order, seeded_unit
 from privret.errors import InputError
 from privret.io import atomic_path, file_sha256, read_jsonl, write_jsonl
 
@@ -121,15 +122,6 @@ def client_sizes(n_items: int, n_clients: int) -> list[int]:
     return sizes
 
 
-def _unit(seed: int, key: str) -> float:
-    return int(hashlib.sha256(f"{seed}:{key}".encode()).hexdigest()[:15], 16) / 16 ** 15
-
-
-def article_order(articles: list[dict], seed: int) -> list[dict]:
-    """``articles`` sorted by ``sha256(seed:title)``: a seeded order independent of the file's."""
-    return sorted(articles, key=lambda a: hashlib.sha256(f"{seed}:{a['title']}".encode()).hexdigest())
-
-
 def load_squad(path: Path) -> list[dict]:
     """The articles of a SQuAD-format file, validated (InputError naming file, line or field)."""
     if not path.is_file():
@@ -188,7 +180,7 @@ def build_fed_squad(squad_json: str | Path, out_dir: str | Path, *, n_clients: i
     if out_dir.exists() and not overwrite:
         raise InputError("already exists (remove it or choose another output)", path=out_dir)
     articles = load_squad(squad_json)
-    order = article_order(articles, seed)
+    order = seeded_order(articles, seed, key=lambda a: a["title"])
     sizes = client_sizes(len(order), n_clients)
     clients, dropped, lo = [], 0, 0
     for c, size in enumerate(sizes):
@@ -211,13 +203,13 @@ def build_fed_squad(squad_json: str | Path, out_dir: str | Path, *, n_clients: i
                     if not gold:
                         dropped += 1
                         continue
-                    split = "test" if _unit(seed, qa["id"]) < test_fraction else "train"
+                    split = "test" if seeded_unit(seed, qa["id"]) < test_fraction else "train"
                     questions.append({"id": qa["id"], "question": qa["question"], "split": split,
                                       "passage_id": pid, "positive": sids[gold[0]],
                                       "answer_sentences": [sids[g] for g in gold], "answers": answers})
         for need in ("train", "test"):  # every client keeps at least one question in each split
             if questions and all(q["split"] != need for q in questions) and len(questions) > 1:
-                pick = min(questions, key=lambda q: abs(_unit(seed, q["id"]) - test_fraction))
+                pick = min(questions, key=lambda q: abs(seeded_unit(seed, q["id"]) - test_fraction))
                 pick["split"] = need
         clients.append({"articles": [a["title"] for a in group], "passages": passages,
                         "sentences": sentences, "questions": questions})

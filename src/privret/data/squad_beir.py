@@ -9,7 +9,7 @@ Rules (deterministic; the file is read and validated by :func:`privret.data.fed_
   text the question. A question marked ``is_impossible`` (SQuAD 2.0) has no answer in its
   paragraph and is left out (counted in the manifest).
 * **Split by article.** Articles are ordered by ``sha256(seed:title)``
-  (:func:`~privret.data.fed_squad.article_order`, so the file's order does not matter); the first
+  (:func:`~privret.data.seeded.seeded_order`, so the file's order does not matter); the first
   ``test_articles`` of that order are the test articles, all others the training articles. The
   questions of training articles form the ``train`` qrels (the private log), those of test
   articles the ``test`` qrels: no article has questions in both. Each question has one judgement,
@@ -30,11 +30,11 @@ questions of the training articles stand for a private query log.
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
 from privret.data.beir import BeirDataset, Document, Qrels, write_beir
-from privret.data.fed_squad import article_order, load_squad
+from privret.data.fed_squad import load_squad
+from privret.data.seeded import seeded_order
 from privret.errors import InputError
 from privret.io import file_sha256
 
@@ -46,7 +46,7 @@ def split_articles(articles: list[dict], test_articles: int, seed: int) -> dict[
     if not 1 <= test_articles < len(articles):
         raise InputError(f"must be between 1 and {len(articles) - 1} (the file has {len(articles)} articles)",
                          field="test_articles")
-    order = article_order(articles, seed)
+    order = seeded_order(articles, seed, key=lambda a: a["title"])
     return {art["title"]: "test" if rank < test_articles else "train" for rank, art in enumerate(order)}
 
 
@@ -57,7 +57,7 @@ def carve_validation(split_of: dict[str, str], articles: list[dict], validation_
     if not 0 <= validation_articles < len(training):
         raise InputError(f"must be between 0 and {len(training) - 1} (the file has {len(training)} training "
                          f"articles)", field="validation_articles")
-    order = sorted(training, key=lambda i: hashlib.sha256(f"validation:{i}".encode()).hexdigest())
+    order = seeded_order(training, "validation")
     for i in order[:validation_articles]:
         split_of[articles[int(i)]["title"]] = "validation"
 
@@ -67,7 +67,7 @@ def sample_questions(question_ids: list[str], n: int, seed: int) -> set[str]:
     if not 1 <= n <= len(question_ids):
         raise InputError(f"must be between 1 and {len(question_ids)} (the training articles' questions)",
                          field="train_queries")
-    order = sorted(question_ids, key=lambda q: hashlib.sha256(f"{seed}:{q}".encode()).hexdigest())
+    order = seeded_order(question_ids, seed)
     return set(order[:n])
 
 

@@ -27,11 +27,11 @@ counts) and the synthetic set's ledger.
 
 from __future__ import annotations
 
-import hashlib
 import re
 from pathlib import Path
 
 from privret.data.beir import BeirDataset, load_beir, load_corpus, write_beir
+from privret.data.seeded import seeded_order
 from privret.errors import InputError
 from privret.io import atomic_path, file_sha256
 from privret.privacy.ledger import PrivacyLedger, has_ledger
@@ -43,11 +43,6 @@ SENTENCE_END = re.compile(r"(?<=[.?!])\s")
 def first_sentence(text: str) -> str:
     """``text`` up to and including its first sentence end (``.``, ``?`` or ``!`` followed by white space)."""
     return SENTENCE_END.split(text.strip(), maxsplit=1)[0]
-
-
-def document_order(doc_ids: list[str], seed: int) -> list[str]:
-    """``doc_ids`` in ``sha256("<seed>:<id>")`` order: a seeded shuffle that does not depend on file order."""
-    return sorted(doc_ids, key=lambda d: hashlib.sha256(f"{seed}:{d}".encode()).hexdigest())
 
 
 def build_public_proxy(synthetic_dir: str | Path, corpus_dir: str | Path, out_dir: str | Path, *,
@@ -81,7 +76,7 @@ def build_public_proxy(synthetic_dir: str | Path, corpus_dir: str | Path, out_di
     if len(queries_of) < wanted:
         raise InputError(f"has queries for {len(queries_of)} documents; --train {train_documents} and --validation "
                          f"{validation_documents} need {wanted}", path=synthetic_dir / "qrels" / "train.tsv")
-    order = document_order(list(queries_of), seed)
+    order = seeded_order(queries_of, seed)
     parts = {"train": order[:train_documents], "validation": order[train_documents:wanted]}
     qrels = {split: {q: {d: 1} for d in docs for q in queries_of[d]} for split, docs in parts.items()}
     queries = {q: first_sentence(synthetic.queries[q]) if first_sentence_only else synthetic.queries[q]
