@@ -104,6 +104,11 @@ nonoise_train() {  # $1 out dir, $2 regime, $3 data, then overriding options: th
 scifact_steps() {  # $1 regime: the steps it takes on SciFact, 12 per SQuAD epoch (each taking all 807 units)
   local re='--epochs ([0-9]+)'; [[ ${REGIMES[$1]} =~ $re ]]; echo $((12 * BASH_REMATCH[1]))
 }
+keep_evaluations() {  # $1 run dir, $2 kept dir: the run's evaluations ($1-validation, $1-test) to $2/<split>/
+  local split; for split in validation test; do
+    [ ! -f "$1-$split/per_query.json" ] || { mkdir -p "$2/$split"; cp "$1-$split"/*.json "$2/$split/"; }
+  done
+}
 both_splits() {  # $1 regime, $2 epsilon, $3 seed, $4 out dir: the DP run (unless done), evaluated on both splits
   dp_train "$4" "$1" "$D" --epsilon "$2" --seed "$3"
   ev "$4" validation "$4-validation"; ev "$4" test "$4-test"
@@ -210,10 +215,7 @@ EOF
     keep-proxy)
       k=bench/results/direct_regimes/proxy; mkdir -p "$k"
       cp "$work/proxy-claims/manifest.json" "$k/claims_manifest.json"; cp "$work/scifact-proxy/manifest.json" "$k/"
-      for n in zero-shot original; do
-        [ ! -f "$work/proxy-$n-validation/per_query.json" ] || { mkdir -p "$k/$n/validation"
-          cp "$work/proxy-$n-validation"/*.json "$k/$n/validation/"; }
-      done ;;
+      for n in zero-shot original; do keep_evaluations "$work/proxy-$n" "$k/$n"; done ;;
     scifact-nonoise:*)  # the shipped SciFact schedule of a regime with the noise switched off: NOT DP, a diagnosis
       n=${step#scifact-nonoise:}; S=../shared/data/scifact; out=$work/scifact/$n-nonoise
       D=$S ev minilm-l6 test "$work/scifact/zero-shot-test"
@@ -224,9 +226,7 @@ EOF
       cp "$work/$n"/{privacy_ledger.json,dp_mechanism.json,train_config.json} "$k/"
       # a diagnosis trained with the noise off keeps its marker beside the ledger of the noise it did not add
       [ ! -f "$work/$n/NOT_DP.txt" ] || cp "$work/$n/NOT_DP.txt" "$k/"
-      for split in validation test; do
-        [ ! -f "$work/$n-$split/per_query.json" ] || { mkdir -p "$k/$split"; cp "$work/$n-$split"/*.json "$k/$split/"; }
-      done
+      keep_evaluations "$work/$n" "$k"
       .venv/bin/python bench/iterate_average.py --keep-changed --final-model "$work/$n" \
           --save-parameters "$work/$n-parameters.safetensors"
       # BitFit changes about 60 KB of tensors; a merged LoRA changes whole weight matrices (10 MB at rank 4), which
