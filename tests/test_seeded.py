@@ -14,6 +14,8 @@ def test_the_order_is_pinned_and_ignores_the_input_order():
     assert seeded_order(keys, 0) == ["d", "a", "c", "b", "e"]
     assert seeded_order(reversed(keys), 0) == ["d", "a", "c", "b", "e"]
     assert seeded_order(keys, "validation") == ["d", "b", "e", "c", "a"]  # a string seed, as the validation carve
+    ids = [f"d{i}" for i in range(50)]
+    assert seeded_order(ids, 0) != seeded_order(ids, 1)  # the seed moves the order
 
 
 def test_adding_items_keeps_the_others_in_their_relative_order():
