@@ -13,6 +13,12 @@ moment at which the finished directory exists unmarked, and bench/direct_regimes
 interrupted run is continued by the same command with ``--resume``. The CLI's closing line says "NOT DP" in place of
 the ledger's (epsilon, delta) summary.
 
+Every ledger this script writes (each checkpoint's and the final one) names the mechanism with ``NOISE_OFF`` appended.
+The mechanism is part of the plan a resume must share (``privret.train.checkpointing.PLAN_KEYS``) and of what a
+finished output must share with a run pointed at it again, so a run with the noise on refuses this script's
+checkpoints and outputs (it would otherwise resume one and release its noise-free steps as DP), and this script
+refuses a DP run's checkpoint (whose noisy steps it cannot vouch were noise-free).
+
     OMP_NUM_THREADS=1 .venv/bin/python bench/clip_only.py retriever train --dp public-negatives ... --out DIR
 """
 
@@ -23,6 +29,13 @@ from pathlib import Path
 
 import privret.train.dp_retriever as dp_retriever
 from privret.privacy.ledger import PrivacyLedger
+
+NOISE_OFF = " with the noise switched off (bench/clip_only.py): NOT DP"
+
+
+def noise_off_ledger(**fields) -> PrivacyLedger:
+    """The ledger the trainer describes, its mechanism marked as run without noise."""
+    return PrivacyLedger(**{**fields, "mechanism": fields["mechanism"] + NOISE_OFF})
 
 
 def main() -> None:
@@ -47,6 +60,7 @@ def main() -> None:
                                            "this process (bench/clip_only.py): not DP\n")
 
     dp_retriever.set_noisy_mean = noiseless
+    dp_retriever.PrivacyLedger = noise_off_ledger
     dp_retriever._RetrieverTrainer.save = save_marked
     PrivacyLedger.summary = lambda self: "NOT DP: trained with the noise switched off (bench/clip_only.py)"
     from privret.cli import app

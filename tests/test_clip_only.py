@@ -49,6 +49,12 @@ def test_the_noise_free_run_is_marked_and_never_announced_as_dp(toy_beir, tiny_b
     assert f"switched off in {steps['steps']} steps of this process" in marker and steps["steps"] > 0
     (closing,) = [line for line in done.stdout.splitlines() if line.startswith("retriever written to")]
     assert "NOT DP" in closing and "-DP" not in closing.replace("NOT DP", "")
+    assert steps["mechanism"] == "direct-public-negatives with the noise switched off (bench/clip_only.py): NOT DP"
+    # A run with the noise on, pointed at the diagnosis, refuses it: it would otherwise hand back (or, from a
+    # checkpoint, continue) noise-free steps under a DP ledger
+    noisy = subprocess.run([str(Path(sys.executable).with_name("privret")), *args, "--resume"], capture_output=True, text=True,
+                           timeout=600, env={**os.environ, "COLUMNS": "200"})
+    assert noisy.returncode != 0 and "mechanism" in noisy.stderr, noisy.stderr[-3000:]
     # A finished directory without the marker (as a run with the noise on leaves it) is not vouched for: no step
     # of this process went through the switched-off noise, so the script fails instead of passing it off
     (out / "NOT_DP.txt").unlink()
