@@ -75,6 +75,13 @@ def retriever_train(
     cache_dir: Annotated[Optional[Path], typer.Option(
         help="--dp public-negatives --hard-negatives: keep the public initial encoder's embeddings of --data's "
              "corpus here (no private query is in them), so that later runs and resumes skip that encoding")] = None,
+    public_subspace: Annotated[Optional[Path], typer.Option(
+        help="--dp public-negatives: PUBLIC pairs (a BEIR directory's train split, or a pairs JSONL naming --data's "
+             "documents); each noisy update is projected onto the top --subspace-rank directions of their units' "
+             "gradients at the initial encoder (post-processing: epsilon unchanged, less noise in the update)")] = None,
+    subspace_rank: Annotated[int, typer.Option(help="--public-subspace: directions kept")] = 64,
+    subspace_units: Annotated[int, typer.Option(help="--public-subspace: public units the directions are fitted on "
+                                                     "(a seeded sample)")] = 512,
     spreadout_weight: Annotated[float, typer.Option(help="--dp logit-dp: spreadout regulariser weight")] = 0.0,
     accountant: Annotated[str, typer.Option(help=f"--dp: {ACCOUNTANT_HELP}")] = "prv",
     resume: ResumeOpt = False,
@@ -136,9 +143,12 @@ def retriever_train(
                               public_negatives=public_negatives, hard_negatives=hard_negatives,
                               hard_negative_depth=hard_negative_depth, physical_batch=physical_batch, accountant=accountant,
                               optimizer=optimizer, seed=seed, checkpoint_every=checkpoint_every, secure_rng=secure_rng,
-                              dropout=dropout, hold_out=partition, **lengths)
+                              dropout=dropout, hold_out=partition,
+                              public_subspace=None if public_subspace is None else str(public_subspace),
+                              subspace_rank=subspace_rank, subspace_units=subspace_units, **lengths)
         unused = dp_cfg.unused(n for n in ("physical_batch", "public_negatives", "hard_negative_depth",
-                                           "max_batch_units", "lora_rank") if given_flags(n))
+                                           "max_batch_units", "lora_rank", "subspace_rank", "subspace_units")
+                               if given_flags(n))
         if unused:
             raise InputError(f"is not used by --dp {dp} with these options", field=flag(unused[0]))
         # --data's corpus plus any documents inline in --pairs: train_dp_retriever leaves the inline ones out
@@ -157,6 +167,7 @@ def retriever_train(
             raise InputError(f"applies to DP training (--dp) only; non-private training {why}", field=flag_name)
     dp_only = given_flags("epsilon", "delta", "unit", "clip_norm", "max_batch_units", "trainable", "physical_batch",
                           "lora_rank", "public_negatives", "hard_negative_depth", "spreadout_weight", "accountant",
+                          "public_subspace", "subspace_rank", "subspace_units",
                           "checkpoint_every", "budget_cap", "allow_over_budget", "dataset_name")
     if dp_only:
         raise InputError("applies to DP training (--dp) only: without --dp the retriever trains with no noise and "

@@ -165,6 +165,14 @@ class DPRetrieverSettings(BaseModel):
     checkpoint_every: int = Field(10, gt=0, description="steps between checkpoints (resume with resume=True)")
     secure_rng: bool = Field(False, description="DP noise and sampling from the OS CSPRNG (os.urandom)")
     hold_out: UnitPartition | None = Field(None, description=HOLD_OUT_FOR_TRAINING)
+    public_subspace: str | None = Field(
+        None, description="public-negatives: give the optimizer each noisy update projected onto the top "
+                          "subspace_rank directions of public units' gradients at the initial model (a BEIR "
+                          "directory's train split or a public pairs JSONL; privret.train.public_subspace): "
+                          "post-processing, epsilon unchanged")
+    subspace_rank: int = Field(64, gt=0, description="public_subspace: the k directions kept")
+    subspace_units: int = Field(512, gt=1, description="public_subspace: the public units (a seeded sample) whose "
+                                                       "gradients the directions are fitted on")
 
 
 class DPRetrieverConfig(DPRetrieverSettings):
@@ -183,17 +191,30 @@ class DPRetrieverConfig(DPRetrieverSettings):
             raise ValueError("`hard_negatives` applies to public-negatives only")
         if self.method == "public-negatives" and self.public_negatives + self.hard_negatives == 0:
             raise ValueError("public-negatives needs a negative per row: `public_negatives` or `hard_negatives` >= 1")
+        if self.public_subspace is not None:
+            if self.method != "public-negatives":
+                raise ValueError("`public_subspace` applies to public-negatives only (its public gradients are of "
+                                 "that loss)")
+            if self.trainable == "lora":
+                raise ValueError("`public_subspace` cannot train LoRA: its B matrices start at zero, so the public "
+                                 "gradients of its A matrices are zero and the subspace would never move them")
+            if self.subspace_rank > self.subspace_units:
+                raise ValueError(f"`subspace_rank` ({self.subspace_rank}) exceeds `subspace_units` "
+                                 f"({self.subspace_units}): that many units span at most as many directions")
         return self
 
     def unused(self, fields) -> list[str]:
         """Those of ``fields`` this run ignores: another method's options, ``hard_negative_depth`` without hard
-        negatives, ``lora_rank`` without LoRA. A command that names one method refuses them when given, as does a
-        pipeline's ``per_method`` section; shared ``settings`` may hold them for the methods that take them."""
+        negatives, ``lora_rank`` without LoRA, ``subspace_rank`` and ``subspace_units`` without ``public_subspace``.
+        A command that names one method refuses them when given, as does a pipeline's ``per_method`` section; shared
+        ``settings`` may hold them for the methods that take them."""
         used_by = {"physical_batch": self.method == "public-negatives",
                    "public_negatives": self.method == "public-negatives",
                    "hard_negative_depth": self.method == "public-negatives" and self.hard_negatives > 0,
                    "max_batch_units": self.method in ("naive", "logit-dp"),
-                   "lora_rank": self.trainable == "lora"}
+                   "lora_rank": self.trainable == "lora",
+                   "subspace_rank": self.public_subspace is not None,
+                   "subspace_units": self.public_subspace is not None}
         return [f for f in fields if not used_by.get(f, True)]
 
     @property
