@@ -25,6 +25,12 @@
 #                           noise, negatives and dropout from os.urandom whatever --seed says: the seed names the run)
 #   scifact-nonoise:<name>  the scifact: step's run at epsilon 8 with the noise switched off (bench/clip_only.py: NOT
 #                           DP, a diagnosis, reporting only): what the schedule and clip reach on SciFact without noise
+#   scifact-subspace:<name>:<eps>[:<seed>]
+#                           the scifact: step's run with each noisy update projected onto 64 directions of the
+#                           gradients of 512 public units (--public-subspace: post-processing, the same epsilon); the
+#                           public units are the domain proxy's log (WORK/scifact-proxy's train split: prompted
+#                           claims, epsilon 0; needs proxy-data in the same WORK); rank and units fixed 2026-12-03
+#                           before any run (WORK/scifact/<name>-sub64-eps<eps>[-seed<seed>])
 #   keep:<name>             copies what the run released and its evaluations to bench/results/direct_regimes/<name>
 #                           (a nonoise run's NOT_DP.txt with them),
 #                           with the tensors it changed when they fit in 1 MB (BitFit; not a merged LoRA) (rebuild:
@@ -188,6 +194,14 @@ EOF
       D=$S ev minilm-l6 test "$work/scifact/zero-shot-test"
       dp_train "$out" "$n" "$S" --batch-size 807 --epochs "$(scifact_steps "$n")" --epsilon "$e" --seed "$s"
       D=$S ev "$out" test "$out-test"; echo "SciFact $n at epsilon $e, seed $s: test $(ndcg "$out-test")" ;;
+    scifact-subspace:*)  # the scifact: run, its noisy updates projected onto a public subspace (post-processing)
+      IFS=: read -r n e s <<<"${step#scifact-subspace:}"; s=${s:-0}; S=../shared/data/scifact
+      [ -d "$work/scifact-proxy" ] || { echo "scifact-subspace: run proxy-data in $work first" >&2; exit 2; }
+      out=$work/scifact/$n-sub64-eps$e; [ "$s" = 0 ] || out=$out-seed$s
+      D=$S ev minilm-l6 test "$work/scifact/zero-shot-test"
+      dp_train "$out" "$n" "$S" --batch-size 807 --epochs "$(scifact_steps "$n")" --epsilon "$e" --seed "$s" \
+          --public-subspace "$work/scifact-proxy" --subspace-rank 64 --subspace-units 512
+      D=$S ev "$out" test "$out-test"; echo "SciFact $n with a public subspace at epsilon $e, seed $s: test $(ndcg "$out-test")" ;;
     proxy-data)  # SciFact's domain, no SciFact query: prompted claims (epsilon 0) for sampled public documents
       S=../shared/data/scifact
       scifact_public_claims $S/corpus.jsonl "$work/public-claims.jsonl"

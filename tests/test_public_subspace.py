@@ -191,3 +191,17 @@ def test_cli_refuses_subspace_options_where_they_do_nothing(tmp_path, toy_beir, 
     refused = run_cli(*base, "--dp", "batch-clip", "--public-subspace", str(toy_beir))
     assert refused.returncode == 2 and "public-negatives only" in refused.stderr
     assert not (tmp_path / "r").exists()
+
+
+def test_cli_trains_with_a_public_subspace_and_records_it(tmp_path, toy_beir, tiny_bert_dir):
+    """From the command line: a BEIR directory as the public pairs (its train split), the ledger's provenance and
+    the mechanism file name the subspace, and the epsilon is the run's target."""
+    out = tmp_path / "r"
+    done = run_cli("retriever", "train", "--data", str(toy_beir), "--model", str(tiny_bert_dir), "--out", str(out),
+                   "--dp", "public-negatives", "--trainable", "top:1", "--batch-size", "3", "--public-negatives", "2",
+                   "--max-doc-tokens", "32", "--public-subspace", str(toy_beir), "--subspace-rank", "2",
+                   "--subspace-units", "3")
+    assert done.returncode == 0, done.stderr
+    ledger = json.loads((out / "privacy_ledger.json").read_text())
+    assert ledger["provenance"]["public_subspace"]["rank"] == 2 and ledger["epsilon"] <= 8.0 + 0.05
+    assert json.loads((out / "dp_mechanism.json").read_text())["subspace_rank"] == 2
