@@ -177,6 +177,10 @@ def test_config_validation(tiny_bert_dir, tmp_path):
             DPRetrieverConfig(method="public-negatives", public_subspace=public, **{field: value})
     plain = DPRetrieverConfig(method="public-negatives")
     assert plain.unused(["subspace_rank", "subspace_units"]) == ["subspace_rank", "subspace_units"]
+    # unset without a subspace, so that a run without one keeps the settings its older checkpoints were saved with
+    assert plain.subspace_rank is None and plain.subspace_units is None
+    with_defaults = DPRetrieverConfig(method="public-negatives", public_subspace=public)
+    assert (with_defaults.subspace_rank, with_defaults.subspace_units) == (64, 512)
     too_few = _cfg(tiny_bert_dir, public, subspace_rank=20, subspace_units=30)
     with pytest.raises(InputError, match="fewer than subspace_rank 20"):
         dptrain.public_subspace_units(too_few, [Document(f"d{i}", "", "x") for i in range(14)])
@@ -205,3 +209,17 @@ def test_cli_trains_with_a_public_subspace_and_records_it(tmp_path, toy_beir, ti
     ledger = json.loads((out / "privacy_ledger.json").read_text())
     assert ledger["provenance"]["public_subspace"]["rank"] == 2 and ledger["epsilon"] <= 8.0 + 0.05
     assert json.loads((out / "dp_mechanism.json").read_text())["subspace_rank"] == 2
+
+
+def test_a_checkpoint_saved_before_the_subspace_fields_existed_still_resumes(tmp_path):
+    """Settings saved by an older privret lack the three fields; a run without a subspace must match them (and one
+    with a subspace must not)."""
+    from privret.train.dp_run import _check_settings, resume_settings
+
+    plain = DPRetrieverConfig(method="public-negatives")
+    older = {k: v for k, v in resume_settings(plain).items()
+             if k not in ("public_subspace", "subspace_rank", "subspace_units")}
+    _check_settings(older, resume_settings(plain), tmp_path)
+    with pytest.raises(InputError, match="public_subspace"):
+        _check_settings(older, resume_settings(DPRetrieverConfig(method="public-negatives",
+                                                                 public_subspace=str(tmp_path))), tmp_path)

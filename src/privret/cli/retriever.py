@@ -31,6 +31,7 @@ from privret.cli.options import (
     device_option,
 )
 from privret.errors import InputError
+from privret.train.settings import SUBSPACE_RANK, SUBSPACE_UNITS
 
 app = typer.Typer(help="Training the dual-encoder retriever.", no_args_is_help=True)
 
@@ -79,9 +80,11 @@ def retriever_train(
         help="--dp public-negatives: PUBLIC pairs (a BEIR directory's train split, or a pairs JSONL naming --data's "
              "documents); each noisy update is projected onto the top --subspace-rank directions of their units' "
              "gradients at the initial encoder (post-processing: epsilon unchanged, less noise in the update)")] = None,
-    subspace_rank: Annotated[int, typer.Option(help="--public-subspace: directions kept")] = 64,
-    subspace_units: Annotated[int, typer.Option(help="--public-subspace: public units the directions are fitted on "
-                                                     "(a seeded sample)")] = 512,
+    subspace_rank: Annotated[Optional[int], typer.Option(
+        help=f"--public-subspace: directions kept (default {SUBSPACE_RANK})")] = None,
+    subspace_units: Annotated[Optional[int], typer.Option(
+        help=f"--public-subspace: public units the directions are fitted on, a seeded sample (default "
+             f"{SUBSPACE_UNITS})")] = None,
     spreadout_weight: Annotated[float, typer.Option(help="--dp logit-dp: spreadout regulariser weight")] = 0.0,
     accountant: Annotated[str, typer.Option(help=f"--dp: {ACCOUNTANT_HELP}")] = "prv",
     resume: ResumeOpt = False,

@@ -125,6 +125,9 @@ METHODS = ("naive", "batch-clip", "logit-dp", "public-negatives")
 Method = Literal["naive", "batch-clip", "logit-dp", "public-negatives"]
 
 
+SUBSPACE_RANK, SUBSPACE_UNITS = 64, 512  # DPRetrieverSettings.subspace_rank, subspace_units when public_subspace is set
+
+
 class DPRetrieverSettings(BaseModel):
     """How the encoder is DP-trained, whatever its method, epsilon and privacy unit: what a pipeline's
     ``direct_dp.settings`` gives every row (and ``direct_dp.per_method`` one method's rows)."""
@@ -170,9 +173,13 @@ class DPRetrieverSettings(BaseModel):
                           "subspace_rank directions of public units' gradients at the initial model (a BEIR "
                           "directory's train split or a public pairs JSONL; privret.train.public_subspace): "
                           "post-processing, epsilon unchanged")
-    subspace_rank: int = Field(64, gt=0, description="public_subspace: the k directions kept")
-    subspace_units: int = Field(512, gt=1, description="public_subspace: the public units (a seeded sample) whose "
-                                                       "gradients the directions are fitted on")
+    # None unless public_subspace is set (then SUBSPACE_RANK and SUBSPACE_UNITS by default), so that the settings of
+    # a run without it are those it had before these fields existed (its checkpoints resume)
+    subspace_rank: int | None = Field(None, gt=0, description=f"public_subspace: the k directions kept (default "
+                                                              f"{SUBSPACE_RANK})")
+    subspace_units: int | None = Field(None, gt=1, description=f"public_subspace: the public units (a seeded sample) "
+                                                               f"whose gradients the directions are fitted on "
+                                                               f"(default {SUBSPACE_UNITS})")
 
 
 class DPRetrieverConfig(DPRetrieverSettings):
@@ -192,6 +199,8 @@ class DPRetrieverConfig(DPRetrieverSettings):
         if self.method == "public-negatives" and self.public_negatives + self.hard_negatives == 0:
             raise ValueError("public-negatives needs a negative per row: `public_negatives` or `hard_negatives` >= 1")
         if self.public_subspace is not None:
+            self.subspace_rank = self.subspace_rank or SUBSPACE_RANK
+            self.subspace_units = self.subspace_units or SUBSPACE_UNITS
             if self.method != "public-negatives":
                 raise ValueError("`public_subspace` applies to public-negatives only (its public gradients are of "
                                  "that loss)")
