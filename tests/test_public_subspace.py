@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 
 import pytest
 import torch
@@ -192,7 +193,9 @@ def test_cli_refuses_subspace_options_where_they_do_nothing(tmp_path, toy_beir, 
     assert refused.returncode == 2 and "--subspace-rank" in refused.stderr
     refused = run_cli(*base, "--public-subspace", str(toy_beir))
     assert refused.returncode == 2 and "--public-subspace" in refused.stderr
-    refused = run_cli(*base, "--dp", "batch-clip", "--public-subspace", str(toy_beir))
+    refused = run_cli(*base, "--dp", "public-negatives", "--public-subspace", str(toy_beir))
+    assert refused.returncode == 2 and "private training data" in refused.stderr
+    refused = run_cli(*base, "--dp", "batch-clip", "--public-subspace", str(tmp_path))
     assert refused.returncode == 2 and "public-negatives only" in refused.stderr
     assert not (tmp_path / "r").exists()
 
@@ -200,10 +203,11 @@ def test_cli_refuses_subspace_options_where_they_do_nothing(tmp_path, toy_beir, 
 def test_cli_trains_with_a_public_subspace_and_records_it(tmp_path, toy_beir, tiny_bert_dir):
     """From the command line: a BEIR directory as the public pairs (its train split), the ledger's provenance and
     the mechanism file name the subspace, and the epsilon is the run's target."""
-    out = tmp_path / "r"
+    out, public = tmp_path / "r", tmp_path / "public"
+    shutil.copytree(toy_beir, public)  # the same pairs, standing in for a public set (the same path is refused)
     done = run_cli("retriever", "train", "--data", str(toy_beir), "--model", str(tiny_bert_dir), "--out", str(out),
                    "--dp", "public-negatives", "--trainable", "top:1", "--batch-size", "3", "--public-negatives", "2",
-                   "--max-doc-tokens", "32", "--public-subspace", str(toy_beir), "--subspace-rank", "2",
+                   "--max-doc-tokens", "32", "--public-subspace", str(public), "--subspace-rank", "2",
                    "--subspace-units", "3")
     assert done.returncode == 0, done.stderr
     ledger = json.loads((out / "privacy_ledger.json").read_text())

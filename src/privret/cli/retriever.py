@@ -136,6 +136,10 @@ def retriever_train(
         from privret.train.settings import DPRetrieverConfig
 
         _check_method(dp, data)
+        private = [Path(x).resolve() for x in (data, pairs) if x is not None]
+        if public_subspace is not None and public_subspace.resolve() in private:
+            raise InputError("is the private training data given by --data or --pairs; the subspace must be fitted on "
+                             "public pairs", path=public_subspace, field="--public-subspace")
         if cache_dir is not None and not hard_negatives:
             raise InputError("keeps the embeddings --hard-negatives mines from; without it nothing is mined",
                              field="--cache-dir")
