@@ -348,7 +348,8 @@ def fit_public_subspace(model, params: list[torch.Tensor], public_pairs: Trainin
     public encoder), of each public unit's public-negatives loss, unclipped, in eval mode (no dropout), with its
     public and hard negatives drawn from a generator seeded with ``cfg.seed`` and hard candidates mined by the
     same rule as the private rows'. A function of public data and the public model only."""
-    check_size(len(units), sum(p.numel() for p in params))
+    n_params = sum(p.numel() for p in params)
+    check_size(len(units), n_params)
     rng = torch.Generator().manual_seed(cfg.seed)
     hard = None
     if cfg.hard_negatives:
@@ -366,7 +367,7 @@ def fit_public_subspace(model, params: list[torch.Tensor], public_pairs: Trainin
 
             batches = (build_batch(public_pairs, units, [u], cfg, rng, draw_negatives(pool, cfg, rng), None, hard=hard)
                        for u in range(len(units)))
-            grads = unit_gradients(batches, gradient, sum(p.numel() for p in params))
+            grads = unit_gradients(batches, gradient, n_params)
     finally:
         model.train(was_training)
     return fit_subspace(grads, cfg.subspace_rank)
