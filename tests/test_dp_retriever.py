@@ -374,7 +374,11 @@ def test_train_dp_retriever_end_to_end(method, tmp_path, tiny_bert_dir, monkeypa
         assert changed == {k for k in initial if k.startswith("encoder.layer.1.")}, changed
     assert load_encoder(str(tmp_path / "r")).encode(["what cell"]).shape == (1, 32)
     with pytest.raises(InputError, match="already exists"):
-        train_dp_retriever(pairs, tmp_path / "r", cfg, data_hash="h")
+        train_dp_retriever(pairs, tmp_path / "r", cfg, data_hash="h", public_corpus=pairs.corpus)
+    if method == "public-negatives":  # no pool, no run: refused before anything is read or written
+        with pytest.raises(InputError, match="needs a public corpus"):
+            train_dp_retriever(pairs, tmp_path / "r2", cfg, data_hash="h")
+        assert not (tmp_path / "r2").exists()
 
 
 @pytest.mark.parametrize("dropout", [True, False])

@@ -280,10 +280,8 @@ def _train_dp_retriever(pairs: TrainingPairs, out_dir: Path, cfg: DPRetrieverCon
     units = pairs.units(cfg.unit)
     run_plan = plan_run(cfg, len(units))
     mech = mechanism(cfg, run_plan.sigma)
-    public = None  # the negative pool: read here for a public subspace's pairs, else when the model is loaded
-    if cfg.public_subspace is not None:
-        public = negative_pool(pairs, public_corpus)
-    subspace_units = None if public is None else public_subspace_units(cfg, public)
+    public = negative_pool(pairs, public_corpus) if cfg.method == "public-negatives" else None
+    subspace_units = None if cfg.public_subspace is None else public_subspace_units(cfg, public)
     provenance = {} if subspace_units is None else {"public_subspace": {
         "sha256": pairs_digest(*subspace_units), "rank": cfg.subspace_rank, "units": len(subspace_units[1])}}
 
@@ -297,9 +295,6 @@ def _train_dp_retriever(pairs: TrainingPairs, out_dir: Path, cfg: DPRetrieverCon
             provenance=provenance)
 
     def load() -> _RetrieverTrainer:
-        nonlocal public
-        if public is None and cfg.method == "public-negatives":
-            public = negative_pool(pairs, public_corpus)
         model = load_encoder(cfg.model, max_seq_length=cfg.max_doc_tokens)
         hard = None
         if cfg.hard_negatives:  # ranked by the initial (public) encoder, before any update
