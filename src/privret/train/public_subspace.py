@@ -67,16 +67,20 @@ class PublicSubspace:
 
     def project_(self, params: list[torch.Tensor]) -> None:
         """``p.grad`` of every parameter in ``params`` replaced by its part of V V^T g, g the gradients flattened."""
-        grads = [p.grad.reshape(-1).float() for p in params]
-        flat = torch.cat(grads)
+        flat = flatten([p.grad for p in params])
         if flat.numel() != self.basis.shape[0]:
             raise ValueError(f"the subspace is over {self.basis.shape[0]} parameters, the gradient has {flat.numel()}")
         basis = self.basis.to(flat.device)
         projected = basis @ (basis.T @ flat)
         offset = 0
-        for p, g in zip(params, grads):
-            p.grad = projected[offset:offset + g.numel()].view_as(p).to(p.dtype)
-            offset += g.numel()
+        for p in params:
+            p.grad = projected[offset:offset + p.numel()].view_as(p).to(p.dtype)
+            offset += p.numel()
+
+
+def flatten(tensors: Iterable[torch.Tensor]) -> torch.Tensor:
+    """The tensors as one float32 vector, in order: the layout V's rows index."""
+    return torch.cat([t.reshape(-1).float() for t in tensors])
 
 
 def fit_subspace(gradients: torch.Tensor, rank: int) -> PublicSubspace:
@@ -98,7 +102,7 @@ def unit_gradients(batches: Iterable, gradient, n_params: int) -> torch.Tensor:
     for the i-th one-unit batch of ``batches``."""
     rows = []
     for batch in batches:
-        rows.append(torch.cat([g.reshape(-1).float() for g in gradient(batch)]))
+        rows.append(flatten(gradient(batch)))
         if rows[-1].numel() != n_params:
             raise ValueError("a unit's gradient does not cover every trainable parameter")
     return torch.stack(rows)
