@@ -13,6 +13,9 @@
     ``generate(num_return_sequences=2)`` on the left-padded whole prompts, which reads each prompt twice: for the
     fine-tuned generators' plain prompt and for the prompted row's few-shot one, interleaved batch by batch on the
     same seeds; also the share of identical queries.
+(f) sampling with each row leaving the batch once what is kept of it (its first line) is settled, over transformers'
+    ``generate`` on the same prompt cache, which keeps finished rows in the batch until all have finished: for a
+    fine-tuned generator (``--generator``) and for the prompted row, interleaved batch by batch on the same seeds.
 
     .venv/bin/python bench/bench_generator.py --data ../shared/data/scifact --out bench/results/generator.json
 """
@@ -190,6 +193,65 @@ def prompt_read_once(dataset, batches: int, batch: int = 32, num_queries: int = 
 
 
 @torch.no_grad()
+def generate_keeping_rows(gen, docs: list[str], *, num_queries: int, seed: int, **sampling,
+                          ) -> tuple[list[list[str]], int]:
+    """What ``gen.generate`` did before rows left the batch: the same prompt cache, then ``transformers``'
+    ``generate``, which keeps a finished row in the batch, padded, until all have finished or the cap is reached;
+    with the decoding steps it ran."""
+    torch.manual_seed(seed)
+    batch = gen.prompt_batch(docs).to(gen.device)
+    gen.model.eval()
+    with gen.autocast():
+        cache = batch.prompt_cache(gen.model)
+        cache.batch_repeat_interleave(num_queries)
+        rows = batch.repeat(num_queries)
+        out = gen.model.generate(input_ids=rows.ids, attention_mask=rows.mask, past_key_values=cache, do_sample=True,
+                                 top_k=0, pad_token_id=gen.tokenizer.pad_token_id, **sampling)
+    new = out[:, rows.ids.shape[1]:]
+    texts = [gen._decode(row) for row in new]
+    return [texts[num_queries * i: num_queries * (i + 1)] for i in range(len(docs))], new.shape[1]
+
+
+def rows_leave_when_settled(dataset, batches: int, generator: Path | None, batch: int = 32,
+                            num_queries: int = 2) -> dict:
+    """(f): ``configs/scifact.yaml``'s sampling with rows leaving the batch once settled (privret's ``generate``)
+    against :func:`generate_keeping_rows`, alternating on the same batches and seeds: for a fine-tuned generator
+    (``generator``, e.g. a pipeline's DP generator; its plain prompt) and for the prompted row's few-shot one.
+    Also the decoding steps each batch ran under ``generate``."""
+    from privret.models.generator import load_trained_generator
+
+    claims = [line.split("\t") for line in (Path(__file__).parent / "scifact_public_claims.tsv").read_text().splitlines()]
+    docs = [d.full_text for d in list(dataset.corpus.values())[4000: 4000 + batches * batch]]
+    sampling = {"top_p": 0.8, "temperature": 1.0, "max_new_tokens": 40}
+    result = {}
+    setups = [("few_shot", lambda: load_generator("smollm2-135m"), [(dataset.corpus[d].full_text, c) for d, c in claims])]
+    if generator is not None:
+        setups.insert(0, ("fine_tuned", lambda: load_trained_generator(generator), []))
+    for prompt, load, examples in setups:
+        gen = load()
+        gen.examples = examples
+        gen.generate(docs[:2], max_new_tokens=4, seed=0)  # warm-up
+        seconds, queries, batch_steps, row_steps = {"ours": 0.0, "kept": 0.0}, {"ours": [], "kept": []}, [], []
+        for lo in range(0, len(docs), batch):
+            for way in ("ours", "kept"):
+                start = time.perf_counter()
+                if way == "ours":
+                    queries[way] += gen.generate(docs[lo: lo + batch], num_queries=num_queries, seed=lo, **sampling)
+                else:
+                    texts, steps = generate_keeping_rows(gen, docs[lo: lo + batch], num_queries=num_queries, seed=lo,
+                                                         **sampling)
+                    queries[way] += texts
+                    batch_steps.append(steps)
+                seconds[way] += time.perf_counter() - start
+        same = sum(a == b for x, y in zip(queries["ours"], queries["kept"]) for a, b in zip(x, y))
+        result[prompt] = {"ours_s_per_doc": seconds["ours"] / len(docs), "kept_s_per_doc": seconds["kept"] / len(docs),
+                          "speedup": seconds["kept"] / seconds["ours"], "steps_per_batch_kept": batch_steps,
+                          "identical_queries": same / (len(docs) * num_queries)}
+    return {**result, "documents": len(docs), "batch": batch, "num_queries": num_queries,
+            "generator": None if generator is None else str(generator)}
+
+
+@torch.no_grad()
 def next_token_logits_gap(gen, docs: list[str]) -> dict:
     """The largest difference between the two layouts' next-token logits after each prompt (and the logits'
     largest magnitude): sampling draws the same token from both unless the gap moves a draw across a boundary."""
@@ -214,8 +276,9 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=256, help="training pairs used (cache size)")
     parser.add_argument("--generate-docs", type=int, default=32)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
-    parser.add_argument("--only", default="a,b,c", help="comma list of the measurements to run (a, b, c, d, e)")
-    parser.add_argument("--few-shot-batches", type=int, default=3, help="(d), (e): timed batches of 32 documents each")
+    parser.add_argument("--only", default="a,b,c", help="comma list of the measurements to run (a to f)")
+    parser.add_argument("--few-shot-batches", type=int, default=3, help="(d)-(f): timed batches of 32 documents each")
+    parser.add_argument("--generator", type=Path, help="(f): a fine-tuned generator directory (its plain prompt)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -272,6 +335,10 @@ def main() -> None:
     if "e" in only:
         results["e_prompt_read_once"] = {**prompt_read_once(dataset, args.few_shot_batches), "setting": setting}
         print(results["e_prompt_read_once"], flush=True)
+    if "f" in only:
+        results["f_rows_leave"] = {**rows_leave_when_settled(dataset, args.few_shot_batches, args.generator),
+                                   "setting": setting}
+        print(results["f_rows_leave"], flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     tmp = args.out.with_suffix(".tmp")
     tmp.write_text(json.dumps(results, indent=2) + "\n")

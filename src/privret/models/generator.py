@@ -43,6 +43,7 @@ from torch import nn
 from privret.errors import InputError
 from privret.models.device import bf16_autocast, resolve_device, uses_bf16
 from privret.models.loading import load_pretrained
+from privret.models.sampling import sample_rows
 
 INSTRUCTION = "Write a short search query that this document answers."
 GENERATOR_FILE = "generator.json"
@@ -152,9 +153,8 @@ class QueryGenerator:
         """Nucleus-sample ``num_queries`` queries for each document (one batched call, KV cache)."""
         raise NotImplementedError
 
-    def _decode(self, ids: torch.Tensor) -> str:
-        text = self.tokenizer.decode(ids, skip_special_tokens=True).strip()
-        return text.splitlines()[0].strip() if text else ""
+    def _decode(self, ids) -> str:
+        return first_line(self.tokenizer.decode(ids, skip_special_tokens=True))
 
     # -- persistence -----------------------------------------------------------------------
     def save(self, directory: Path) -> None:
@@ -337,7 +337,8 @@ class CausalQueryGenerator(QueryGenerator):
         sampling then starts from each row's last prompt token, so the draws are those of the whole prompts.
         With few-shot examples every prompt starts with the same tokens (instruction and examples): with
         ``reuse_prefix`` these are computed once per call (:meth:`prompt_batch`). Without examples the batch is
-        the plain left-padded one."""
+        the plain left-padded one. A row leaves the batch once its first line is complete or it has ended
+        (:func:`privret.models.sampling.sample_rows`: the draws are ``transformers``' ``generate``'s)."""
         if not docs:
             return []
         if seed is not None:
@@ -348,12 +349,24 @@ class CausalQueryGenerator(QueryGenerator):
             cache = batch.prompt_cache(self.model)
             cache.batch_repeat_interleave(num_queries)
             rows = batch.repeat(num_queries)
-            out = self.model.generate(input_ids=rows.ids, attention_mask=rows.mask, past_key_values=cache,
-                                      do_sample=True, top_p=top_p, top_k=0, temperature=temperature,
-                                      max_new_tokens=max_new_tokens, pad_token_id=self.tokenizer.pad_token_id)
-        new = out[:, rows.ids.shape[1]:]
+            new = sample_rows(self.model, rows.ids, rows.mask, rows.positions, cache,
+                              eos_token_ids=self._eos_token_ids(), pad_token_id=self.tokenizer.pad_token_id,
+                              max_new_tokens=max_new_tokens, top_p=top_p, temperature=temperature,
+                              settled=self._first_line_settled)
         texts = [self._decode(row) for row in new]
         return [texts[i * num_queries: (i + 1) * num_queries] for i in range(len(docs))]
+
+    def _eos_token_ids(self) -> set[int]:
+        """The tokens that end a sample: the model's generation config's (what ``generate`` stops at), else the
+        tokenizer's end-of-text token."""
+        eos = self.model.generation_config.eos_token_id
+        eos = self.tokenizer.eos_token_id if eos is None else eos
+        return set(eos) if isinstance(eos, (list, tuple)) else {eos}
+
+    def _first_line_settled(self, ids: list[int]) -> bool:
+        """Whether no further token can change what :meth:`_decode` keeps of ``ids`` (:func:`first_line_settled`;
+        a line break ends any character still being spelled out in bytes, so the text before it is final)."""
+        return first_line_settled(self.tokenizer.decode(ids, skip_special_tokens=True))
 
     def prompt_batch(self, docs: list[str], *, reuse_prefix: bool = True) -> PromptBatch:
         """The prompts of ``docs`` as one batch; with few-shot examples and ``reuse_prefix`` their common start
@@ -408,6 +421,19 @@ class PromptBatch:
             model.get_decoder()(input_ids=self.ids[:, rest], attention_mask=self.mask[:, :rest.stop],
                                 position_ids=self.positions[:, rest], past_key_values=cache, use_cache=True)
         return cache
+
+
+def first_line(text: str) -> str:
+    """What a generator keeps of a sampled text: its first line once leading white space is dropped, stripped."""
+    text = text.strip()
+    return text.splitlines()[0].strip() if text else ""
+
+
+def first_line_settled(text: str) -> bool:
+    """Whether :func:`first_line` of ``text`` followed by anything is :func:`first_line` of ``text``: once a line
+    break follows some text. Tight: while it is False, appending one letter changes the first line."""
+    text = text.lstrip()
+    return bool(text) and len((text + "x").splitlines()) > 1
 
 
 def shared_prefix_length(prompts: list[list[int]]) -> int:

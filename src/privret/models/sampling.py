@@ -1,0 +1,65 @@
+"""Nucleus sampling from a causal LM that drops each row from the batch as soon as its answer is settled.
+
+``transformers``' ``generate`` keeps a finished row in the batch, padded, until every row has finished or the token
+cap is reached, so a batch costs as many decoding steps of all its rows as its longest row needs. Here a row leaves
+the batch, its keys and values with it (``DynamicCache.batch_select_indices``), once it has sampled the end-of-text
+token or once ``settled`` says that no further token can change what the caller keeps of it (a query generator keeps
+the first line of the text: once that line is complete the rest is never read). Each step then runs only the rows
+still going.
+
+**The draws are those of** ``generate(do_sample=True)``: at every step each row's next token is drawn from
+softmax(top-p(logits / temperature)) (``transformers``' own temperature and top-p warpers, ``top_k`` off), and the
+draw is ``torch.multinomial`` over a full ``[rows, vocabulary]`` table in which a row that has left holds a point
+mass. So the random numbers consumed per step are the same as ``generate``'s whatever the batch's state, and with
+the same seed and the same logits every row gets ``generate``'s tokens up to the point where it left (then nothing
+that the caller reads is lost). Logits computed on a smaller batch may differ from the full batch's by float
+rounding, which can move a draw across a boundary now and then; the distributions are unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+
+@torch.no_grad()
+def sample_rows(model, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache, *,
+                eos_token_ids: set[int], pad_token_id: int, max_new_tokens: int, top_p: float, temperature: float,
+                settled: Callable[[list[int]], bool]) -> list[list[int]]:
+    """The sampled tokens of each row, continuing from ``cache`` (the keys and values of every prompt token but
+    the last) with each row's last prompt token ``ids[:, -1]`` at position ``positions[:, -1]``; ``mask`` is the
+    prompts' attention mask. A row stops after an end-of-text token (kept) or once ``settled(its tokens)``."""
+    from transformers.generation.logits_process import (LogitsProcessorList, TemperatureLogitsWarper,
+                                                        TopPLogitsWarper)
+
+    warpers = LogitsProcessorList([TopPLogitsWarper(top_p, min_tokens_to_keep=1)])
+    if temperature != 1.0:
+        warpers.insert(0, TemperatureLogitsWarper(temperature))
+    rows = ids.shape[0]
+    out: list[list[int]] = [[] for _ in range(rows)]
+    active = torch.arange(rows, device=ids.device)  # the original index of each row still in the batch
+    step_ids, step_positions = ids[:, -1:], positions[:, -1:]
+    for _ in range(max_new_tokens):
+        logits = model(input_ids=step_ids, attention_mask=mask, position_ids=step_positions, past_key_values=cache,
+                       use_cache=True).logits[:, -1].float()
+        probs = torch.softmax(warpers(step_ids, logits), dim=-1)
+        table = torch.zeros(rows, probs.shape[1], device=probs.device)
+        table[:, pad_token_id] = 1.0  # rows that have left: a point mass, drawn and ignored
+        table[active] = probs
+        tokens = torch.multinomial(table, num_samples=1).squeeze(1)[active]
+        going = []
+        for local, (row, token) in enumerate(zip(active.tolist(), tokens.tolist())):
+            out[row].append(token)
+            if token not in eos_token_ids and not settled(out[row]):
+                going.append(local)
+        if not going:
+            break
+        if len(going) < len(active):
+            keep = torch.tensor(going, device=ids.device)
+            cache.batch_select_indices(keep)
+            active, tokens, mask, step_positions = active[keep], tokens[keep], mask[keep], step_positions[keep]
+        step_ids = tokens[:, None]
+        mask = torch.cat([mask, mask.new_ones(len(active), 1)], dim=1)
+        step_positions = step_positions + 1
+    return out

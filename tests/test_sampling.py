@@ -1,0 +1,67 @@
+"""Sampling that drops settled rows from the batch (privret.models.sampling) and the first-line rule it stops on."""
+
+from __future__ import annotations
+
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from helpers import TOY_DOCS
+from privret.models.generator import first_line, first_line_settled, load_generator
+from privret.models.sampling import sample_rows
+
+TEXT = st.text(alphabet="ab .\n\r\t\x0b\u2028", max_size=12)
+
+
+@given(TEXT, TEXT)
+def test_a_settled_first_line_is_final_and_an_unsettled_one_is_not(text, more):
+    if first_line_settled(text):
+        assert first_line(text + more) == first_line(text)
+    else:  # the rule is tight: stopping here could lose what one more letter would add
+        assert first_line(text + "z") != first_line(text)
+
+
+def test_the_first_line_rule_on_examples():
+    assert first_line("\n  Aspirin helps.\nMore text") == "Aspirin helps."
+    assert first_line_settled("\n  Aspirin helps.\n") and not first_line_settled("\n \n ")
+    assert not first_line_settled("Aspirin helps. More on the same line")
+
+
+def _rows_and_cache(generator, docs, copies):
+    batch = generator.prompt_batch(docs)
+    cache = batch.prompt_cache(generator.model)
+    cache.batch_repeat_interleave(copies)
+    return batch.repeat(copies), cache
+
+
+def test_rows_that_leave_the_batch_keep_the_draws_of_transformers_generate(tiny_llama_dir):
+    """Same seed, same prompts: each row's tokens are those ``generate`` samples for it, up to the step where it
+    settles; rows settle at different steps, so the batch shrinks while the others go on. A cache or mask not cut
+    to the rows still going, or a draw table of the wrong rows, would change the tokens after the first exit."""
+    generator = load_generator(str(tiny_llama_dir), bf16=False)
+    generator.model.eval()
+    docs = [d for _, _, d in TOY_DOCS[:4]]
+    eos = generator.tokenizer.eos_token_id
+
+    def settled(ids: list[int]) -> bool:  # a rule on the content, as the first-line rule is
+        return ids[-1] % 5 == 0
+
+    sampling = {"top_p": 0.9, "temperature": 0.7, "max_new_tokens": 10}
+    with torch.no_grad():
+        rows, cache = _rows_and_cache(generator, docs, 2)
+        torch.manual_seed(11)
+        reference = generator.model.generate(input_ids=rows.ids, attention_mask=rows.mask, past_key_values=cache,
+                                             do_sample=True, top_k=0, pad_token_id=generator.tokenizer.pad_token_id,
+                                             **sampling)[:, rows.ids.shape[1]:].tolist()
+        rows, cache = _rows_and_cache(generator, docs, 2)
+        torch.manual_seed(11)
+        ours = sample_rows(generator.model, rows.ids, rows.mask, rows.positions, cache, eos_token_ids={eos},
+                           pad_token_id=generator.tokenizer.pad_token_id, settled=settled, **sampling)
+    expected = []
+    for row in reference:
+        cut = next((i + 1 for i in range(len(row)) if row[i] == eos or settled(row[:i + 1])), len(row))
+        expected.append(row[:cut])
+    assert ours == expected
+    lengths = sorted(len(row) for row in ours)
+    assert lengths[0] < lengths[-1] == sampling["max_new_tokens"]  # some left early while others went on
+
