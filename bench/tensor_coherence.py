@@ -1,0 +1,129 @@
+"""Where a direct-DP step's signal lives, tensor by tensor, on a public log: what each trained tensor adds to the
+noise and what it carries of the units' common direction.
+
+In a full-batch DP step every trained coordinate gets the same noise, N(0, (sigma C / N)^2) after the division by N,
+whatever its gradient; Adam then moves every coordinate by about its learning rate, so each coordinate the run trains
+costs the same random walk. What a coordinate j gives back is the part of the units' gradients they share: the
+clipped mean m_j = (1/N) sum_u clip_C(g_u)_j. For a group of coordinates T (a tensor type over the trained layers)
+this reports, from every unit's gradient at the initial public encoder (the shipped rule's objective, one unit at a
+time, no dropout), for two families of groups, each of which covers every coordinate once (tensor types across the
+layers; layers):
+
+* ``d``: its coordinates (its share of the run's noise: d_T / d);
+* ``signal``: ||m_T||^2 estimated without the units' own sampling noise, as <m_T(A), m_T(B)> over two random halves
+  A, B of the units (the plain ||m_T||^2 adds about (1/N) of the units' mean squared norm);
+* ``share``: its part of the whole signal (sum over T = 1, up to the estimate's noise);
+* ``per_coordinate``: signal / d_T against the whole's signal / d: above 1, the group carries more than its
+  coordinates' share.
+
+Read on a public log (for SciFact the domain proxy: prompted claims, epsilon 0), never on a private one: a choice of
+what to train made from a private log's gradients, without noise, would be outside the run's guarantee.
+
+    .venv/bin/python bench/tensor_coherence.py --data runs/proxy/scifact-proxy --json bench/results/tensor_coherence.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+from privret.data.beir import load_beir
+from privret.data.pairs import pairs_from_beir
+from privret.io import write_json_atomic
+from privret.models.encoder import load_encoder
+from privret.models.trainable import make_trainable
+from privret.train.clipped_sums import clipped_sum
+from privret.train.dp_retriever import build_batch, draw_negatives, negative_pool
+from privret.train.hard_negatives import mine_candidates
+from privret.train.public_subspace import unit_gradients
+from privret.train.settings import DPRetrieverConfig
+
+# the shipped SciFact rule (configs/scifact.yaml, direct_dp.per_method.public-negatives), the settings a gradient sees
+SHIPPED = {"method": "public-negatives", "trainable": "bias-top:3", "hard_negatives": 2, "public_negatives": 1,
+           "max_doc_tokens": 256, "dropout": False, "epsilon": 8.0, "batch_size": 807, "epochs": 48}
+
+
+def tensor_type(name: str) -> str:
+    """A trained tensor's name without its layer index: what it is in every layer."""
+    return re.sub(r"^.*?layer\.\d+\.", "", name)
+
+
+def groups_of(named: dict[str, torch.nn.Parameter]) -> dict[str, list[tuple[int, int]]]:
+    """(offset, length) slices of the flattened trainable vector, by tensor type and by layer."""
+    groups: dict[str, list[tuple[int, int]]] = defaultdict(list)
+    offset = 0
+    for name, p in named.items():
+        groups[tensor_type(name)].append((offset, p.numel()))
+        layer = re.search(r"layer\.(\d+)\.", name)
+        if layer:
+            groups[f"layer {layer.group(1)}"].append((offset, p.numel()))
+        offset += p.numel()
+    return dict(groups)
+
+
+def coherence(grads: torch.Tensor, groups: dict[str, list[tuple[int, int]]], clip: float, seed: int = 0) -> dict:
+    """Per group: d, the split-half signal, its share and its per-coordinate ratio (module docstring), at clip C."""
+    norms = grads.norm(dim=1, keepdim=True)
+    clipped = grads * (clip / norms.clamp_min(1e-12)).clamp(max=1.0)
+    order = torch.randperm(len(grads), generator=torch.Generator().manual_seed(seed))
+    half = len(order) // 2
+    mean_a, mean_b = clipped[order[:half]].mean(0), clipped[order[half:2 * half]].mean(0)
+    total, d = float(mean_a @ mean_b), grads.shape[1]
+    rows = {}
+    for name, slices in groups.items():
+        index = torch.cat([torch.arange(o, o + n) for o, n in slices])
+        signal = float(mean_a[index] @ mean_b[index])
+        rows[name] = {"d": len(index), "signal": signal, "share": signal / total,
+                      "per_coordinate": (signal / len(index)) / (total / d)}
+    return {"clip_norm": clip, "signal": total, "units_clipped": float((norms.squeeze(1) > clip).float().mean()),
+            "groups": rows}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data", type=Path, required=True, help="a public BEIR log; its train split's query units")
+    ap.add_argument("--units", type=int, default=0, help="units to read (0: all)")
+    ap.add_argument("--clip-norms", default="1,0.3,0.1")
+    ap.add_argument("--json", type=Path, default=Path("bench/results/tensor_coherence.json"))
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    dataset = load_beir(args.data, ["train"])
+    pairs = pairs_from_beir(dataset, "train")
+    cfg = DPRetrieverConfig(**SHIPPED)
+    units = pairs.units(cfg.unit)
+    units = units[:args.units] if args.units else units
+    model = load_encoder(cfg.model, max_seq_length=cfg.max_doc_tokens)
+    model.eval()
+    named = make_trainable(model, cfg.trainable)
+    params = list(named.values())
+    pool = negative_pool(pairs, dataset.corpus)
+    rng = torch.Generator().manual_seed(0)
+    hard = (pool, mine_candidates(model, pairs, units, pool, cfg.hard_negative_depth))
+    unclipped = cfg.model_copy(update={"clip_norm": math.inf})
+    batches = (build_batch(pairs, units, [u], cfg, rng, draw_negatives(pool, cfg, rng), None, hard=hard)
+               for u in range(len(units)))
+
+    def gradient(batch):
+        return clipped_sum(cfg.method, model, params, batch, unclipped)[0]
+
+    grads = unit_gradients(batches, gradient, sum(p.numel() for p in params))
+    groups = groups_of(named)
+    entry = {"data": str(args.data), "units": len(units), "parameters": grads.shape[1], "settings": SHIPPED,
+             "norm_quantiles": dict(zip(("10%", "25%", "50%", "75%", "90%"), torch.quantile(
+                 grads.norm(dim=1), torch.tensor([.1, .25, .5, .75, .9])).tolist())),
+             "by_clip": [coherence(grads, groups, float(c)) for c in args.clip_norms.split(",")]}
+    write_json_atomic(args.json, entry)
+    for row in entry["by_clip"]:
+        print(f"C = {row['clip_norm']:g} (units clipped {row['units_clipped']:.0%}, signal {row['signal']:.3g})")
+        for name, g in sorted(row["groups"].items(), key=lambda kv: -kv[1]["per_coordinate"]):
+            print(f"  {name:40s} d {g['d']:6d}  share {g['share']:6.1%}  per coordinate {g['per_coordinate']:5.2f}")
+
+
+if __name__ == "__main__":
+    main()
