@@ -13,9 +13,10 @@
     ``generate(num_return_sequences=2)`` on the left-padded whole prompts, which reads each prompt twice: for the
     fine-tuned generators' plain prompt and for the prompted row's few-shot one, interleaved batch by batch on the
     same seeds; also the share of identical queries.
-(f) sampling with each row leaving the batch once what is kept of it (its first line) is settled, over transformers'
-    ``generate`` on the same prompt cache, which keeps finished rows in the batch until all have finished: for a
-    fine-tuned generator (``--generator``) and for the prompted row, interleaved batch by batch on the same seeds.
+(f) sampling with the few-shot prefix's keys and values held once for all rows and each row leaving the batch once
+    what is kept of it (its first line) is settled, over the implementation before (the prefix repeated per row,
+    transformers' ``generate``, which keeps finished rows in the batch until all have finished): for a fine-tuned
+    generator (``--generator``) and for the prompted row, interleaved batch by batch on the same seeds.
 
     .venv/bin/python bench/bench_generator.py --data ../shared/data/scifact --out bench/results/generator.json
 """
@@ -192,17 +193,33 @@ def prompt_read_once(dataset, batches: int, batch: int = 32, num_queries: int = 
     return {**result, "documents": len(docs), "batch": batch, "num_queries": num_queries, "bf16": gen.bf16}
 
 
+def repeated_prompt_cache(batch, model):
+    """The cache ``gen.generate`` read before the prefix was held once: the shared prefix's keys and values computed
+    once and repeated for every row, then each row's own prompt tokens but the last."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache()
+    if batch.shared:
+        model.get_decoder()(input_ids=batch.ids[:1, :batch.shared], past_key_values=cache, use_cache=True)
+        cache.batch_repeat_interleave(len(batch.ids))
+    rest = slice(batch.shared, batch.ids.shape[1] - 1)
+    if rest.stop > rest.start:
+        model.get_decoder()(input_ids=batch.ids[:, rest], attention_mask=batch.mask[:, :rest.stop],
+                            position_ids=batch.positions[:, rest], past_key_values=cache, use_cache=True)
+    return cache
+
+
 @torch.no_grad()
 def generate_keeping_rows(gen, docs: list[str], *, num_queries: int, seed: int, **sampling,
                           ) -> tuple[list[list[str]], int]:
-    """What ``gen.generate`` did before rows left the batch: the same prompt cache, then ``transformers``'
-    ``generate``, which keeps a finished row in the batch, padded, until all have finished or the cap is reached;
-    with the decoding steps it ran."""
+    """What ``gen.generate`` did before the thirty-second session: the shared prefix repeated for every row
+    (:func:`repeated_prompt_cache`), then ``transformers``' ``generate``, which keeps a finished row in the batch,
+    padded, until all have finished or the cap is reached; with the decoding steps it ran."""
     torch.manual_seed(seed)
     batch = gen.prompt_batch(docs).to(gen.device)
     gen.model.eval()
     with gen.autocast():
-        cache = batch.prompt_cache(gen.model)
+        cache = repeated_prompt_cache(batch, gen.model)
         cache.batch_repeat_interleave(num_queries)
         rows = batch.repeat(num_queries)
         out = gen.model.generate(input_ids=rows.ids, attention_mask=rows.mask, past_key_values=cache, do_sample=True,
@@ -214,8 +231,8 @@ def generate_keeping_rows(gen, docs: list[str], *, num_queries: int, seed: int, 
 
 def rows_leave_when_settled(dataset, batches: int, generator: Path | None, batch: int = 32,
                             num_queries: int = 2) -> dict:
-    """(f): ``configs/scifact.yaml``'s sampling with rows leaving the batch once settled (privret's ``generate``)
-    against :func:`generate_keeping_rows`, alternating on the same batches and seeds: for a fine-tuned generator
+    """(f): ``configs/scifact.yaml``'s sampling by privret's ``generate`` (the shared prefix held once, rows leaving
+    the batch once settled) against :func:`generate_keeping_rows` (the implementation before), alternating on the same batches and seeds: for a fine-tuned generator
     (``generator``, e.g. a pipeline's DP generator; its plain prompt) and for the prompted row's few-shot one.
     Also the decoding steps each batch ran under ``generate``."""
     from privret.models.generator import load_trained_generator
@@ -260,9 +277,9 @@ def next_token_logits_gap(gen, docs: list[str]) -> dict:
     whole_logits = gen.model(input_ids=whole.ids, attention_mask=whole.mask, position_ids=whole.positions).logits[:, -1]
     split = gen.prompt_batch(docs)
     rest = slice(split.shared, None)
-    split_logits = gen.model(input_ids=split.ids[:, rest], attention_mask=split.mask,
-                             position_ids=split.positions[:, rest],
-                             past_key_values=split.prefix_cache(gen.model)).logits[:, -1]
+    with split.reading(gen.model):
+        split_logits = gen.model(input_ids=split.ids[:, rest], attention_mask=split.mask[:, rest],
+                                 position_ids=split.positions[:, rest]).logits[:, -1]
     return {"shared_prefix_tokens": split.shared, "max_abs_logit_gap": (whole_logits - split_logits).abs().max().item(),
             "max_abs_logit": whole_logits.abs().max().item()}
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from pydantic import ValidationError
+from transformers import DynamicCache
 
 from helpers import TOY_DOCS, run_cli
 from privret.config import PipelineConfig
@@ -301,31 +302,33 @@ def test_generation_reading_each_prompt_once_writes_what_the_whole_prompts_write
 
 @pytest.mark.parametrize("few_shot", [False, True])
 def test_the_prompt_cache_gives_the_whole_prompts_next_token_logits(tiny_llama_dir, few_shot):
-    """The platform-independent form of the check above: after :meth:`PromptBatch.prompt_cache`, the last prompt
-    token's logits are those of a forward over the whole left-padded prompts, to float rounding; the cache made
-    without each row's own positions would not give them (the rows' prompts differ in length; this tiny model
-    is barely sensitive to positions, so the margin is set against float rounding)."""
+    """The platform-independent form of the check above: with the shared prefix held once
+    (:meth:`PromptBatch.reading`) and each row's own tokens in :meth:`PromptBatch.own_cache`, the last prompt token's
+    logits are those of a forward over the whole left-padded prompts, to float rounding; the cache made without
+    each row's own positions would not give them (the rows' prompts differ in length; this tiny model is barely
+    sensitive to positions, so the margin is set against float rounding)."""
     generator = load_generator(str(tiny_llama_dir), bf16=False)
     generator.examples = EXAMPLES if few_shot else []
     docs = [d for _, _, d in TOY_DOCS[:3]] + ["a much longer document " * 6]
     batch = generator.prompt_batch(docs)
     assert (batch.shared > 10) == few_shot
-    last = slice(batch.ids.shape[1] - 1, None)
+    last, own = slice(batch.ids.shape[1] - 1, None), slice(batch.shared, None)
     with torch.no_grad():
         whole = generator.prompt_batch(docs, reuse_prefix=False)
         reference = generator.model(input_ids=whole.ids, attention_mask=whole.mask,
                                     position_ids=whole.positions).logits[:, -1]
-        cached = generator.model(input_ids=batch.ids[:, last], attention_mask=batch.mask,
-                                 position_ids=batch.positions[:, last],
-                                 past_key_values=batch.prompt_cache(generator.model)).logits[:, -1]
-        tolerance = 1e-6 * max(1.0, reference.abs().max().item())  # float32 rounding
-        assert (cached - reference).abs().max() < tolerance
-        unpositioned = batch.prefix_cache(generator.model)
-        rest = slice(batch.shared, batch.ids.shape[1] - 1)  # the mutation: positions counted over the padding
-        generator.model(input_ids=batch.ids[:, rest], attention_mask=batch.mask[:, :rest.stop],
-                        past_key_values=unpositioned)
-        wrong = generator.model(input_ids=batch.ids[:, last], attention_mask=batch.mask,
-                                position_ids=batch.positions[:, last], past_key_values=unpositioned).logits[:, -1]
+        with batch.reading(generator.model):
+            cached = generator.model(input_ids=batch.ids[:, last], attention_mask=batch.mask[:, own],
+                                     position_ids=batch.positions[:, last],
+                                     past_key_values=batch.own_cache(generator.model)).logits[:, -1]
+            tolerance = 1e-6 * max(1.0, reference.abs().max().item())  # float32 rounding
+            assert (cached - reference).abs().max() < tolerance
+            unpositioned = DynamicCache()  # the mutation: positions counted over the padding
+            rest = slice(batch.shared, batch.ids.shape[1] - 1)
+            generator.model(input_ids=batch.ids[:, rest], attention_mask=batch.mask[:, batch.shared:rest.stop],
+                            past_key_values=unpositioned)
+            wrong = generator.model(input_ids=batch.ids[:, last], attention_mask=batch.mask[:, own],
+                                    position_ids=batch.positions[:, last], past_key_values=unpositioned).logits[:, -1]
     assert (wrong - reference).abs().max() > 20 * tolerance  # 1e-4 and more here, against about 1e-8 above
 
 
@@ -342,10 +345,11 @@ def test_the_shared_prefix_layout_gives_the_whole_prompts_next_token_logits(tiny
     gap = bench.next_token_logits_gap(generator, docs)
     assert gap["shared_prefix_tokens"] == batch.shared
     assert gap["max_abs_logit_gap"] < 1e-4 * max(1.0, gap["max_abs_logit"])
+    own = slice(batch.shared, None)
     with torch.no_grad():  # the mutation: padding left unmasked changes what the short rows see
-        unmasked = generator.model(input_ids=batch.ids[:, batch.shared:], attention_mask=torch.ones_like(batch.mask),
-                                   position_ids=batch.positions[:, batch.shared:],
-                                   past_key_values=batch.prefix_cache(generator.model)).logits[:, -1]
+        with batch.reading(generator.model):
+            unmasked = generator.model(input_ids=batch.ids[:, own], attention_mask=torch.ones_like(batch.mask[:, own]),
+                                       position_ids=batch.positions[:, own]).logits[:, -1]
         whole = generator.prompt_batch(docs, reuse_prefix=False)
         reference = generator.model(input_ids=whole.ids, attention_mask=whole.mask,
                                     position_ids=whole.positions).logits[:, -1]

@@ -1,7 +1,9 @@
-"""Sampling that drops settled rows from the batch (privret.models.sampling) and the first-line rule it stops on."""
+"""Sampling that drops settled rows from the batch (privret.models.sampling), the first-line rule it stops on, and
+the attention over a few-shot prefix held once (privret.models.shared_prefix)."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
@@ -9,6 +11,7 @@ from hypothesis import strategies as st
 from helpers import TOY_DOCS
 from privret.models.generator import first_line, first_line_settled, load_generator
 from privret.models.sampling import sample_rows
+from privret.models.shared_prefix import NAME, shared_prefix_attention
 
 TEXT = st.text(alphabet="ab .\n\r\t\x0b\u2028", max_size=12)
 
@@ -28,8 +31,8 @@ def test_the_first_line_rule_on_examples():
 
 
 def _rows_and_cache(generator, docs, copies):
-    batch = generator.prompt_batch(docs)
-    cache = batch.prompt_cache(generator.model)
+    batch = generator.prompt_batch(docs)  # no examples: plain left padding, every prompt token in the cache
+    cache = batch.own_cache(generator.model)
     cache.batch_repeat_interleave(copies)
     return batch.repeat(copies), cache
 
@@ -65,3 +68,21 @@ def test_rows_that_leave_the_batch_keep_the_draws_of_transformers_generate(tiny_
     lengths = sorted(len(row) for row in ours)
     assert lengths[0] < lengths[-1] == sampling["max_new_tokens"]  # some left early while others went on
 
+
+
+def test_the_shared_prefix_attention_is_on_only_inside_its_context(tiny_llama_dir):
+    """The model attends to the held prefix only while :meth:`PromptBatch.reading` is active (its own attention is
+    back afterwards, an error included), and the attention refuses to run without a prefix to read."""
+    generator = load_generator(str(tiny_llama_dir), bf16=False)
+    generator.examples = [(d, "a query") for _, _, d in TOY_DOCS[:2]]
+    batch = generator.prompt_batch([d for _, _, d in TOY_DOCS[2:5]])
+    config, before = generator.model.config, generator.model.config._attn_implementation
+    assert batch.shared > 0
+    with pytest.raises(KeyError):
+        with batch.reading(generator.model):
+            assert config._attn_implementation == NAME
+            raise KeyError("inside")
+    assert config._attn_implementation == before
+    q = torch.zeros(1, 4, 1, 8)
+    with pytest.raises(RuntimeError, match="only inside"):
+        shared_prefix_attention(generator.model.model.layers[0].self_attn, q, q[:, :2], q[:, :2], None)

@@ -15,7 +15,9 @@ examples (every fine-tuned generator) the prompt is exactly the zero-shot one.
 Sampling (:meth:`CausalQueryGenerator.generate`) reads each prompt once: the keys and values of a
 document's prompt are computed once and repeated for its ``num_queries`` samples (a plain
 ``generate(num_return_sequences=n)`` computes them n times), and with examples those of the prompts'
-shared prefix (instruction and examples) once per call.
+shared prefix (instruction and examples) once per call, held once for all rows
+(:mod:`privret.models.shared_prefix`); each row leaves the batch once its first line is written
+(:mod:`privret.models.sampling`).
 
 A generator fine-tuned from a *warm start* (another saved generator, see
 :func:`privret.train.generator.train_generator`) keeps a copy of it in ``warm_start/``; loading
@@ -32,6 +34,7 @@ only the top layers, and the LM head only at the positions that predict query to
 
 from __future__ import annotations
 
+import contextlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +47,7 @@ from privret.errors import InputError
 from privret.models.device import bf16_autocast, resolve_device, uses_bf16
 from privret.models.loading import load_pretrained
 from privret.models.sampling import sample_rows
+from privret.models.shared_prefix import attending_to_prefix
 
 INSTRUCTION = "Write a short search query that this document answers."
 GENERATOR_FILE = "generator.json"
@@ -333,11 +337,11 @@ class CausalQueryGenerator(QueryGenerator):
     def generate(self, docs, *, num_queries=1, top_p=0.8, temperature=1.0, max_new_tokens=48, seed=None,
                  reuse_prefix=True):
         """``num_queries`` sampled queries for each of ``docs``. Each prompt's keys and values (all its tokens but
-        the last) are computed once and repeated for its ``num_queries`` rows (:meth:`PromptBatch.prompt_cache`);
+        the last) are computed once and repeated for its ``num_queries`` rows (:meth:`PromptBatch.own_cache`);
         sampling then starts from each row's last prompt token, so the draws are those of the whole prompts.
         With few-shot examples every prompt starts with the same tokens (instruction and examples): with
-        ``reuse_prefix`` these are computed once per call (:meth:`prompt_batch`). Without examples the batch is
-        the plain left-padded one. A row leaves the batch once its first line is complete or it has ended
+        ``reuse_prefix`` these are computed once per call and kept once for all rows (:meth:`PromptBatch.reading`).
+        Without examples the batch is the plain left-padded one. A row leaves the batch once its first line is complete or it has ended
         (:func:`privret.models.sampling.sample_rows`: the draws are ``transformers``' ``generate``'s)."""
         if not docs:
             return []
@@ -345,11 +349,11 @@ class CausalQueryGenerator(QueryGenerator):
             torch.manual_seed(seed)
         batch = self.prompt_batch(docs, reuse_prefix=reuse_prefix).to(self.device)
         self.model.eval()
-        with self.autocast():
-            cache = batch.prompt_cache(self.model)
+        with self.autocast(), batch.reading(self.model):
+            cache = batch.own_cache(self.model)
             cache.batch_repeat_interleave(num_queries)
-            rows = batch.repeat(num_queries)
-            new = sample_rows(self.model, rows.ids, rows.mask, rows.positions, cache,
+            rows, own = batch.repeat(num_queries), slice(batch.shared, None)
+            new = sample_rows(self.model, rows.ids[:, own], rows.mask[:, own], rows.positions[:, own], cache,
                               eos_token_ids=self._eos_token_ids(), pad_token_id=self.tokenizer.pad_token_id,
                               max_new_tokens=max_new_tokens, top_p=top_p, temperature=temperature,
                               settled=self._first_line_settled)
@@ -399,26 +403,32 @@ class PromptBatch:
     def to(self, device) -> "PromptBatch":
         return PromptBatch(self.ids.to(device), self.mask.to(device), self.shared)
 
-    def prefix_cache(self, model):
-        """A cache holding the shared prefix's keys and values, computed once and repeated for every row (what a
-        forward of ``ids[:, shared:]`` continues from); empty when nothing is shared."""
+    @contextlib.contextmanager
+    def reading(self, model):
+        """While active, ``model`` attends to the shared prefix's keys and values, computed here once (batch 1) and
+        held once for every row (:func:`privret.models.shared_prefix.attending_to_prefix`), before those of the cache
+        it is given: a forward then runs over the rows' own tokens only, ``ids[:, shared:]`` under
+        ``mask[:, shared:]``, at :attr:`positions` (which count the prefix). Nothing to do when nothing is shared."""
+        if not self.shared:
+            yield
+            return
+        from transformers import DynamicCache
+
+        prefix = DynamicCache()
+        model.get_decoder()(input_ids=self.ids[:1, :self.shared], past_key_values=prefix, use_cache=True)
+        with attending_to_prefix(model, prefix):
+            yield
+
+    def own_cache(self, model):
+        """Inside :meth:`reading`: the keys and values of each row's own prompt tokens but the last (under the
+        padding mask and each row's own positions), what a forward of the last token continues from. Runs the
+        decoder only: no logits are needed until the last token."""
         from transformers import DynamicCache
 
         cache = DynamicCache()
-        if self.shared:
-            model.get_decoder()(input_ids=self.ids[:1, :self.shared], past_key_values=cache, use_cache=True)
-            cache.batch_repeat_interleave(len(self.ids))
-        return cache
-
-    def prompt_cache(self, model):
-        """The keys and values of every prompt token but the last (the shared prefix from :meth:`prefix_cache`,
-        the rest under the padding mask and each row's own positions): ``model.generate`` on ``ids`` continues
-        from it with the last token, so the prompts are read once however many rows each is repeated into. Both
-        run the decoder only: no logits are needed until the last token."""
-        cache = self.prefix_cache(model)
         rest = slice(self.shared, self.ids.shape[1] - 1)
         if rest.stop > rest.start:
-            model.get_decoder()(input_ids=self.ids[:, rest], attention_mask=self.mask[:, :rest.stop],
+            model.get_decoder()(input_ids=self.ids[:, rest], attention_mask=self.mask[:, self.shared:rest.stop],
                                 position_ids=self.positions[:, rest], past_key_values=cache, use_cache=True)
         return cache
 
