@@ -6,7 +6,7 @@ whatever its gradient; Adam then moves every coordinate by about its learning ra
 costs the same random walk. What a coordinate j gives back is the part of the units' gradients they share: the
 clipped mean m_j = (1/N) sum_u clip_C(g_u)_j. For a group of coordinates T (a tensor type over the trained layers)
 this reports, from every unit's gradient at the initial public encoder (the shipped rule's objective, one unit at a
-time, no dropout), for two families of groups, each of which covers every coordinate once (tensor types across the
+time, no dropout: ``privret.train.dp_retriever.public_unit_gradients``, what a public subspace is fitted on), for two families of groups, each of which covers every coordinate once (tensor types across the
 layers; layers):
 
 * ``d``: its coordinates (its share of the run's noise: d_T / d);
@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import re
 from collections import defaultdict
 from pathlib import Path
@@ -38,10 +37,7 @@ from privret.data.pairs import pairs_from_beir
 from privret.io import write_json_atomic
 from privret.models.encoder import load_encoder
 from privret.models.trainable import make_trainable
-from privret.train.clipped_sums import clipped_sum
-from privret.train.dp_retriever import build_batch, draw_negatives, negative_pool
-from privret.train.hard_negatives import mine_candidates
-from privret.train.public_subspace import unit_gradients
+from privret.train.dp_retriever import negative_pool, public_unit_gradients
 from privret.train.settings import DPRetrieverConfig
 
 # the shipped SciFact rule (configs/scifact.yaml, direct_dp.per_method.public-negatives), the settings a gradient sees
@@ -99,20 +95,8 @@ def main() -> None:
     units = pairs.units(cfg.unit)
     units = units[:args.units] if args.units else units
     model = load_encoder(cfg.model, max_seq_length=cfg.max_doc_tokens)
-    model.eval()
     named = make_trainable(model, cfg.trainable)
-    params = list(named.values())
-    pool = negative_pool(pairs, dataset.corpus)
-    rng = torch.Generator().manual_seed(0)
-    hard = (pool, mine_candidates(model, pairs, units, pool, cfg.hard_negative_depth))
-    unclipped = cfg.model_copy(update={"clip_norm": math.inf})
-    batches = (build_batch(pairs, units, [u], cfg, rng, draw_negatives(pool, cfg, rng), None, hard=hard)
-               for u in range(len(units)))
-
-    def gradient(batch):
-        return clipped_sum(cfg.method, model, params, batch, unclipped)[0]
-
-    grads = unit_gradients(batches, gradient, sum(p.numel() for p in params))
+    grads = public_unit_gradients(model, list(named.values()), pairs, units, negative_pool(pairs, dataset.corpus), cfg)
     groups = groups_of(named)
     entry = {"data": str(args.data), "units": len(units), "parameters": grads.shape[1], "settings": SHIPPED,
              "norm_quantiles": dict(zip(("10%", "25%", "50%", "75%", "90%"), torch.quantile(

@@ -59,7 +59,7 @@ def test_rows_that_leave_the_batch_keep_the_draws_of_transformers_generate(tiny_
         rows, cache = _rows_and_cache(generator, docs, 2)
         torch.manual_seed(11)
         ours = sample_rows(generator.model, rows.ids, rows.mask, rows.positions, cache, eos_token_ids={eos},
-                           pad_token_id=generator.tokenizer.pad_token_id, settled=settled, **sampling)
+                           settled=settled, **sampling)
     expected = []
     for row in reference:
         cut = next((i + 1 for i in range(len(row)) if row[i] == eos or settled(row[:i + 1])), len(row))

@@ -341,8 +341,8 @@ class CausalQueryGenerator(QueryGenerator):
         sampling then starts from each row's last prompt token, so the draws are those of the whole prompts.
         With few-shot examples every prompt starts with the same tokens (instruction and examples): with
         ``reuse_prefix`` these are computed once per call and kept once for all rows (:meth:`PromptBatch.reading`).
-        Without examples the batch is the plain left-padded one. A row leaves the batch once its first line is complete or it has ended
-        (:func:`privret.models.sampling.sample_rows`: the draws are ``transformers``' ``generate``'s)."""
+        Without examples the batch is the plain left-padded one. A row leaves the batch once its first line is
+        complete or it has ended (:func:`privret.models.sampling.sample_rows`: the draws are ``generate``'s)."""
         if not docs:
             return []
         if seed is not None:
@@ -354,9 +354,8 @@ class CausalQueryGenerator(QueryGenerator):
             cache.batch_repeat_interleave(num_queries)
             rows, own = batch.repeat(num_queries), slice(batch.shared, None)
             new = sample_rows(self.model, rows.ids[:, own], rows.mask[:, own], rows.positions[:, own], cache,
-                              eos_token_ids=self._eos_token_ids(), pad_token_id=self.tokenizer.pad_token_id,
-                              max_new_tokens=max_new_tokens, top_p=top_p, temperature=temperature,
-                              settled=self._first_line_settled)
+                              eos_token_ids=self._eos_token_ids(), max_new_tokens=max_new_tokens, top_p=top_p,
+                              temperature=temperature, settled=self._first_line_settled)
         texts = [self._decode(row) for row in new]
         return [texts[i * num_queries: (i + 1) * num_queries] for i in range(len(docs))]
 

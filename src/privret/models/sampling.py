@@ -9,8 +9,8 @@ still going.
 
 **The draws are those of** ``generate(do_sample=True)``: at every step each row's next token is drawn from
 softmax(top-p(logits / temperature)) (``transformers``' own temperature and top-p warpers, ``top_k`` off), and the
-draw is ``torch.multinomial`` over a full ``[rows, vocabulary]`` table in which a row that has left holds a point
-mass. So the random numbers consumed per step are the same as ``generate``'s whatever the batch's state, and with
+draw is ``torch.multinomial`` over a full ``[rows, vocabulary]`` table in which a row that has left keeps its last
+distribution (drawn from and ignored). So the random numbers consumed per step are the same as ``generate``'s whatever the batch's state, and with
 the same seed and the same logits every row gets ``generate``'s tokens up to the point where it left (then nothing
 that the caller reads is lost). Logits computed on a smaller batch may differ from the full batch's by float
 rounding, which can move a draw across a boundary now and then; the distributions are unchanged.
@@ -25,7 +25,7 @@ import torch
 
 @torch.no_grad()
 def sample_rows(model, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache, *,
-                eos_token_ids: set[int], pad_token_id: int, max_new_tokens: int, top_p: float, temperature: float,
+                eos_token_ids: set[int], max_new_tokens: int, top_p: float, temperature: float,
                 settled: Callable[[list[int]], bool]) -> list[list[int]]:
     """The sampled tokens of each row, continuing from ``cache`` (the keys and values of every prompt token but
     the last) with each row's last prompt token ``ids[:, -1]`` at position ``positions[:, -1]``; ``mask`` is the
@@ -40,12 +40,13 @@ def sample_rows(model, ids: torch.Tensor, mask: torch.Tensor, positions: torch.T
     out: list[list[int]] = [[] for _ in range(rows)]
     active = torch.arange(rows, device=ids.device)  # the original index of each row still in the batch
     step_ids, step_positions = ids[:, -1:], positions[:, -1:]
+    table = None  # [rows, vocabulary]: the active rows' distributions; a row that has left keeps a stale one, ignored
     for _ in range(max_new_tokens):
         logits = model(input_ids=step_ids, attention_mask=mask, position_ids=step_positions, past_key_values=cache,
                        use_cache=True).logits[:, -1].float()
         probs = torch.softmax(warpers(step_ids, logits), dim=-1)
-        table = torch.zeros(rows, probs.shape[1], device=probs.device)
-        table[:, pad_token_id] = 1.0  # rows that have left: a point mass, drawn and ignored
+        if table is None:
+            table = torch.empty(rows, probs.shape[1], device=probs.device)
         table[active] = probs
         tokens = torch.multinomial(table, num_samples=1).squeeze(1)[active]
         going = []

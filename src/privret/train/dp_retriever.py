@@ -339,10 +339,17 @@ def public_subspace_units(cfg: DPRetrieverConfig, pool: list[Document]) -> tuple
 
 def fit_public_subspace(model, params: list[torch.Tensor], public_pairs: TrainingPairs, units: list[list[int]],
                         pool: list[Document], cfg: DPRetrieverConfig, *, cache_dir=None) -> PublicSubspace:
-    """:func:`~privret.train.public_subspace.fit_subspace` on the gradients, at ``model`` as it is (the initial
-    public encoder), of each public unit's public-negatives loss, unclipped, in eval mode (no dropout), with its
-    public and hard negatives drawn from a generator seeded with ``cfg.seed`` and hard candidates mined by the
-    same rule as the private rows'. A function of public data and the public model only."""
+    """:func:`~privret.train.public_subspace.fit_subspace` on :func:`public_unit_gradients`."""
+    return fit_subspace(public_unit_gradients(model, params, public_pairs, units, pool, cfg, cache_dir=cache_dir),
+                        cfg.subspace_rank)
+
+
+def public_unit_gradients(model, params: list[torch.Tensor], public_pairs: TrainingPairs, units: list[list[int]],
+                          pool: list[Document], cfg: DPRetrieverConfig, *, cache_dir=None) -> torch.Tensor:
+    """``[units, d]``: the gradients, at ``model`` as it is (the initial public encoder), of each public unit's
+    public-negatives loss, unclipped, in eval mode (no dropout), with its public and hard negatives drawn from a
+    generator seeded with ``cfg.seed`` and hard candidates mined by the same rule as the private rows'. A function of
+    public data and the public model only: never call it on a private log."""
     n_params = sum(p.numel() for p in params)
     check_size(len(units), n_params)
     rng = torch.Generator().manual_seed(cfg.seed)
@@ -362,10 +369,9 @@ def fit_public_subspace(model, params: list[torch.Tensor], public_pairs: Trainin
 
             batches = (build_batch(public_pairs, units, [u], cfg, rng, draw_negatives(pool, cfg, rng), None, hard=hard)
                        for u in range(len(units)))
-            grads = unit_gradients(batches, gradient, n_params)
+            return unit_gradients(batches, gradient, n_params)
     finally:
         model.train(was_training)
-    return fit_subspace(grads, cfg.subspace_rank)
 
 
 @dataclass
