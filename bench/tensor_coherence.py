@@ -14,7 +14,11 @@ layers; layers):
   A, B of the units (the plain ||m_T||^2 adds about (1/N) of the units' mean squared norm);
 * ``share``: its part of the whole signal (sum over T = 1, up to the estimate's noise);
 * ``per_coordinate``: signal / d_T against the whole's signal / d: above 1, the group carries more than its
-  coordinates' share.
+  coordinates' share;
+* ``fisher_share``: its part of the units' mean squared clipped gradient, (1/N) sum_u ||clip_C(g_u)_T||^2 (the
+  empirical Fisher's trace on T): a proxy for what a random move of T's coordinates costs the loss, since a noisy
+  step's damage is about (1/2) sum_j H_jj delta_j^2 and the Fisher stands in for the Hessian's diagonal H_jj;
+* ``per_fisher``: share / fisher_share: above 1, the group returns more signal than it is sensitive to noise.
 
 Read on a public log (for SciFact the domain proxy: prompted claims, epsilon 0), never on a private one: a choice of
 what to train made from a private log's gradients, without noise, would be outside the run's guarantee.
@@ -71,12 +75,15 @@ def coherence(grads: torch.Tensor, groups: dict[str, list[tuple[int, int]]], cli
     half = len(order) // 2
     mean_a, mean_b = clipped[order[:half]].mean(0), clipped[order[half:2 * half]].mean(0)
     total, d = float(mean_a @ mean_b), grads.shape[1]
+    fisher = clipped.pow(2).mean(0)
+    fisher_total = float(fisher.sum())
     rows = {}
     for name, slices in groups.items():
         index = torch.cat([torch.arange(o, o + n) for o, n in slices])
-        signal = float(mean_a[index] @ mean_b[index])
+        signal, fisher_share = float(mean_a[index] @ mean_b[index]), float(fisher[index].sum()) / fisher_total
         rows[name] = {"d": len(index), "signal": signal, "share": signal / total,
-                      "per_coordinate": (signal / len(index)) / (total / d)}
+                      "per_coordinate": (signal / len(index)) / (total / d), "fisher_share": fisher_share,
+                      "per_fisher": signal / total / fisher_share if fisher_share > 0 else float("nan")}
     return {"clip_norm": clip, "signal": total, "units_clipped": float((norms.squeeze(1) > clip).float().mean()),
             "groups": rows}
 
@@ -86,19 +93,22 @@ def main() -> None:
     ap.add_argument("--data", type=Path, required=True, help="a public BEIR log; its train split's query units")
     ap.add_argument("--units", type=int, default=0, help="units to read (0: all)")
     ap.add_argument("--clip-norms", default="1,0.3,0.1")
+    ap.add_argument("--trainable", default=SHIPPED["trainable"],
+                    help="the candidate coordinates (privret.models.trainable's specs; default: the shipped rule's)")
     ap.add_argument("--json", type=Path, default=Path("bench/results/tensor_coherence.json"))
     args = ap.parse_args()
     torch.manual_seed(0)
     dataset = load_beir(args.data, ["train"])
     pairs = pairs_from_beir(dataset, "train")
-    cfg = DPRetrieverConfig(**SHIPPED)
+    settings = {**SHIPPED, "trainable": args.trainable}
+    cfg = DPRetrieverConfig(**settings)
     units = pairs.units(cfg.unit)
     units = units[:args.units] if args.units else units
     model = load_encoder(cfg.model, max_seq_length=cfg.max_doc_tokens)
     named = make_trainable(model, cfg.trainable)
     grads = public_unit_gradients(model, list(named.values()), pairs, units, negative_pool(pairs, dataset.corpus), cfg)
     groups = groups_of(named)
-    entry = {"data": str(args.data), "units": len(units), "parameters": grads.shape[1], "settings": SHIPPED,
+    entry = {"data": str(args.data), "units": len(units), "parameters": grads.shape[1], "settings": settings,
              "norm_quantiles": dict(zip(("10%", "25%", "50%", "75%", "90%"), torch.quantile(
                  grads.norm(dim=1), torch.tensor([.1, .25, .5, .75, .9])).tolist())),
              "by_clip": [coherence(grads, groups, float(c)) for c in args.clip_norms.split(",")]}
@@ -106,7 +116,8 @@ def main() -> None:
     for row in entry["by_clip"]:
         print(f"C = {row['clip_norm']:g} (units clipped {row['units_clipped']:.0%}, signal {row['signal']:.3g})")
         for name, g in sorted(row["groups"].items(), key=lambda kv: -kv[1]["per_coordinate"]):
-            print(f"  {name:40s} d {g['d']:6d}  share {g['share']:6.1%}  per coordinate {g['per_coordinate']:5.2f}")
+            print(f"  {name:40s} d {g['d']:6d}  share {g['share']:6.1%}  per coordinate {g['per_coordinate']:5.2f}"
+                  f"  Fisher {g['fisher_share']:6.1%}  per Fisher {g['per_fisher']:5.2f}")
 
 
 if __name__ == "__main__":
