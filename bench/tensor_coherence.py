@@ -20,6 +20,16 @@ layers; layers):
   step's damage is about (1/2) sum_j H_jj delta_j^2 and the Fisher stands in for the Hessian's diagonal H_jj;
 * ``per_fisher``: share / fisher_share: above 1, the group returns more signal than it is sensitive to noise.
 
+With ``--lr-scales FILE`` it also writes, for each trained tensor t (one layer's tensor type), the learning-rate
+scale s_t = max(0, share_t / fisher_share_t) at the first clip norm given (the run's C), for ``privret retriever train
+--dp --lr-scales FILE``. Why that ratio: with Adam driven by noise-dominated updates, T steps at a coordinate's
+learning rate lr_j move it by about lr_j T m_j / (sigma C / N) along its signal and by about lr_j sqrt(T) at random,
+so in a quadratic model the loss changes by sum_j [-lr_j T m_j^2 N / (sigma C) + (1/2) H_jj lr_j^2 T]; the best
+lr_j is proportional to m_j^2 / H_jj, which over a tensor is its signal over its Fisher trace. With every scale 1
+this is the uniform step; the scales keep the uniform step's level where a tensor's ratio is the whole's. A tensor
+whose Fisher share is below 1e-6 has no gradient (the key biases: softmax ignores a shift shared by every key) and
+gets 0. Public data in, public scales out: the run that uses them spends no epsilon on them.
+
 Read on a public log (for SciFact the domain proxy: prompted claims, epsilon 0), never on a private one: a choice of
 what to train made from a private log's gradients, without noise, would be outside the run's guarantee.
 
@@ -88,6 +98,17 @@ def coherence(grads: torch.Tensor, groups: dict[str, list[tuple[int, int]]], cli
             "groups": rows}
 
 
+def lr_scales(grads: torch.Tensor, named: dict[str, torch.nn.Parameter], clip: float) -> dict[str, float]:
+    """Per trained tensor: max(0, share / fisher_share) at ``clip``, 0 where the Fisher share is below 1e-6 (module
+    docstring)."""
+    offsets, offset = {}, 0
+    for name, p in named.items():
+        offsets[name] = [(offset, p.numel())]
+        offset += p.numel()
+    rows = coherence(grads, offsets, clip)["groups"]
+    return {name: 0.0 if g["fisher_share"] < 1e-6 else max(0.0, g["per_fisher"]) for name, g in rows.items()}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", type=Path, required=True, help="a public BEIR log; its train split's query units")
@@ -96,6 +117,9 @@ def main() -> None:
     ap.add_argument("--trainable", default=SHIPPED["trainable"],
                     help="the candidate coordinates (privret.models.trainable's specs; default: the shipped rule's)")
     ap.add_argument("--json", type=Path, default=Path("bench/results/tensor_coherence.json"))
+    ap.add_argument("--lr-scales", type=Path, help="write each trained tensor's learning-rate scale at the first "
+                                                   "clip norm here (module docstring)")
+    ap.add_argument("--cache-dir", type=Path, help="the public encoder's corpus embeddings (the runs' --cache-dir)")
     args = ap.parse_args()
     torch.manual_seed(0)
     dataset = load_beir(args.data, ["train"])
@@ -106,13 +130,22 @@ def main() -> None:
     units = units[:args.units] if args.units else units
     model = load_encoder(cfg.model, max_seq_length=cfg.max_doc_tokens)
     named = make_trainable(model, cfg.trainable)
-    grads = public_unit_gradients(model, list(named.values()), pairs, units, negative_pool(pairs, dataset.corpus), cfg)
+    grads = public_unit_gradients(model, list(named.values()), pairs, units, negative_pool(pairs, dataset.corpus), cfg,
+                                  cache_dir=args.cache_dir)
     groups = groups_of(named)
     entry = {"data": str(args.data), "units": len(units), "parameters": grads.shape[1], "settings": settings,
              "norm_quantiles": dict(zip(("10%", "25%", "50%", "75%", "90%"), torch.quantile(
                  grads.norm(dim=1), torch.tensor([.1, .25, .5, .75, .9])).tolist())),
              "by_clip": [coherence(grads, groups, float(c)) for c in args.clip_norms.split(",")]}
     write_json_atomic(args.json, entry)
+    if args.lr_scales:
+        clip = float(args.clip_norms.split(",")[0])
+        scales = lr_scales(grads, named, clip)
+        write_json_atomic(args.lr_scales, {"data": str(args.data), "units": len(units), "clip_norm": clip,
+                                           "settings": settings, "scales": scales})
+        print(f"learning-rate scales at C = {clip:g} -> {args.lr_scales}")
+        for name, scale in scales.items():
+            print(f"  {name:60s} {scale:5.2f}")
     for row in entry["by_clip"]:
         print(f"C = {row['clip_norm']:g} (units clipped {row['units_clipped']:.0%}, signal {row['signal']:.3g})")
         for name, g in sorted(row["groups"].items(), key=lambda kv: -kv[1]["per_coordinate"]):

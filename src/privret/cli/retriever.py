@@ -85,6 +85,9 @@ def retriever_train(
     subspace_units: Annotated[Optional[int], typer.Option(
         help=f"--public-subspace: public units the directions are fitted on, a seeded sample (default "
              f"{SUBSPACE_UNITS})")] = None,
+    lr_scales: Annotated[Optional[Path], typer.Option(
+        help="--dp: a JSON file of per-tensor learning-rate factors fixed from PUBLIC data ('scales': parameter name "
+             "-> factor, as bench/tensor_coherence.py --lr-scales writes; post-processing, epsilon unchanged)")] = None,
     spreadout_weight: Annotated[float, typer.Option(help="--dp logit-dp: spreadout regulariser weight")] = 0.0,
     accountant: Annotated[str, typer.Option(help=f"--dp: {ACCOUNTANT_HELP}")] = "prv",
     resume: ResumeOpt = False,
@@ -133,6 +136,7 @@ def retriever_train(
     if dp is not None:
         from privret.privacy.budget import dataset_id
         from privret.train.dp_retriever import train_dp_retriever
+        from privret.train.lr_scales import read_lr_scales
         from privret.train.settings import DPRetrieverConfig
 
         _check_method(dp, data)
@@ -152,7 +156,8 @@ def retriever_train(
                               optimizer=optimizer, seed=seed, checkpoint_every=checkpoint_every, secure_rng=secure_rng,
                               dropout=dropout, hold_out=partition,
                               public_subspace=None if public_subspace is None else str(public_subspace),
-                              subspace_rank=subspace_rank, subspace_units=subspace_units, **lengths)
+                              subspace_rank=subspace_rank, subspace_units=subspace_units,
+                              lr_scales=None if lr_scales is None else read_lr_scales(lr_scales), **lengths)
         unused = dp_cfg.unused(n for n in ("physical_batch", "public_negatives", "hard_negative_depth",
                                            "max_batch_units", "lora_rank", "subspace_rank", "subspace_units")
                                if given_flags(n))
@@ -174,7 +179,7 @@ def retriever_train(
             raise InputError(f"applies to DP training (--dp) only; non-private training {why}", field=flag_name)
     dp_only = given_flags("epsilon", "delta", "unit", "clip_norm", "max_batch_units", "trainable", "physical_batch",
                           "lora_rank", "public_negatives", "hard_negative_depth", "spreadout_weight", "accountant",
-                          "public_subspace", "subspace_rank", "subspace_units",
+                          "public_subspace", "subspace_rank", "subspace_units", "lr_scales",
                           "checkpoint_every", "budget_cap", "allow_over_budget", "dataset_name")
     if dp_only:
         raise InputError("applies to DP training (--dp) only: without --dp the retriever trains with no noise and "

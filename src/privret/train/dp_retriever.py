@@ -47,6 +47,8 @@ post-processing either way). Logits are
 With ``public_subspace`` the optimizer gets each step's noisy sum projected onto k directions fitted on public
 units' gradients before the first step (:mod:`privret.train.public_subspace`): post-processing of what the step
 releases, so Delta, sigma and the ledger's epsilon are unchanged; the ledger's provenance records the public data.
+With ``lr_scales`` each trained tensor steps at its own multiple of the learning rate, fixed beforehand from public
+data (:mod:`privret.train.lr_scales`): post-processing too; the provenance records the scales' sha256.
 
 Trainable parameters (``trainable``: ``all``, ``top:K``, ``layers``, ``bias``, ``bias-top:K`` or ``lora``):
 :mod:`privret.models.trainable`. The clipped sums themselves: :mod:`privret.train.clipped_sums`.
@@ -70,6 +72,8 @@ clipped sums couple the units of a batch and are refused.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -94,6 +98,7 @@ from privret.train.clipped_sums import StepBatch, clipped_sum
 from privret.train.dp_parallel import set_noisy_mean
 from privret.train.dp_run import DPRun, plan_run, resume_settings, run_training
 from privret.train.hard_negatives import mine_candidates
+from privret.train.lr_scales import scaled_param_groups
 from privret.train.public_subspace import (PublicSubspace, check_size, fit_subspace, load_public_pairs, pairs_digest,
                                            unit_gradients)
 from privret.train.settings import DPRetrieverConfig
@@ -284,6 +289,9 @@ def _train_dp_retriever(pairs: TrainingPairs, out_dir: Path, cfg: DPRetrieverCon
     subspace_units = None if cfg.public_subspace is None else public_subspace_units(cfg, public)
     provenance = {} if subspace_units is None else {"public_subspace": {
         "sha256": pairs_digest(*subspace_units), "rank": cfg.subspace_rank, "units": len(subspace_units[1])}}
+    if cfg.lr_scales:
+        digest = hashlib.sha256(json.dumps(cfg.lr_scales, sort_keys=True).encode()).hexdigest()
+        provenance["lr_scales"] = {"sha256": digest, "tensors": len(cfg.lr_scales)}
 
     def describe(*, steps: int, epsilon: float, secure_rng: bool) -> PrivacyLedger:
         return PrivacyLedger(
@@ -306,7 +314,8 @@ def _train_dp_retriever(pairs: TrainingPairs, out_dir: Path, cfg: DPRetrieverCon
         if subspace_units is not None:  # at the initial (public) model, before any checkpoint is restored
             subspace = group.from_main(lambda: fit_public_subspace(model, list(named.values()), *subspace_units,
                                                                    public, cfg, cache_dir=embedding_cache))
-        optimizer = OPTIMIZERS[cfg.optimizer](named.values(), lr=cfg.learning_rate)
+        optimizer = OPTIMIZERS[cfg.optimizer](scaled_param_groups(named, cfg.learning_rate, cfg.lr_scales),
+                                              lr=cfg.learning_rate)
         return _RetrieverTrainer(model=model, params=named, optimizer=optimizer,
                                  pairs=pairs, units=units, cfg=cfg, mech=mech, public=public, hard=hard,
                                  expected_batch=run_plan.expected_batch, group=group, subspace=subspace)

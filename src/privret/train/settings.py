@@ -9,7 +9,7 @@ the (DP) generator (:mod:`privret.train.generator`), :class:`DPRetrieverConfig` 
 from __future__ import annotations
 
 import math
-from typing import Literal, Optional
+from typing import Annotated, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -173,6 +173,10 @@ class DPRetrieverSettings(BaseModel):
                           "subspace_rank directions of public units' gradients at the initial model (a BEIR "
                           "directory's train split or a public pairs JSONL; privret.train.public_subspace): "
                           "post-processing, epsilon unchanged")
+    lr_scales: dict[str, Annotated[float, Field(ge=0, allow_inf_nan=False)]] | None = Field(
+        None, description="per trained tensor (its parameter name), a factor on learning_rate, fixed beforehand from "
+                          "PUBLIC data (privret.train.lr_scales; bench/tensor_coherence.py --lr-scales): "
+                          "post-processing, epsilon unchanged; None: every tensor at learning_rate")
     # None unless public_subspace is set (then SUBSPACE_RANK and SUBSPACE_UNITS by default), so that the settings of
     # a run without it are those it had before these fields existed (its checkpoints resume)
     subspace_rank: int | None = Field(None, gt=0, description=f"public_subspace: the k directions kept (default "
