@@ -76,6 +76,12 @@ declare -A REGIMES=(
   [bias-b512-c1-e4-nodrop-pn1]="--trainable bias --batch-size 512 --epochs 4 --clip-norm 1 --lr 2e-3 --no-dropout --public-negatives 1"
   [lora4-b512-c1-e4-nodrop-pn1]="--trainable lora --lora-rank 4 --batch-size 512 --epochs 4 --clip-norm 1 --lr 2e-3 --no-dropout --public-negatives 1"
   [top3-b512-c3-e4-nodrop-pn1]="--trainable bias-top:3 --batch-size 512 --epochs 4 --clip-norm 3 --lr 2e-3 --no-dropout --public-negatives 1"
+  # added 2026-12-04, thirty-fourth session (fixed before the scales were read and before any run): the shipped regime
+  # with each trained tensor's learning rate scaled by its share of the public units' common clipped gradient over its
+  # share of their empirical Fisher trace (privret.train.lr_scales), from the SciFact domain proxy's 807 prompted
+  # claims at C = 1 (bench/tensor_coherence.py; the file in bench/results/tensor_coherence/). On SciFact it is a
+  # measurement, not a choice: the default changes only by a proxy or a DP choice, never by SciFact test
+  [top3-b512-c1-e4-nodrop-pn1-lrs]="--trainable bias-top:3 --batch-size 512 --epochs 4 --clip-norm 1 --lr 2e-3 --no-dropout --public-negatives 1 --lr-scales bench/results/tensor_coherence/scifact_proxy_lr_scales.json"
 )
 # pn0 (added 2026-11-28, fifteenth session, before it ran): the default with no random public negative, each unit's
 # loss over its positive and its 2 own hard negatives alone (every document in it moves with the weights). The rule,
