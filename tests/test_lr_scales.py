@@ -116,3 +116,16 @@ def test_cli_lr_scales_fails_in_one_line_and_is_dp_only(tmp_path, toy_beir, tiny
     result = run_cli(*base, "--dp", "public-negatives", "--lr-scales", str(good))   # names no trained tensor
     assert result.returncode == 2 and "lr_scales" in result.stderr and "another trainable set" in result.stderr
     assert not (tmp_path / "r").exists()
+
+
+def test_the_kept_scifact_scales_name_the_shipped_rules_tensors_of_the_default_encoder():
+    """bench/regimes.sh's lrs regime reads this file: it must name exactly what bias-top:3 trains in the default
+    encoder (a sentence-transformers rename of its modules would otherwise fail the 2-hour run at its start)."""
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "bench/results/tensor_coherence/scifact_proxy_lr_scales.json"
+    scales = read_lr_scales(path)
+    named = make_trainable(load_encoder("minilm-l6"), "bias-top:3")
+    groups = scaled_param_groups(named, 2e-3, scales)
+    assert len(groups) == len(named) == 30
+    assert all(scales[n] == 0.0 for n in named if n.endswith("attention.self.key.bias"))
