@@ -59,3 +59,18 @@ def test_clipping_is_per_unit_and_counted():
     # clipped rows: (0.6, 0.8), (0.3, 0.4), (0.6, 0.8), (0, 0.1); Fisher per coordinate: mean of squares
     fx, fy = (0.36 + 0.09 + 0.36) / 4, (0.64 + 0.16 + 0.64 + 0.01) / 4
     assert row["groups"]["x"]["fisher_share"] == pytest.approx(fx / (fx + fy))
+
+
+def test_lr_scales_are_signal_share_over_fisher_share_per_tensor():
+    """Tensor "a" holds the common signal, "b" only noise (its split-half signal can come out negative: scale 0,
+    never below), "c" has no gradient at all (like the key biases): scale 0."""
+    tc = _module()
+    torch.manual_seed(0)
+    grads = torch.randn(4000, 40)
+    grads[:, :10] += 0.1
+    grads[:, 30:] = 0.0
+    named = {"a": torch.zeros(10), "b": torch.zeros(20), "c": torch.zeros(10)}
+    scales = tc.lr_scales(grads, named, clip=1e6)
+    rows = tc.coherence(grads, {"a": [(0, 10)], "b": [(10, 20)], "c": [(30, 10)]}, 1e6)["groups"]
+    assert scales["a"] == pytest.approx(rows["a"]["share"] / rows["a"]["fisher_share"]) and scales["a"] > 2
+    assert 0.0 <= scales["b"] < 0.1 and scales["c"] == 0.0
