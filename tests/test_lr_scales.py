@@ -4,6 +4,7 @@ learning rate, the file is checked field by field, and the ledger records the sc
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -129,3 +130,39 @@ def test_the_kept_scifact_scales_name_the_shipped_rules_tensors_of_the_default_e
     groups = scaled_param_groups(named, 2e-3, scales)
     assert len(groups) == len(named) == 30
     assert all(scales[n] == 0.0 for n in named if n.endswith("attention.self.key.bias"))
+
+
+def test_the_scales_change_neither_the_guarantee_nor_the_released_update(tmp_path, tiny_bert_dir, monkeypatch):
+    """Real noise calibration and sampling, with and without scales: the ledgers agree on everything but the scales'
+    provenance (sigma, q, T, epsilon, delta), and with the same entropy the first step's noisy clipped update, the one
+    release that precedes any scaled move, is bit for bit the same. Only what the optimizer does with it differs."""
+    from privret.train import dp_run
+
+    # a private run seeds its sampler, noise and dropout from os.urandom; give both twins the same entropy
+    monkeypatch.setattr(dp_run, "os", SimpleNamespace(urandom=lambda n: bytes(range(n))))
+    first_updates, adam_step = {}, torch.optim.Adam.step
+
+    def recording_step(self, *args, **kwargs):
+        if run not in first_updates:
+            first_updates[run] = [p.grad.detach().clone() for group in self.param_groups for p in group["params"]]
+        return adam_step(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.optim.Adam, "step", recording_step)
+    names = _trained_names(tiny_bert_dir, "bias-top:1")
+    runs, ledgers = [None, {name: [0.0, 3.0][i % 2] for i, name in enumerate(names)}], []
+    for run, scales in enumerate(runs):
+        monkeypatch.setenv("PRIVRET_BUDGET_DIR", str(tmp_path / f"budget{run}"))   # two twins, not two releases
+        cfg = DPRetrieverConfig(method="batch-clip", model=str(tiny_bert_dir), clip_norm=0.1, batch_size=4,
+                                max_query_tokens=32, max_doc_tokens=32, epochs=1.0, trainable="bias-top:1",
+                                epsilon=8.0, seed=3, lr_scales=scales)
+        train_dp_retriever(_pairs(), tmp_path / f"r{run}", cfg, data_hash="h")
+        ledgers.append(json.loads((tmp_path / f"r{run}" / "privacy_ledger.json").read_text()))
+    plain, scaled = ledgers
+    assert "lr_scales" not in plain["provenance"] and scaled["provenance"].pop("lr_scales")["tensors"] == len(names)
+    assert plain["noise_multiplier"] > 0 and plain["steps"] > 1
+    assert plain.pop("created_at") and scaled.pop("created_at")
+    assert plain == scaled
+    assert sorted(first_updates) == [0, 1]
+    for a, b in zip(first_updates[0], first_updates[1], strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    assert max(t.abs().max().item() for t in first_updates[0]) > 0
