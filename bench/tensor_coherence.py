@@ -39,9 +39,9 @@ what to train made from a private log's gradients, without noise, would be outsi
 from __future__ import annotations
 
 import argparse
-import json
 import re
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -64,15 +64,20 @@ def tensor_type(name: str) -> str:
     return re.sub(r"^.*?layer\.\d+\.", "", name)
 
 
-def groups_of(named: dict[str, torch.nn.Parameter]) -> dict[str, list[tuple[int, int]]]:
-    """(offset, length) slices of the flattened trainable vector, by tensor type and by layer."""
+def type_and_layer(name: str) -> list[str]:
+    """The groups a trained tensor is counted in: its type, and its layer if it has one."""
+    layer = re.search(r"layer\.(\d+)\.", name)
+    return [tensor_type(name)] + ([f"layer {layer.group(1)}"] if layer else [])
+
+
+def groups_of(named: dict[str, torch.nn.Parameter],
+              keys: Callable[[str], list[str]] = type_and_layer) -> dict[str, list[tuple[int, int]]]:
+    """(offset, length) slices of the flattened trainable vector, by group; ``keys`` names a tensor's groups."""
     groups: dict[str, list[tuple[int, int]]] = defaultdict(list)
     offset = 0
     for name, p in named.items():
-        groups[tensor_type(name)].append((offset, p.numel()))
-        layer = re.search(r"layer\.(\d+)\.", name)
-        if layer:
-            groups[f"layer {layer.group(1)}"].append((offset, p.numel()))
+        for key in keys(name):
+            groups[key].append((offset, p.numel()))
         offset += p.numel()
     return dict(groups)
 
@@ -101,11 +106,7 @@ def coherence(grads: torch.Tensor, groups: dict[str, list[tuple[int, int]]], cli
 def lr_scales(grads: torch.Tensor, named: dict[str, torch.nn.Parameter], clip: float) -> dict[str, float]:
     """Per trained tensor: max(0, share / fisher_share) at ``clip``, 0 where the Fisher share is below 1e-6 (module
     docstring)."""
-    offsets, offset = {}, 0
-    for name, p in named.items():
-        offsets[name] = [(offset, p.numel())]
-        offset += p.numel()
-    rows = coherence(grads, offsets, clip)["groups"]
+    rows = coherence(grads, groups_of(named, keys=lambda name: [name]), clip)["groups"]
     return {name: 0.0 if g["fisher_share"] < 1e-6 else max(0.0, g["per_fisher"]) for name, g in rows.items()}
 
 
