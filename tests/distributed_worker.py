@@ -14,6 +14,10 @@ sets: WORLD_SIZE, RANK, LOCAL_RANK, MASTER_ADDR, MASTER_PORT). Not a test module
     python distributed_worker.py generate GENERATOR_DIR OUT_DIR [DIE_ON_CALL]
         write the synthetic dataset of :func:`generation_docs` (resuming an interrupted one); with DIE_ON_CALL,
         rank 0 dies (os._exit) at its DIE_ON_CALL-th batch.
+    python distributed_worker.py dp-retriever-train BERT_DIR OUT_DIR PUBLIC_FILE
+        a whole direct DP run (public-negatives, epsilon 8) into OUT_DIR with the noisy update projected onto the
+        public subspace of PUBLIC_FILE's pairs; the run's entropy (os.urandom in privret.train.dp_run) is fixed,
+        so a one-process run and a two-rank run draw the same samples and noise.
     python distributed_worker.py fit-retriever BERT_DIR OUT_FILE
         non-private retriever training (:func:`privret.train.retriever.fit_retriever`) on :func:`retrieval_pairs`;
         rank 0 saves the trained parameters to OUT_FILE.
@@ -157,6 +161,25 @@ def generator_train(llama_dir: str, out_dir: str, epsilon: str, sleep: str = "0"
     gtrain.train_generator(generator_pairs(), out_dir, cfg, data_hash="h", resume=True,
                            budget=BudgetPolicy(allow_over=True))
 
+def dp_retriever_train(bert_dir: str, out_dir: str, public_file: str) -> None:
+    from types import SimpleNamespace
+
+    from helpers import WORDS
+    from privret.data.pairs import QueryDocPair, TrainingPairs
+    from privret.train import dp_run
+    from privret.train.dp_retriever import train_dp_retriever
+    from privret.train.settings import DPRetrieverConfig
+
+    dp_run.os = SimpleNamespace(urandom=lambda n: bytes(range(n)))  # the same "fresh" entropy in every run
+    corpus = {f"d{i}": Document(f"d{i}", "", f"document {w}") for i, w in enumerate(WORDS[:14])}
+    pairs = TrainingPairs(pairs=[QueryDocPair(query=f"what {WORDS[i]}", doc_id=f"d{i}") for i in range(10)],
+                          corpus=corpus)
+    cfg = DPRetrieverConfig(method="public-negatives", model=bert_dir, clip_norm=0.02, batch_size=4, epochs=1.0,
+                            max_query_tokens=32, max_doc_tokens=32, temperature=0.5, trainable="top:1",
+                            public_negatives=3, learning_rate=1e-3, dropout=False, epsilon=8.0,
+                            public_subspace=public_file, subspace_rank=4, subspace_units=8)
+    train_dp_retriever(pairs, out_dir, cfg, data_hash="h", public_corpus=corpus)
+
 
 def retrieval_pairs():
     from helpers import WORDS
@@ -204,4 +227,4 @@ def generate(generator_dir: str, out_dir: str, die_on_call: str = "0") -> None:
 if __name__ == "__main__":
     {"generator-step": generator_step, "retriever-step": retriever_step,
      "generator-train": generator_train, "generate": generate,
-     "fit-retriever": fit_retriever}[sys.argv[1]](*sys.argv[2:])
+     "dp-retriever-train": dp_retriever_train, "fit-retriever": fit_retriever}[sys.argv[1]](*sys.argv[2:])
