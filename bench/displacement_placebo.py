@@ -7,7 +7,10 @@ scores the same on test). Does the test gain come from the direction the private
 that size do as well? The placebo keeps every coordinate's |Delta_j| (so each tensor's norm and the distribution
 of step sizes) and draws its sign at random (seeded):
 
-    theta_placebo_j = theta_public_j + s_j |theta_run_j - theta_public_j|,   s_j = +1 or -1 with probability 1/2
+    theta_placebo_j = theta_public_j + a s_j |theta_run_j - theta_public_j|,   s_j = +1 or -1 with probability 1/2
+
+with a = ``--scale`` (1 by default; 1.5 asks what a 1.5 times longer random move costs, next to the run's update
+scaled by 1.5 in docs/benchmarks.md, "The update scaled").
 
 It is a diagnostic read on test for reporting, never a candidate: it chooses nothing. It writes the tensors in the
 format of ``bench/iterate_average.py --save-parameters``, so that ``--from-parameters`` builds the encoder.
@@ -24,16 +27,17 @@ from pathlib import Path
 import torch
 
 
-def sign_placebo(changed: dict[str, torch.Tensor], base: dict[str, torch.Tensor], seed: int) -> dict[str, torch.Tensor]:
-    """Each tensor of ``changed`` moved from ``base`` by its own |displacement|, coordinate by coordinate, with
-    random signs drawn from a generator seeded with ``seed`` (tensors in sorted-name order)."""
+def sign_placebo(changed: dict[str, torch.Tensor], base: dict[str, torch.Tensor], seed: int,
+                 scale: float = 1.0) -> dict[str, torch.Tensor]:
+    """Each tensor of ``changed`` moved from ``base`` by ``scale`` times its own |displacement|, coordinate by
+    coordinate, with random signs drawn from a generator seeded with ``seed`` (tensors in sorted-name order)."""
     gen = torch.Generator().manual_seed(seed)
     out = {}
     for name in sorted(changed):
         start = base[name].float()
         size = (changed[name].float() - start).abs()
         signs = torch.randint(0, 2, size.shape, generator=gen).float() * 2 - 1
-        out[name] = (start + signs * size).to(changed[name].dtype).contiguous()
+        out[name] = (start + scale * signs * size).to(changed[name].dtype).contiguous()
     return out
 
 
@@ -43,6 +47,7 @@ def main() -> None:
                     help="a run's changed tensors (bench/iterate_average.py --keep-changed)")
     ap.add_argument("--base", default="minilm-l6", help="the public encoder the run started from")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--scale", type=float, default=1.0, help="a: the placebo's move is a times the run's, in size")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
 
@@ -52,7 +57,7 @@ def main() -> None:
 
     changed = load_file(str(args.parameters))
     base = {n: p.detach() for n, p in load_encoder(args.base).named_parameters()}
-    placebo = sign_placebo(changed, base, args.seed)
+    placebo = sign_placebo(changed, base, args.seed, args.scale)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     tmp = args.out.with_name(args.out.name + ".tmp")
     save_file(placebo, str(tmp))

@@ -33,3 +33,10 @@ def test_the_placebo_keeps_each_step_size_and_redraws_its_sign():
     again, other = placebo(changed, base, seed=0), placebo(changed, base, seed=1)
     assert all(torch.equal(again[n], out[n]) for n in out)
     assert not torch.equal(other["a"], out["a"])
+
+
+def test_the_scale_multiplies_every_step_size():
+    placebo = _module().sign_placebo
+    base = {"a": torch.zeros(50)}
+    changed = {"a": torch.linspace(-1, 1, 50)}
+    torch.testing.assert_close(placebo(changed, base, seed=3, scale=1.5)["a"], 1.5 * placebo(changed, base, seed=3)["a"])
