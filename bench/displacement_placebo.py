@@ -1,11 +1,11 @@
 """A placebo for a direct-DP run: its displacement from the public encoder with every coordinate's sign redrawn.
 
-A DP run at epsilon 8 on SciFact moves its 30 trained tensors mostly by noise: each tensor's displacement has
-1.04 to 1.65 times the squared norm per coordinate of the key biases' (whose gradient is zero, so they move by
-noise alone), and its cosine with the noise-free run's displacement is about 0.22 (0.12 at epsilon 3, which
-scores the same on test). Does the test gain come from the direction the private log gave, or would any move of
-that size do as well? The placebo keeps every coordinate's |Delta_j| (so each tensor's norm and the distribution
-of step sizes) and draws its sign at random (seeded):
+A DP run at epsilon 8 on SciFact moves its 30 trained tensors mostly by noise (``bench/displacement_geometry.py``):
+each tensor type's displacement has 0.93 to 1.48 times the squared norm per coordinate of the key biases' (whose
+gradient is zero, so they move by noise alone), and its cosine with the noise-free run's displacement is 0.21 to
+0.23 (0.11 to 0.12 at epsilon 3, which scores the same on test). Does the test gain come from the direction the
+private log gave, or would any move of that size do as well? The placebo keeps every coordinate's |Delta_j| (so
+each tensor's norm and the distribution of step sizes) and draws its sign at random (seeded):
 
     theta_placebo_j = theta_public_j + a s_j |theta_run_j - theta_public_j|,   s_j = +1 or -1 with probability 1/2
 
