@@ -7,6 +7,7 @@ Imported by name (`from helpers import ...`); `conftest.py` re-exports the fixtu
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import io
 import json
 import os
@@ -18,7 +19,19 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATA = REPO.parent / "shared" / "data"
+
+
+def load_script(relative: str):
+    """The module of a script outside the package (``bench/park_run.py``, ``tools/...``), loaded from the repository
+    and registered in ``sys.modules`` under its file's stem (dataclasses look their module up there)."""
+    path = REPO / relative
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
 
 WORDS = ("the a of and in to is for with on what how does do why which cell cells gene genes protein mice "
          "cancer risk heart brain blood drug trial patients study effect increase reduce memory aspirin vitamin "

@@ -8,27 +8,18 @@ what ``tools/make_demo_dataset.py`` writes.
 
 from __future__ import annotations
 
-import importlib.util
 import re
-import sys
-from pathlib import Path
 
 import pytest
 
+from helpers import load_script
 from privret.data.beir import load_beir
 from privret.data.demo import demo_dataset_dir
-
-GENERATOR = Path(__file__).resolve().parents[1] / "tools" / "make_demo_dataset.py"
 
 
 @pytest.fixture(scope="module")
 def generator():
-    spec = importlib.util.spec_from_file_location("make_demo_dataset", GENERATOR)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    yield module
-    del sys.modules[spec.name]
+    return load_script("tools/make_demo_dataset.py")
 
 
 @pytest.fixture(scope="module")

@@ -2,21 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
 import math
-from pathlib import Path
 
 import pytest
 import torch
 
-SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "displacement_geometry.py"
+from helpers import load_script
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("displacement_geometry", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("bench/displacement_geometry.py")
 
 
 def test_names_group_by_type_and_by_layer():

@@ -2,19 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import torch
 
-SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "displacement_placebo.py"
+from helpers import load_script
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("displacement_placebo", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("bench/displacement_placebo.py")
 
 
 def test_the_placebo_keeps_each_step_size_and_redraws_its_sign():

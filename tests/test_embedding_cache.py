@@ -17,7 +17,6 @@ from privret.models.device import native_bf16
 from privret.models.encoder import load_encoder
 
 
-
 @pytest.fixture()
 def corpus() -> dict[str, Document]:
     return {i: Document(id=i, title=t, text=x) for i, t, x in TOY_DOCS}

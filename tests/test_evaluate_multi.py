@@ -17,7 +17,6 @@ from privret.models.encoder import load_encoder
 from privret.privacy.ledger import PrivacyLedger
 
 
-
 @pytest.fixture()
 def root(tmp_path):
     corpus = [{"_id": i, "title": t, "text": x} for i, t, x in TOY_DOCS]

@@ -13,7 +13,6 @@ from privret.privacy.logit_dp import (contrastive_constants, contrastive_factor,
                                       loss_logit_grads, pair_norm_bounds, reweighting, row_losses, spreadout_factor)
 
 
-
 def _dl(z: torch.Tensor, i: int, spread: float) -> torch.Tensor:
     """Gradient of l^(i,n)(z) for one logit vector z, by autograd (independent of the closed forms)."""
     z = z.detach().clone().requires_grad_(True)

@@ -5,26 +5,22 @@ runs are the toy trainer of test_dp_run.py (milliseconds each)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
+from helpers import load_script
 from privret.errors import InputError
 from privret.privacy import budget
 from privret.runlock import RunLock
 from privret.train.dp_run import run_training
 from tests.test_dp_run import _killed_at_checkpoint, _run, _Toy
 
-SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "park_run.py"
-spec = importlib.util.spec_from_file_location("park_run", SCRIPT)
-park_run = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(park_run)
+park_run = load_script("bench/park_run.py")
 
 
 def _interrupted(tmp_path, *, epsilon=8.0, name="out"):
@@ -61,7 +57,7 @@ def test_a_parked_non_private_run_resumes_to_the_uninterrupted_one(tmp_path):
 def test_a_live_run_is_not_parked(tmp_path):
     run_dir = _interrupted(tmp_path)
     with RunLock(run_dir):  # the run still trains (in another process: the tool runs in one)
-        done = subprocess.run([sys.executable, str(SCRIPT), "park", str(run_dir), str(tmp_path / "parked")],
+        done = subprocess.run([sys.executable, park_run.__file__, "park", str(run_dir), str(tmp_path / "parked")],
                               capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and done.stderr.startswith("error: ") and not (tmp_path / "parked").exists()
 

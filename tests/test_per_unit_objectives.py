@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
+from helpers import load_script
 from privret.data.beir import load_beir
 
-SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "per_unit_objectives.py"
-spec = importlib.util.spec_from_file_location("per_unit_objectives", SCRIPT)
-per_unit = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(per_unit)
+per_unit = load_script("bench/per_unit_objectives.py")
 
 
 def _beir(root: Path, articles: int, per_article: int) -> Path:

@@ -18,7 +18,6 @@ from privret.synth.settings import DocumentChoice, GenerateConfig, RoundTripFilt
 from privret.train.settings import RetrieverTrainConfig
 
 
-
 def _tiny_config(dataset, tiny_llama_dir, tiny_bert_dir) -> PipelineConfig:
     return PipelineConfig(
         name="toy", dataset=dataset, epsilons=[math.inf, 4.0], synthetic_documents="corpus",

@@ -15,7 +15,7 @@ import torch
 from pydantic import ValidationError
 from transformers import DynamicCache
 
-from helpers import TOY_DOCS, run_cli
+from helpers import TOY_DOCS, load_script, run_cli
 from privret.config import PipelineConfig
 from privret.errors import InputError
 from privret.models.generator import INSTRUCTION, load_generator, load_trained_generator
@@ -267,16 +267,6 @@ def test_prompt_batch_layout_shares_the_prefix_and_pads_after_it():
     assert ids.tolist()[1] == [0, 0, 5, 6, 7, 1] and mask.tolist()[1] == [0, 0, 1, 1, 1, 1]
 
 
-def _bench_generator():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("bench_generator", Path(__file__).resolve().parents[1] / "bench"
-                                                  / "bench_generator.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    return bench
-
-
 def test_generation_reading_each_prompt_once_writes_what_the_whole_prompts_write(tiny_llama_dir):
     """Each prompt's keys and values computed once for its 2 samples (and, with few-shot examples, the shared
     prefix's once for the batch) give the queries that sampling from every row's whole prompt gives: the same
@@ -284,7 +274,7 @@ def test_generation_reading_each_prompt_once_writes_what_the_whole_prompts_write
     the wrong rows, or a wrong position or mask, would change the distributions."""
     from privret.models.generator import shared_prefix_length
 
-    whole_prompts = _bench_generator().whole_prompts_generate  # the obvious implementation
+    whole_prompts = load_script("bench/bench_generator.py").whole_prompts_generate  # the obvious implementation
     generator = load_generator(str(tiny_llama_dir), bf16=False)
     docs = [d for _, _, d in TOY_DOCS[:3]] + ["a much longer document " * 6]
     plain = generator.generate(docs, num_queries=2, top_p=0.8, max_new_tokens=6, seed=3)

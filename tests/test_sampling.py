@@ -69,7 +69,6 @@ def test_rows_that_leave_the_batch_keep_the_draws_of_transformers_generate(tiny_
     assert lengths[0] < lengths[-1] == sampling["max_new_tokens"]  # some left early while others went on
 
 
-
 def test_the_shared_prefix_attention_is_on_only_inside_its_context(tiny_llama_dir):
     """The model attends to the held prefix only while :meth:`PromptBatch.reading` is active (its own attention is
     back afterwards, an error included), and the attention refuses to run without a prefix to read."""

@@ -2,20 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 import torch
 
-SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "tensor_coherence.py"
+from helpers import load_script
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("tensor_coherence", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("bench/tensor_coherence.py")
 
 
 def test_groups_cover_every_coordinate_by_type_and_by_layer():

@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "update_noise.py"
-spec = importlib.util.spec_from_file_location("update_noise", SCRIPT)
-update_noise = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(update_noise)
+from helpers import load_script
+
+update_noise = load_script("bench/update_noise.py")
 
 
 def test_the_signal_share_recovers_a_known_mixture():
@@ -47,7 +44,7 @@ def test_runs_of_different_regimes_and_single_runs_are_refused():
 
 
 def test_a_missing_run_file_is_one_line_naming_it(tmp_path):
-    done = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path / "a.safetensors"), str(tmp_path / "b.safetensors")],
+    done = subprocess.run([sys.executable, update_noise.__file__, str(tmp_path / "a.safetensors"), str(tmp_path / "b.safetensors")],
                           capture_output=True, text=True)
     assert done.returncode != 0
     assert done.stderr.strip().splitlines() == [f"{tmp_path / 'a.safetensors'}: no such file (a run's kept parameters.safetensors)"]
