@@ -8,6 +8,8 @@
 #   placebo:<run>:<seed>:<scale>   the kept run bench/results/direct_regimes/scifact/<run>, signs drawn with <seed>,
 #                                  its move scaled by <scale> -> RESULTS/<run>-signs<seed>-a<scale>/test
 #   mean:<name>:<run>,<run>,...    the coordinate-wise mean of the kept runs' tensors -> RESULTS/<name>/test
+#   line:<run>:<w>                 the kept run's update itself scaled by <w> (bench/scaled_update.py), the points of
+#                                  the line through the release that the placebos are read beside -> RESULTS/<run>-w<w>/test
 # Encoders and tensors go under WORK_DIR (rebuildable); the per-query test scores under
 # bench/results/displacement_placebo/. One job at a time; OMP_NUM_THREADS as set (1 by default).
 #   usage: bench/displacement_placebo.sh WORK_DIR STEP...
@@ -50,6 +52,12 @@ EOF
       encoder "$work/$name.safetensors" "$work/$name"
       evaluate_once "$work/$name" ../shared/data/scifact test "$RESULTS/$name/test" --no-bf16
       echo "mean $name: test $(ndcg "$RESULTS/$name/test")" ;;
+    line:*)
+      IFS=: read -r _ run w <<< "$step"; name=$run-w$w
+      [ -d "$work/$name" ] || .venv/bin/python bench/scaled_update.py --parameters "$K/$run/parameters.safetensors" \
+          --weight "$w" --ledger-from "$K/$run" --out "$work/$name"
+      evaluate_once "$work/$name" ../shared/data/scifact test "$RESULTS/$name/test" --no-bf16
+      echo "line $name: test $(ndcg "$RESULTS/$name/test")" ;;
     *) echo "unknown step $step" >&2; exit 2 ;;
   esac
 done

@@ -326,7 +326,7 @@ def test_the_shared_prefix_layout_gives_the_whole_prompts_next_token_logits(tiny
     """The platform-independent form of the check above, through the code the bench measures the gap with
     (bench/bench_generator.py, next_token_logits_gap): both layouts' next-token logits agree to float rounding,
     and a cache that skips the padding mask would not (the rows' prompts differ in length)."""
-    bench = _bench_generator()
+    bench = load_script("bench/bench_generator.py")
     generator = load_generator(str(tiny_llama_dir), bf16=False)
     generator.examples = EXAMPLES
     docs = [d for _, _, d in TOY_DOCS[:3]] + ["a much longer document " * 6]
