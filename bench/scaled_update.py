@@ -6,7 +6,8 @@ on a public proxy). w < 1 is WiSE-FT's interpolation toward the public encoder (
 w > 1 extrapolates along the update, as task arithmetic scales a task vector (Ilharco et al., "Editing models with
 task arithmetic", ICLR 2023). Why w > 1 can help a DP run: DP-Adam at a fixed learning rate takes about lr per step
 on every coordinate, so a short noisy run may stop before the signal part of its update has gone far enough; why
-it can hurt: the noise part is scaled by the same w.
+it can hurt: the noise part is scaled by the same w (on SciFact's epsilon-8 runs that part is harmless even at
+w = 1.5, while the private part overshoots: docs/benchmarks.md, "Where the DP gain comes from").
 
 The input is a kept run's changed tensors (``parameters.safetensors``, written by ``bench/iterate_average.py
 --keep-changed``), so the run can be scaled in a later session without its work directory. With ``--ledger-from
