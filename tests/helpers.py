@@ -33,6 +33,7 @@ def load_script(relative: str):
     spec.loader.exec_module(module)
     return module
 
+
 WORDS = ("the a of and in to is for with on what how does do why which cell cells gene genes protein mice "
          "cancer risk heart brain blood drug trial patients study effect increase reduce memory aspirin vitamin "
          "sleep diet exercise virus immune response treatment disease children adults level levels high low "
