@@ -1,0 +1,49 @@
+"""bench/plain_finetune.py: the plain sentence-transformers fine-tune that privret's trainer is compared with."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from helpers import TOY_DOCS, TOY_TRAIN, load_script
+
+
+def _module():
+    return load_script("bench/plain_finetune.py")
+
+
+def test_training_columns_are_the_splits_pairs_with_the_documents_full_text(toy_beir):
+    columns = _module().training_columns(toy_beir, "train")
+    text = {d: f"{title}. {body}" for d, title, body in TOY_DOCS}
+    expected = [(query, text[d]) for _, query, docs in TOY_TRAIN for d in docs]
+    assert sorted(zip(columns["anchor"], columns["positive"])) == sorted(expected)
+    assert len(columns["anchor"]) == 6  # q3 has two relevant documents: two rows
+
+
+@pytest.mark.parametrize("trainer", ["sentence-transformers", "privret"])
+def test_each_trainer_trains_and_writes_a_retriever_privret_reads(trainer, toy_beir, tiny_bert_dir, tmp_path):
+    from privret.models.encoder import load_encoder
+    from privret.privacy.ledger import PrivacyLedger
+
+    plain = _module()
+    out = plain.plain_finetune(toy_beir, tmp_path / "models" / "plain", model=str(tiny_bert_dir), seed=0, epochs=2,
+                               batch_size=3, learning_rate=1e-3, trainer=trainer)
+    ledger = PrivacyLedger.load(out)
+    assert math.isinf(ledger.epsilon) and ledger.mechanism == "none" and ledger.n_pairs == 6
+    record = json.loads((out / "plain_finetune.json").read_text())
+    assert record["trainer"] == trainer and record["pairs"] == 6 and record["train_seconds"] > 0
+    base, trained = load_encoder(str(tiny_bert_dir)), load_encoder(str(out))
+    texts = ["aspirin heart risk", "gene memory mice"]
+    with torch.no_grad():
+        moved = (base.encode(texts, convert_to_tensor=True) - trained.encode(texts, convert_to_tensor=True)).abs()
+    assert moved.max() > 1e-3  # the trainer stepped; an untouched copy would give the same embeddings
+    assert sorted(p.name for p in out.parent.iterdir()) == ["plain"]  # written atomically: no staging left beside it
+
+
+def test_an_unknown_trainer_is_refused_before_anything_is_written(toy_beir, tiny_bert_dir, tmp_path):
+    with pytest.raises(ValueError, match="expected sentence-transformers or privret"):
+        _module().plain_finetune(toy_beir, tmp_path / "out", model=str(tiny_bert_dir), trainer="keras")
+    assert not (tmp_path / "out").exists()
