@@ -38,16 +38,16 @@ from pathlib import Path
 import torch
 
 from privret.data.beir import dataset_hash, load_beir
-from privret.data.pairs import pairs_from_beir
+from privret.data.pairs import TrainingPairs, pairs_from_beir
+from privret.errors import InputError
 from privret.io import atomic_path
 from privret.models.encoder import load_encoder
 from privret.train.retriever import fit_retriever, non_private_ledger
 from privret.train.settings import RetrieverTrainConfig
 
 
-def training_columns(data: Path, split: str) -> dict[str, list[str]]:
-    """The split's (query, document text) pairs as the trainer's two columns, one row a pair, in file order."""
-    pairs = pairs_from_beir(load_beir(data, [split]), split)
+def training_columns(pairs: TrainingPairs) -> dict[str, list[str]]:
+    """The (query, document text) pairs as the trainer's two columns, one row a pair, in their order."""
     return {"anchor": [p.query for p in pairs.pairs],
             "positive": [pairs.corpus[p.doc_id].full_text for p in pairs.pairs]}
 
@@ -65,9 +65,8 @@ def plain_finetune(data: Path, out: Path, *, model: str = "minilm-l6", split: st
     pairs = pairs_from_beir(dataset, split)
     started = time.perf_counter()
     if trainer == "sentence-transformers":
-        encoder = _sentence_transformers_fit(data, split, model=model, seed=seed, epochs=epochs,
-                                             batch_size=batch_size, learning_rate=learning_rate, scale=scale,
-                                             max_seq_length=max_seq_length)
+        encoder = _sentence_transformers_fit(pairs, model=model, seed=seed, epochs=epochs, batch_size=batch_size,
+                                             learning_rate=learning_rate, scale=scale, max_seq_length=max_seq_length)
     elif trainer == "privret":
         encoder = fit_retriever(pairs, RetrieverTrainConfig(
             model=model, epochs=epochs, batch_size=batch_size, learning_rate=learning_rate, temperature=1 / scale,
@@ -87,7 +86,7 @@ def plain_finetune(data: Path, out: Path, *, model: str = "minilm-l6", split: st
     return out
 
 
-def _sentence_transformers_fit(data: Path, split: str, *, model: str, seed: int, epochs: float, batch_size: int,
+def _sentence_transformers_fit(pairs: TrainingPairs, *, model: str, seed: int, epochs: float, batch_size: int,
                                learning_rate: float, scale: float, max_seq_length: int):
     """sentence-transformers' trainer, MultipleNegativesRankingLoss and NO_DUPLICATES batches; the fitted encoder."""
     from datasets import Dataset
@@ -96,7 +95,7 @@ def _sentence_transformers_fit(data: Path, split: str, *, model: str, seed: int,
     from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
 
     encoder = load_encoder(model, max_seq_length=max_seq_length)
-    train = Dataset.from_dict(training_columns(data, split))
+    train = Dataset.from_dict(training_columns(pairs))
     with tempfile.TemporaryDirectory(prefix="plain-finetune-") as scratch:
         arguments = SentenceTransformerTrainingArguments(
             output_dir=scratch, num_train_epochs=epochs, per_device_train_batch_size=batch_size,
@@ -125,9 +124,12 @@ def main() -> None:
     args = parser.parse_args()
     if args.out.exists():
         raise SystemExit(f"{args.out}: already exists (remove it or choose another output)")
-    plain_finetune(args.data, args.out, model=args.model, split=args.split, seed=args.seed, epochs=args.epochs,
-                   batch_size=args.batch_size, learning_rate=args.lr, scale=args.scale,
-                   max_seq_length=args.max_seq_length, trainer=args.trainer)
+    try:
+        plain_finetune(args.data, args.out, model=args.model, split=args.split, seed=args.seed, epochs=args.epochs,
+                       batch_size=args.batch_size, learning_rate=args.lr, scale=args.scale,
+                       max_seq_length=args.max_seq_length, trainer=args.trainer)
+    except InputError as error:
+        raise SystemExit(f"error: {error.one_line()}") from None
     print(args.out)
 
 

@@ -16,7 +16,10 @@ def _module():
 
 
 def test_training_columns_are_the_splits_pairs_with_the_documents_full_text(toy_beir):
-    columns = _module().training_columns(toy_beir, "train")
+    from privret.data.beir import load_beir
+    from privret.data.pairs import pairs_from_beir
+
+    columns = _module().training_columns(pairs_from_beir(load_beir(toy_beir, ["train"]), "train"))
     text = {d: f"{title}. {body}" for d, title, body in TOY_DOCS}
     expected = [(query, text[d]) for _, query, docs in TOY_TRAIN for d in docs]
     assert sorted(zip(columns["anchor"], columns["positive"])) == sorted(expected)
@@ -47,3 +50,14 @@ def test_an_unknown_trainer_is_refused_before_anything_is_written(toy_beir, tiny
     with pytest.raises(ValueError, match="expected sentence-transformers or privret"):
         _module().plain_finetune(toy_beir, tmp_path / "out", model=str(tiny_bert_dir), trainer="keras")
     assert not (tmp_path / "out").exists()
+
+
+
+def test_a_missing_dataset_is_one_line_naming_it_and_writes_nothing(tmp_path, monkeypatch):
+    missing, out = tmp_path / "nowhere", tmp_path / "out"
+    monkeypatch.setattr("sys.argv", ["plain_finetune.py", "--data", str(missing), "--out", str(out)])
+    with pytest.raises(SystemExit) as exit_:
+        _module().main()
+    message = str(exit_.value.code)
+    assert message.startswith(f"error: {missing}") and "\n" not in message
+    assert not out.exists()
