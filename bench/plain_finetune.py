@@ -61,18 +61,18 @@ def plain_finetune(data: Path, out: Path, *, model: str = "minilm-l6", split: st
     (:func:`privret.train.retriever.fit_retriever` with the same settings in float32: temperature 1 / ``scale``,
     documents cut at ``max_seq_length``), so that one script times both sides on one machine. Either way the
     record ``plain_finetune.json`` beside the model holds the settings and the training's wall seconds."""
+    if trainer not in ("sentence-transformers", "privret"):
+        raise ValueError(f"trainer {trainer!r}: expected sentence-transformers or privret")
     dataset = load_beir(data, [split])
     pairs = pairs_from_beir(dataset, split)
     started = time.perf_counter()
     if trainer == "sentence-transformers":
         encoder = _sentence_transformers_fit(pairs, model=model, seed=seed, epochs=epochs, batch_size=batch_size,
                                              learning_rate=learning_rate, scale=scale, max_seq_length=max_seq_length)
-    elif trainer == "privret":
+    else:
         encoder = fit_retriever(pairs, RetrieverTrainConfig(
             model=model, epochs=epochs, batch_size=batch_size, learning_rate=learning_rate, temperature=1 / scale,
             max_doc_tokens=max_seq_length, bf16=False, seed=seed))
-    else:
-        raise ValueError(f"trainer {trainer!r}: expected sentence-transformers or privret")
     seconds = time.perf_counter() - started
     ledger = non_private_ledger(pairs, model, dataset_hash(dataset, split), "query")
     with atomic_path(out) as staged:

@@ -46,11 +46,10 @@ def test_each_trainer_trains_and_writes_a_retriever_privret_reads(trainer, toy_b
     assert sorted(p.name for p in out.parent.iterdir()) == ["plain"]  # written atomically: no staging left beside it
 
 
-def test_an_unknown_trainer_is_refused_before_anything_is_written(toy_beir, tiny_bert_dir, tmp_path):
-    with pytest.raises(ValueError, match="expected sentence-transformers or privret"):
-        _module().plain_finetune(toy_beir, tmp_path / "out", model=str(tiny_bert_dir), trainer="keras")
+def test_an_unknown_trainer_is_refused_before_anything_is_read_or_written(tiny_bert_dir, tmp_path):
+    with pytest.raises(ValueError, match="expected sentence-transformers or privret"):  # no dataset there at all
+        _module().plain_finetune(tmp_path / "nowhere", tmp_path / "out", model=str(tiny_bert_dir), trainer="keras")
     assert not (tmp_path / "out").exists()
-
 
 
 def test_a_missing_dataset_is_one_line_naming_it_and_writes_nothing(tmp_path, monkeypatch):
