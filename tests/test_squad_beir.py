@@ -156,18 +156,19 @@ def test_squad_config_loads_once_the_dataset_exists(tmp_path):
     config = tmp_path / "repo" / "configs" / "squad.yaml"
     config.parent.mkdir(parents=True)
     shutil.copy(REPO / "configs" / "squad.yaml", config)
-    build_squad_beir(_write(tmp_path, _squad()), tmp_path / "repo" / "runs" / "squad-beir", test_articles=2)
+    build_squad_beir(_write(tmp_path, _squad()), tmp_path / "repo" / "runs" / "squad-beir", test_articles=2,
+                     validation_articles=1)
     cfg = load_config(config)
     assert cfg.dataset == (tmp_path / "repo" / "runs" / "squad-beir").resolve()
-    ds = load_beir(cfg.dataset, [cfg.train_split, cfg.eval_split])
-    assert ds.qrels["train"] and ds.qrels["test"]
+    ds = load_beir(cfg.dataset, [cfg.train_split, cfg.eval_split, cfg.settings_chosen_on])
+    assert ds.qrels["train"] and ds.qrels["test"] and ds.qrels["validation"]
     assert cfg.synthetic_documents.source == "corpus" and cfg.synthetic_documents.sample
     assert cfg.epsilons == [float("inf"), 8, 3]
     # the direct-DP regime chosen on the carved validation split (bench/direct_regimes.sh), validated at load
     assert cfg.direct_dp.methods == ["public-negatives"] and cfg.direct_dp.epsilons == [8, 3]
     row = cfg.direct_dp.config("public-negatives", 8, cfg.unit)
     assert row.trainable == "bias-top:3" and row.hard_negatives == 2
-    # one random public negative a step, no dropout: the choice of 2026-11-27 (docs/benchmarks.md)
+    # one random public negative a step, no dropout (docs/benchmarks.md)
     assert row.public_negatives == 1 and row.dropout is False
 
 

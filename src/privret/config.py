@@ -223,6 +223,10 @@ class PipelineConfig(BaseModel):
     train_split: str = "train"
     eval_split: str = "test"
     unit: PrivacyUnit = PrivacyUnit.query
+    settings_chosen_on: str | None = Field(
+        None, description="the dataset's split on which this config's settings were chosen (for example validation); "
+                          "the run is refused when that split is missing or shares a query with train_split: "
+                          "settings chosen on a split are trained without it")
     epsilons: list[float] = Field(min_length=1)
     synthetic_documents: DocumentChoice = Field(
         DocumentChoice(), description="the documents to write queries for: public (corpus, list) or DP-selected")
@@ -259,6 +263,10 @@ class PipelineConfig(BaseModel):
         if self.eval_split == self.train_split:
             raise ValueError(f"eval_split is the private log ({self.train_split}): its figures, per query, would be "
                              "written beside DP rows without any guarantee; evaluate on another split")
+        if self.settings_chosen_on in (self.train_split, self.eval_split):
+            role = "the private log" if self.settings_chosen_on == self.train_split else "the evaluation split"
+            raise ValueError(f"settings_chosen_on is {role} ({self.settings_chosen_on}): choose settings on a split "
+                             "that is neither trained on nor reported")
         if self.generator.hold_out is not None and self.private_selection is None:
             raise ValueError("generator.hold_out needs private_selection: the held-out units serve only the DP choice "
                              "of the retriever, so without it the generator would train on part of the log for nothing")

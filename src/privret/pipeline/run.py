@@ -35,7 +35,7 @@ from rich.console import Console
 
 from privret.chatter import RUN_LOG, also_log_to
 from privret.config import PipelineConfig
-from privret.data.beir import BeirDataset, dataset_hash, eval_hash, load_beir
+from privret.data.beir import BeirDataset, dataset_hash, eval_hash, load_beir, load_qrels
 from privret.data.pairs import TrainingPairs, pairs_from_beir
 from privret.errors import InputError
 from privret.retrieval.metrics import evaluate_per_query, mean_metrics
@@ -206,9 +206,33 @@ def _check_dp_budgets(cfg: PipelineConfig, pairs: TrainingPairs) -> None:
             raise
 
 
+def _check_settings_split(cfg: PipelineConfig, dataset: BeirDataset) -> None:
+    """Settings chosen on a split are trained without it: a release's (epsilon, delta) covers only what its
+    mechanism read, so a choice made without DP on queries the DP rows then train on is outside the guarantee.
+    Refuse a config that names ``settings_chosen_on`` when the dataset lacks that split or when one of its queries
+    (by id or by text, the query unit's key) is also in ``train_split``."""
+    split = cfg.settings_chosen_on
+    if split is None:
+        return
+    path = dataset.root / "qrels" / f"{split}.tsv"
+    if not path.is_file():
+        raise InputError(f"no split '{split}', on which the config's settings were chosen: build the dataset with it "
+                         f"held out of '{cfg.train_split}' (e.g. privret data squad-beir --validation-articles K)",
+                         path=path, field="settings_chosen_on")
+    trained = dataset.split(cfg.train_split)
+    texts = {dataset.queries[q] for q in trained}
+    shared = [q for q in load_qrels(path, corpus=dataset.corpus, queries=dataset.queries)
+              if q in trained or dataset.queries[q] in texts]
+    if shared:
+        raise InputError(f"{len(shared)} queries of split '{split}', on which the config's settings were chosen, are "
+                         f"also in '{cfg.train_split}', the log the rows train on: settings chosen on a split are "
+                         "trained without it", path=path, field="settings_chosen_on")
+
+
 def _run_grid(cfg: PipelineConfig, run_dir: Path) -> list[dict]:
     _check_starting_models(cfg)
     dataset = load_beir(cfg.dataset, splits=[cfg.train_split, cfg.eval_split])
+    _check_settings_split(cfg, dataset)
     pairs = pairs_from_beir(dataset, cfg.train_split)
     _check_dp_budgets(cfg, pairs)
     run_dir.mkdir(parents=True, exist_ok=True)  # only now: a run refused above leaves nothing behind
