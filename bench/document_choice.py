@@ -8,7 +8,7 @@ after a crash without spending budget twice (the generator and the selections ar
 
 The generator is `privret generator train --data ../shared/data/scifact --split train --epsilon 8
 --out runs/i11/gen-eps8` (the settings of configs/scifact.yaml, which are the CLI defaults).
-Rows: a seeded sample of 565 public documents (the default of configs/scifact.yaml), and DP
+Rows: a seeded sample of 565 public documents (the size these rows were measured with), and DP
 partition selections (`privret data select-documents`) at the given selection epsilons; each row
 is trained over --seeds retriever seeds and reported as mean +- sd with the paired bootstrap CI
 of its seed-averaged per-query NDCG@10 against zero-shot, and its retention against --original.

@@ -102,3 +102,17 @@ def test_the_shipped_squad_config_trains_its_dp_rows_without_the_validation_arti
     with pytest.raises(InputError) as err:
         _check_settings_split(cfg, load_beir(tmp_path / "all", splits=["train", "test"]))
     assert err.value.field == "settings_chosen_on"
+
+
+@pytest.mark.skipif(not (REPO.parent / "shared" / "data" / "scifact").is_dir(), reason="needs ../shared/data/scifact")
+@pytest.mark.parametrize("name", ["scifact.yaml", "scifact-all-layers.yaml", "scifact-corpus.yaml"])
+def test_the_synthetic_document_sample_is_no_count_of_the_private_log(name):
+    """The synthetic set's size is released with it: a shipped config's ``synthetic_documents.sample`` must not be
+    read off the log (its distinct documents, pairs, query ids or units)."""
+    from privret.data.pairs import pairs_from_beir
+
+    cfg = load_config(REPO / "configs" / name)
+    pairs = pairs_from_beir(load_beir(cfg.dataset, splits=[cfg.train_split]), cfg.train_split)
+    counts = {len({p.doc_id for p in pairs.pairs}), len(pairs.pairs), len({p.query_id for p in pairs.pairs}),
+              len(pairs.units(cfg.unit))}
+    assert cfg.synthetic_documents.sample not in counts
