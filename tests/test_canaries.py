@@ -229,3 +229,66 @@ def test_cli_rejects_bad_lists(tmp_path, toy_beir):
                      "--model", str(tmp_path / "no-such-model"))
     assert result.returncode == 2 and "model directory not found" in result.stderr, result.stderr
     assert not (tmp_path / "a" / "settings.json").exists()
+
+
+# -- what the audit writes holds private data ---------------------------------------------------------
+def _run_directory(root):
+    """What ``privret report`` reads as a run: a config and a row's metrics."""
+    (root / "zero_shot").mkdir(parents=True)
+    (root / "config.json").write_text("{}")
+    (root / "zero_shot" / "metrics.json").write_text('{"ndcg@10": 0.5}')
+    return root
+
+
+def test_the_audit_says_first_that_it_holds_private_data_and_stays_out_of_run_directories(tmp_path, monkeypatch):
+    """Per canary, canaries.json (and its trial's result.json) holds a private query's id, that query's own document
+    (a private pair), the likelihood of the private query with the secret; canaries.json and settings.json hold
+    the log's pair count. Each file says so in its first key. An audit directory inside a run directory, where the
+    report that is meant to be shared reads it, is refused before anything is written, unless asked for."""
+    import json
+
+    from privret.errors import InputError
+    from privret.io import PRIVATE_DATA_KEY
+    from privret.privacy.ledger import PrivacyLedger
+
+    ledger = PrivacyLedger(mechanism="none", epsilon=math.inf, delta=0.0, noise_multiplier=0.0, sample_rate=0.5,
+                           steps=2, planned_steps=2, accountant="none", unit="query", n_units=15, n_pairs=15,
+                           clip_norm=math.inf, model="tiny", trainable="all", data_hash="toy")
+
+    def trained(training, out_dir, cfg, **_):
+        ledger.save(out_dir)
+        (out_dir / "generator.json").write_text("{}")
+
+    def scored(generator, canaries, cfg):
+        return [{"trial": c.trial, "kind": c.kind, "repetitions": c.repetitions, "secret": c.secret,
+                 "document_id": c.document.id, "source_query_id": c.source_query_id, "log_likelihood": -3.0,
+                 "rank": 1, "exposure": math.log2(cfg.candidates), "leaked": False, "samples": 1} for c in canaries]
+
+    monkeypatch.setattr(audit, "_query_fits", lambda model, cap: lambda query: True)
+    monkeypatch.setattr(audit, "train_generator", trained)
+    monkeypatch.setattr(audit, "load_trained_generator", lambda directory: None)
+    monkeypatch.setattr(audit, "_trial_result", scored)
+    cfg = audit.CanaryAuditConfig(epsilons=[math.inf], trials=1, repetitions=[2], candidates=10, samples=1,
+                                  generator={"model": "tiny"})
+    run = _run_directory(tmp_path / "run")
+    with pytest.raises(InputError, match="--allow-private-output-in-run") as refused:
+        audit.run_canary_audit(toy_pairs(), run / "canaries", cfg, data_hash="toy")
+    assert refused.value.path is not None and not (run / "canaries").exists()
+
+    audit.run_canary_audit(toy_pairs(), tmp_path / "audit", cfg, data_hash="toy")
+    for name in ("canaries.json", "settings.json", "eps-inf/trial-0/result.json"):
+        text = (tmp_path / "audit" / name).read_text()
+        assert text.splitlines()[1].startswith(f'  "{PRIVATE_DATA_KEY}": "PRIVATE DATA'), name
+        assert list(json.loads(text))[0] == PRIVATE_DATA_KEY
+    audit.run_canary_audit(toy_pairs(), tmp_path / "audit", cfg, data_hash="toy")  # its own settings: resumed
+    audit.run_canary_audit(toy_pairs(), run / "canaries", cfg, data_hash="toy", allow_private_output_in_run=True)
+    assert (run / "canaries" / "canaries.json").is_file()
+
+
+def test_cli_refuses_an_audit_directory_in_a_run_directory(tmp_path, toy_beir, monkeypatch):
+    run = _run_directory(tmp_path / "run")
+    result = run_cli("audit", "canaries", "--data", str(toy_beir), "--out", str(run / "canaries"))
+    assert result.returncode == 2 and "--allow-private-output-in-run" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and not (run / "canaries").exists()
+    monkeypatch.setenv("COLUMNS", "200")  # --help's options table, wide enough for the whole flag
+    assert "--allow-private-output-in-run" in run_cli("audit", "canaries", "--help").stdout

@@ -245,3 +245,32 @@ def test_cli_likelihood_on_beir_splits(lms, tmp_path):
     assert result.exit_code == 0, result.output
     saved = json.loads(out_json.read_text())["likelihood"]
     assert saved["flagged"] and saved["private"]["n"] == 40 and saved["heldout_split"] == "test"
+
+
+def test_cli_json_says_first_that_it_holds_private_data_and_stays_out_of_run_directories(private, tmp_path):
+    """The JSON holds the id and text of every private query found (a one-token query is found almost anywhere)
+    and statistics of the private queries: its first key says so, the terminal shows counts only, and a file in
+    a run directory (where the report that is meant to be shared reads) is refused unless asked for."""
+    from privret.io import PRIVATE_DATA_KEY
+
+    root, texts, _ = private
+    corpus = tmp_path / "c.txt"
+    _stream(corpus, [f"w1 {texts[4]} w2"])
+    audit = ("audit", "overlap", "--data", str(root), "--corpus", str(corpus), "--no-likelihood")
+    out = tmp_path / "overlap.json"
+    result = run_cli(*audit, "--json", str(out))
+    assert result.returncode == 0, result.stderr
+    assert out.read_text().splitlines()[1].startswith(f'  "{PRIVATE_DATA_KEY}": "PRIVATE DATA')
+    saved = json.loads(out.read_text())
+    assert list(saved)[0] == PRIVATE_DATA_KEY and saved["overlap"]["queries"]["matches"][0]["text"] == texts[4]
+    assert texts[4] not in result.stdout and "q4" not in result.stdout  # counts only on the terminal
+    run = tmp_path / "run"
+    (run / "zero_shot").mkdir(parents=True)
+    (run / "config.json").write_text("{}")
+    (run / "zero_shot" / "metrics.json").write_text('{"ndcg@10": 0.5}')
+    inside = run / "audits" / "overlap.json"
+    refused = run_cli(*audit, "--json", str(inside))
+    assert refused.returncode == 2 and "--allow-private-output-in-run" in refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1 and not inside.exists()
+    allowed = run_cli(*audit, "--json", str(inside), "--allow-private-output-in-run")
+    assert allowed.returncode == 0 and list(json.loads(inside.read_text()))[0] == PRIVATE_DATA_KEY

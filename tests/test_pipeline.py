@@ -639,7 +639,7 @@ def _finished_rows(run_dir, stages) -> list[dict]:
         (run_dir / name).mkdir(parents=True)
         (run_dir / name / "metrics.json").write_text(json.dumps({
             "row": label, "epsilon": epsilon, "delta": delta, "ndcg@10": ndcg, "recall@10": 0.5, "recall@100": 0.75,
-            "mrr@10": 0.5, "queries": len(per_query or [0, 0])}))
+            "mrr@10": 0.5, "queries": len(per_query or [0, 0]), "eval_seconds": 1.5}))
         if per_query is not None:
             (run_dir / name / "per_query.json").write_text(json.dumps(
                 {f"t{i}": {"ndcg@10": v} for i, v in enumerate(per_query)}))
@@ -676,8 +676,11 @@ def test_summary_shows_retention_and_the_interval(tmp_path):
     row = next(line for line in table.splitlines() if line.startswith("│ DP synthetic"))
     assert all(cell in row for cell in ("│   8 │", "0.6250", "50.0%", "+0.2500 [+0.2500, +0.2500]")), row
     assert "+0.1250 [-]" in table and "…" not in table
+    assert "No guarantee covers the original row" in markdown and "retention divides by" in markdown
     write_summary(run_dir, rows, cfg)
-    assert "per_query" not in json.loads((run_dir / "summary.json").read_text())[0]
+    summary = (run_dir / "summary.json").read_text()
+    assert "per_query" not in json.loads(summary)[0]
+    assert "seconds" not in summary  # no timing in what a run releases by default (privret report's opt-in)
     assert "| 50.0% |" in (run_dir / "summary.md").read_text()
 
 

@@ -405,19 +405,28 @@ def test_epsilon_ticks_merge_ledger_values_of_one_target():
     assert list(epsilon_ticks([7.9917, 2.997, 7.9955, 15.993]).values()) == ["3", "8", "16"]
 
 
+def _timed(run: Path, key: str, eval_seconds: float, **stages: float) -> None:
+    """``eval_seconds`` in a row's metrics.json and its other stages' seconds in its timing.json."""
+    path = run / key / "metrics.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "eval_seconds": eval_seconds}))
+    if stages:
+        (run / key / "timing.json").write_text(json.dumps({f"{k}_seconds": v for k, v in stages.items()}))
+
+
 def test_wall_time_per_row_and_what_the_rows_without_private_data_add(fake_run):
     """Stage times from timing.json and metrics.json's eval_seconds; at each epsilon the epsilon-0 rows' seconds
     over the synthetic route's (zero-shot, original, the DP synthetic rows of that epsilon) and over the whole
-    grid's (with the direct DP rows); "not timed" where a row lacks a stage its kind runs."""
+    grid's (with the direct DP rows); "not timed" where a row lacks a stage its kind runs. Every stage is shown, as
+    with --show-private-timings-and-counts."""
     from privret.errors import InputError
 
     def timed(key: str, eval_seconds: float, **stages: float) -> None:
-        path = fake_run / key / "metrics.json"
-        path.write_text(json.dumps({**json.loads(path.read_text()), "eval_seconds": eval_seconds}))
-        if stages:
-            (fake_run / key / "timing.json").write_text(json.dumps({f"{k}_seconds": v for k, v in stages.items()}))
+        _timed(fake_run, key, eval_seconds, **stages)
 
-    _, _, before = build_report(fake_run)
+    def build(run):
+        return build_report(run, show_private_timings_and_counts=True)
+
+    _, _, before = build(fake_run)
     assert "## Wall time" not in before  # nothing timed: no section
     stage = fake_run / "public-prompted"
     _metrics(stage / "metrics.json", 0.45)
@@ -430,7 +439,7 @@ def test_wall_time_per_row_and_what_the_rows_without_private_data_add(fake_run):
     timed("direct-logit-dp-eps-8", 60, retriever=1800)
     timed("public-prompted", 60, generator=5, generate=600, retriever=600)
     timed("eps-16", 60, retriever=600)  # its generator and generation stages were never timed
-    _, _, markdown = build_report(fake_run)
+    _, _, markdown = build(fake_run)
     wall = markdown.split("## Wall time")[1].split("\n## ")[0]
     lines = {line.split(" | ")[0].lstrip("| "): line for line in wall.splitlines() if line.startswith("| ")}
     assert lines["training data"] == ("| training data | generator | generation | filter | retriever | evaluation "
@@ -446,10 +455,64 @@ def test_wall_time_per_row_and_what_the_rows_without_private_data_add(fake_run):
     assert "At ε = 16: not timed (DP synthetic queries (ε=16), direct logit-dp (ε=16))." in wall
     assert "<h2 id='wall-time'>Wall time</h2>" in (fake_run / "report.html").read_text()
     (fake_run / "direct-logit-dp-eps-8" / "timing.json").unlink()  # the route's share stands alone
-    _, _, markdown = build_report(fake_run)
+    _, _, markdown = build(fake_run)
     assert ("+35% on the synthetic route's 60.7 min (references and DP synthetic rows of this ε); the whole grid of "
             "this ε is not timed (direct logit-dp (ε=8)).") in markdown
     (fake_run / "eps-8" / "timing.json").write_text('{"generator_seconds": "slow"}')
     with pytest.raises(InputError, match="seconds") as err:
-        build_report(fake_run)
+        build(fake_run)
     assert err.value.path is not None and str(err.value.path).endswith("eps-8/timing.json")
+
+
+def test_timings_and_pair_counts_of_the_private_log_only_when_asked_for(fake_run, tmp_path, monkeypatch):
+    """How long a stage that read the private log took depends on it, and so does each count of its pairs; no
+    guarantee covers them. The default report withholds them: the stage of a DP row that read the log, every stage
+    of a row trained on it without DP, what the rows without private data add (a sum over those), the original
+    ledger's n_pairs, the canary audit's and the similarity's pair counts. --show-private-timings-and-counts
+    shows them."""
+    _timed(fake_run, "zero_shot", 61)
+    _timed(fake_run, "original", 62, retriever=600)
+    _timed(fake_run, "eps-8", 63, generator=1200, generate=300, retriever=660)
+    _timed(fake_run, "eps-8-filtered", 66, filter=100, retriever=600)
+    _timed(fake_run, "direct-logit-dp-eps-8", 64, retriever=1800)
+    stage = fake_run / "public-prompted"
+    _metrics(stage / "metrics.json", 0.45)
+    PrivacyLedger.public("public-prompted", model="smollm2-135m", public_data_hash="cd" * 32,
+                         unit="query", n_pairs=12).save(_mk(stage / "generator"))
+    _timed(fake_run, "public-prompted", 65, generator=5, generate=600, retriever=540)
+
+    def wall_time(markdown: str) -> dict[str, str]:
+        wall = markdown.split("## Wall time")[1].split("\n## ")[0]
+        return {line.split(" | ")[0].lstrip("| "): line for line in wall.splitlines() if line.startswith("| ")}
+
+    html_path, _, markdown = build_report(fake_run)
+    page = html_path.read_text()
+    lines = wall_time(markdown)
+    assert lines["DP synthetic queries (ε=8)"] == ("| DP synthetic queries (ε=8) | withheld | 5.0 min | - | 11.0 min "
+                                                   "| 1.1 min | withheld |")
+    assert lines["original pairs (non-private)"].endswith("| - | - | - | withheld | withheld | withheld |")
+    assert lines["direct logit-dp (ε=8)"].endswith("| - | - | - | withheld | 1.1 min | withheld |")
+    # post-processing of a DP release with public data, or public data alone: shown
+    assert lines["DP synthetic queries, round-trip filtered (ε=8)"].endswith(
+        "| - | - | 1.7 min | 10.0 min | 1.1 min | 12.8 min |")
+    assert lines["no private data (prompted)"].endswith("| 0.1 min | 10.0 min | - | 9.0 min | 1.1 min | 20.2 min |")
+    for text in (page, markdown):
+        assert "20.0 min" not in text and "30.0 min" not in text and "At ε = 8" not in text
+        assert "--show-private-timings-and-counts" in text
+    assert "<td>n_pairs</td><td>900</td>" not in page and "<td>n_pairs</td><td>12</td>" in page  # public pairs
+    assert "of 919" not in page and "Private pairs" not in page  # the canary audit's counts of the log
+    assert "<td class=\"num\">900</td>" not in page  # the similarity's pairs
+
+    shown, _, markdown = build_report(fake_run, out=tmp_path / "researcher.html", show_private_timings_and_counts=True)
+    page = shown.read_text()
+    lines = wall_time(markdown)
+    assert lines["DP synthetic queries (ε=8)"] == ("| DP synthetic queries (ε=8) | 20.0 min | 5.0 min | - | 11.0 min "
+                                                   "| 1.1 min | 37.0 min |")
+    assert lines["original pairs (non-private)"].endswith("| - | - | - | 10.0 min | 1.0 min | 11.0 min |")
+    assert "At ε = 8: the row without private data" in markdown
+    assert "<td>n_pairs</td><td>900</td>" in page and "Private pairs: 200 (subsample) of 919" in page
+    assert "<td class=\"num\">900</td>" in page
+    cli = run_cli("report", str(fake_run), "--show-private-timings-and-counts")
+    assert cli.returncode == 0 and "20.0 min" in cli.stdout, cli.stderr
+    monkeypatch.setenv("COLUMNS", "200")  # --help's options table, wide enough for the whole flag
+    assert "--show-private-timings-and-counts" in run_cli("report", "--help").stdout

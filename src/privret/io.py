@@ -52,8 +52,23 @@ def write_text_atomic(path: str | Path, text: str) -> None:
         tmp.write_text(text, encoding="utf-8")
 
 
+PRIVATE_DATA_KEY = "contains_private_data"
+"""The key of the warning that a JSON file holds private data (:func:`privret.audit.private_output.mark_private`);
+:func:`write_json_atomic` writes it first, so the file says so on its first key's line."""
+
+
+def _ordered(value: Any) -> Any:
+    """``value`` with every object's keys sorted, :data:`PRIVATE_DATA_KEY` first."""
+    if isinstance(value, dict):
+        return {key: _ordered(value[key]) for key in sorted(value, key=lambda k: (k != PRIVATE_DATA_KEY, k))}
+    if isinstance(value, (list, tuple)):
+        return [_ordered(item) for item in value]
+    return value
+
+
 def write_json_atomic(path: str | Path, obj: Any) -> None:
-    write_text_atomic(path, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
+    """``obj`` as indented JSON, keys sorted (a :data:`PRIVATE_DATA_KEY` warning first)."""
+    write_text_atomic(path, json.dumps(_ordered(obj), indent=2, default=str) + "\n")
 
 
 def write_jsonl(path: Path, rows: list[dict]) -> None:

@@ -6,6 +6,7 @@ import pytest
 
 from privret.data.fed_squad import build_fed_squad, load_fed_squad
 from privret.audit.inversion import InversionConfig, inversion_check, token_recall
+from privret.io import PRIVATE_DATA_KEY, write_json_atomic
 
 
 def test_token_recall():
@@ -45,6 +46,9 @@ def test_inversion_check_on_tiny_models(tiny_squad, tiny_encoder, tiny_llama_dir
                           batch_size=4, max_tokens=8, lora_rank=2)
     res = inversion_check(clients, cfg)
     assert res["train_sentences"] == 4 and res["test_sentences"] == 4
+    # it holds sentences of the clients: its first key says so, also in the file written from it
+    write_json_atomic(tmp_path / "inversion.json", res)
+    assert (tmp_path / "inversion.json").read_text().splitlines()[1].startswith(f'  "{PRIVATE_DATA_KEY}": "PRIVATE')
     assert [use for _, _, use in calls] == [True, False]
     for (train_text, sources, _), name in zip(calls, ("with_embedding", "without_embedding")):
         examples = res[name]["examples"]

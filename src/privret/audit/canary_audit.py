@@ -28,9 +28,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from privret.audit.canaries import KINDS, Canary, insert_canaries, make_canaries, subsample_pairs
 from privret.audit.canary_scoring import fast_log_likelihoods
 from privret.audit.canary_statistics import exposure, secret_rank, summarise
+from privret.audit.private_output import mark_private, refuse_run_directory
 from privret.data.pairs import PrivacyUnit, TrainingPairs
 from privret.errors import InputError
-from privret.io import write_json_atomic
+from privret.io import PRIVATE_DATA_KEY, write_json_atomic
 from privret.models.generator import load_trained_generator
 from privret.privacy import budget as budget_registry
 from privret.privacy.accounting import default_delta
@@ -88,12 +89,19 @@ class CanaryAuditConfig(BaseModel):
         return sorted(values)
 
 
+SETTINGS_HOLD = "the private log's pair count"
+RESULTS_HOLD = ("per canary, the id of the private query it was drawn from, that query's relevant document for "
+                "own-document canaries (a private pair) and the likelihood of the query with the secret; the private "
+                "log's pair count")
+
+
 def audit_settings(cfg: CanaryAuditConfig, data_hash: str, n_pairs: int) -> dict:
     """What an audit directory's ``settings.json`` holds: a re-run must match it (epsilons aside; they are checked
     trial by trial, so that more can be added later). The data is named as ledgers name it (a commitment)."""
-    return json.loads(json.dumps({"audit": cfg.model_dump(mode="json", exclude={"epsilons", "generator", "unit"}),
-                                  "generator": cfg.generator_config(math.inf).model_dump(mode="json"),
-                                  "data_hash": commit(data_hash), "pairs": n_pairs}))
+    return json.loads(json.dumps(mark_private({
+        "audit": cfg.model_dump(mode="json", exclude={"epsilons", "generator", "unit"}),
+        "generator": cfg.generator_config(math.inf).model_dump(mode="json"), "data_hash": commit(data_hash),
+        "pairs": n_pairs}, SETTINGS_HOLD)))
 
 
 def same_settings(saved: dict, settings: dict) -> bool:
@@ -101,9 +109,14 @@ def same_settings(saved: dict, settings: dict) -> bool:
 
     Audits written before the generator's settings were typed (to 2026-11-29) also kept the generator's fields as
     given under ``audit`` (``audit.generator``, a partial dict with the unit); the resolved ``generator`` entry, which
-    both kinds hold, says the same in full, so that partial copy is not compared."""
+    both kinds hold, says the same in full, so that partial copy is not compared. Nor is the private-data warning,
+    which older audits lack."""
     saved = {**saved, "audit": {k: v for k, v in saved.get("audit", {}).items() if k != "generator"}}
-    return saved == settings
+    return _unmarked(saved) == _unmarked(settings)
+
+
+def _unmarked(settings: dict) -> dict:
+    return {k: v for k, v in settings.items() if k != PRIVATE_DATA_KEY}
 
 
 def _query_fits(model: str, max_query_tokens: int):
@@ -138,7 +151,8 @@ def _trial_result(generator, canaries: list[Canary], cfg: CanaryAuditConfig) -> 
 
 
 def run_canary_audit(pairs: TrainingPairs, out_dir: str | Path, cfg: CanaryAuditConfig, *,
-                     data_hash: str, dataset_id: str = "", budget: budget_registry.BudgetPolicy | None = None) -> dict:
+                     data_hash: str, dataset_id: str = "", budget: budget_registry.BudgetPolicy | None = None,
+                     allow_private_output_in_run: bool = False) -> dict:
     """Run every (epsilon, trial), write ``out_dir/canaries.json`` and return it.
 
     Each trial's generator and raw result sit in ``out_dir/eps-<e>/trial-<t>/``; a re-run skips
@@ -146,7 +160,11 @@ def run_canary_audit(pairs: TrainingPairs, out_dir: str | Path, cfg: CanaryAudit
     more epsilons can be added to an audit later). Every DP trial is a release on the audited data:
     it is charged to ``dataset_id`` (default: that of ``pairs``, before subsampling and canaries)
     under the budget policy ``budget`` (:mod:`privret.privacy.budget`).
+
+    What it writes holds private data (:data:`RESULTS_HOLD`; each JSON file says so first): an ``out_dir`` inside a
+    pipeline run directory, whose report is meant to be shared, is refused unless ``allow_private_output_in_run``.
     """
+    refuse_run_directory(out_dir, allowed=allow_private_output_in_run)
     out_dir = Path(out_dir)
     dataset_id = dataset_id or budget_registry.dataset_id(pairs)
     base = subsample_pairs(pairs, cfg.subsample, cfg.seed)
@@ -179,7 +197,8 @@ def run_canary_audit(pairs: TrainingPairs, out_dir: str | Path, cfg: CanaryAudit
                     generator = load_trained_generator(trial_dir / "generator")
                     rows = _trial_result(generator, canaries, cfg)
                     ledger = PrivacyLedger.load(trial_dir / "generator")
-                    write_json_atomic(result_file, {"ledger": ledger.model_dump(mode="json"), "canaries": rows})
+                    write_json_atomic(result_file, mark_private({"ledger": ledger.model_dump(mode="json"),
+                                                                 "canaries": rows}, RESULTS_HOLD))
                 saved = json.loads(result_file.read_text())
                 canary_rows += saved["canaries"]
                 ledgers.append(saved["ledger"])
@@ -191,11 +210,12 @@ def run_canary_audit(pairs: TrainingPairs, out_dir: str | Path, cfg: CanaryAudit
                             "rows": summarise(canary_rows, n_candidates=cfg.candidates, delta=delta,
                                               unit=ledger["unit"], alpha=cfg.alpha),
                             "canaries": canary_rows})
-    report = {"audit": "canary-exposure", "candidates": cfg.candidates, "kinds": list(KINDS),
-              "trials": cfg.trials, "repetitions": cfg.repetitions, "samples": cfg.samples, "alpha": cfg.alpha,
-              "subsample": cfg.subsample, "pairs": len(base.pairs), "pairs_available": len(pairs.pairs),
-              "generator": {k: v for k, v in settings["generator"].items() if k != "epsilon"},
-              "results": results}
+    report = mark_private({"audit": "canary-exposure", "candidates": cfg.candidates, "kinds": list(KINDS),
+                           "trials": cfg.trials, "repetitions": cfg.repetitions, "samples": cfg.samples,
+                           "alpha": cfg.alpha, "subsample": cfg.subsample, "pairs": len(base.pairs),
+                           "pairs_available": len(pairs.pairs),
+                           "generator": {k: v for k, v in settings["generator"].items() if k != "epsilon"},
+                           "results": results}, RESULTS_HOLD)
     write_json_atomic(out_dir / "canaries.json", report)
     return report
 

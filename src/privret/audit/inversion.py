@@ -16,6 +16,9 @@ that the generated text is unrelated to the sentence. We measure it with a stron
 The gap between the two rows is what the embeddings leak to an attacker who has public text of the
 same kind to train on. Privacy assumption: the attacker sees the exchanged embeddings and knows the
 encoder's output space (it trains on embeddings of its own public sentences).
+
+The result shows the first few test sentences (the clients' own text) beside what was generated from them, so it
+holds private data and says so first (:func:`privret.audit.private_output.mark_private`).
 """
 
 from __future__ import annotations
@@ -28,8 +31,13 @@ import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
+from privret.audit.private_output import mark_private
 from privret.data.fed_squad import ClientData
 from privret.models.registry import DEFAULT_ENCODER, DEFAULT_GENERATOR
+
+
+EXAMPLES = 5  # test sentences shown beside their generations, per decoder
+HOLDS = f"{EXAMPLES} sentences of the clients (the examples), each beside what was generated from its embedding"
 
 
 class InversionConfig(BaseModel):
@@ -143,5 +151,5 @@ def inversion_check(clients: list[ClientData], cfg: InversionConfig | None = Non
         hyps = _train_and_generate(cfg, emb[:half], train_text, emb[half:], use_embedding=use)
         out[name] = {"bleu": sacrebleu.corpus_bleu(hyps, [test_text]).score,
                      "token_recall": float(np.mean([token_recall(r, h) for r, h in zip(test_text, hyps)])),
-                     "examples": [{"sentence": r, "generated": h} for r, h in list(zip(test_text, hyps))[:5]]}
-    return out
+                     "examples": [{"sentence": r, "generated": h} for r, h in list(zip(test_text, hyps))[:EXAMPLES]]}
+    return mark_private(out, HOLDS)

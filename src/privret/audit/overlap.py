@@ -36,9 +36,10 @@ epsilon the fine-tuning spent. The seed checks this by exact matching against th
    reason to investigate, not a proof, and no flag is not a proof of absence (weak memorisation may
    not move the mean loss).
 
-Privacy: both reports are computed from the private queries. Query texts are written to the report
-only for queries *found* in the public corpus (they are in public text by definition); the
-likelihood report holds aggregate statistics only.
+Privacy: both reports are computed from the private queries, without DP. The overlap report holds the id and text
+of every query *found* in the public corpus: that a private query was found is not public (and a one-token query is
+found almost anywhere); the likelihood report holds aggregate statistics. ``privret audit overlap`` shows counts on
+the terminal and writes the reports only as JSON marked private (:mod:`privret.audit.private_output`).
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ from privret.cli.common import budget_policy, build_config, given_flags, out, tr
 from privret.cli.options import (
     MODEL_HELP,
     AllowOverOpt,
+    AllowPrivateOutputOpt,
     BudgetCapOpt,
     DataOpt,
     DatasetNameOpt,
@@ -24,6 +25,9 @@ from privret.cli.options import (
 from privret.errors import InputError
 
 app = typer.Typer(help="Privacy audits of the data and the models.", no_args_is_help=True)
+
+OVERLAP_HOLDS = ("the id and text of each private query found in the corpus and the ids of the documents relevant to "
+                 "private queries found; statistics of the private queries")
 
 
 @app.command("overlap")
@@ -44,10 +48,14 @@ def audit_overlap(
     max_queries: Annotated[int, typer.Option(help="likelihood test: queries per set (random subsample)")] = 1000,
     seed: Annotated[int, typer.Option(help="seed of the --sample and --max-queries subsamples")] = 0,
     json_out: JsonResultOpt = None,
+    allow_private_output_in_run: AllowPrivateOutputOpt = False,
 ) -> None:
-    """Private queries/documents found verbatim in a public corpus, and the public LM's loss gap (seed 5.2.3)."""
+    """Private queries/documents found verbatim in a public corpus, and the public LM's loss gap (seed 5.2.3).
+
+    The terminal shows counts and statistics; --json also writes the id and text of every private query found."""
     from rich.table import Table
 
+    from privret.audit.private_output import mark_private, refuse_run_directory
     from privret.io import write_json_atomic
 
     if not corpus and not likelihood:
@@ -59,6 +67,8 @@ def audit_overlap(
     if likelihood_only:
         raise InputError("applies to the likelihood test only, which --no-likelihood leaves out",
                          field=likelihood_only[0])
+    if json_out is not None:
+        refuse_run_directory(json_out, allowed=allow_private_output_in_run)
     result: dict = {}
     if corpus:
         from privret.audit.overlap import corpus_overlap
@@ -89,7 +99,7 @@ def audit_overlap(
                       "[bold red]yes[/]" if lik["flagged"] else "no")
         out.print(table)
     if json_out is not None:
-        write_json_atomic(json_out, result)
+        write_json_atomic(json_out, mark_private(result, OVERLAP_HOLDS))
 
 
 @app.command("canaries")
@@ -97,8 +107,9 @@ def audit_overlap(
 @generator_training_options(clip_norm=1.0, batch_size=32, epochs=2.0, learning_rate=1e-3, trainable="lora",
                             lora_rank=16, trained_layers=4, max_doc_tokens=64)
 def audit_canaries(
-    out_dir: Annotated[Path, typer.Option("--out", help="audit directory (trial generators + canaries.json); "
-                                          "RUN_DIR/canaries puts it in a run's report")],
+    out_dir: Annotated[Path, typer.Option("--out", help="audit directory (trial generators + canaries.json, "
+                                          "which hold private data); RUN_DIR/canaries, with "
+                                          "--allow-private-output-in-run, puts its table in the run's report")],
     data: DataOpt = None, split: SplitOpt = "train", pairs: PairsOpt = None,
     epsilons: Annotated[str, typer.Option(help="comma-separated target epsilons; 'inf' = non-private")] = "inf,16",
     trials: Annotated[int, typer.Option(help="independent trials (fresh canaries, fresh training)")] = 3,
@@ -117,6 +128,7 @@ def audit_canaries(
     budget_cap: BudgetCapOpt = None,
     allow_over_budget: AllowOverOpt = None,
     dataset_name: DatasetNameOpt = None,
+    allow_private_output_in_run: AllowPrivateOutputOpt = False,
 ) -> None:
     """Canary exposure audit of the DP generator (seed 6.3): rank, exposure, leaks, epsilon lower bound.
 
@@ -140,6 +152,7 @@ def audit_canaries(
                        samples=samples, top_p=top_p, subsample=subsample, alpha=alpha, seed=seed, generator=generator,
                        unit=unit)
     report = run_canary_audit(training, out_dir, cfg, data_hash=data_hash,
-                              dataset_id=dataset_id(training, dataset_name), budget=policy)
+                              dataset_id=dataset_id(training, dataset_name), budget=policy,
+                              allow_private_output_in_run=allow_private_output_in_run)
     typer.echo(canary_table_markdown(report))
-    out.print(f"written: {out_dir / 'canaries.json'}")
+    out.print(f"written: {out_dir / 'canaries.json'} (holds private data: see its first key)")

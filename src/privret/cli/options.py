@@ -14,6 +14,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from privret.audit.private_output import ALLOW_FLAG
 from privret.errors import InputError
 
 MODEL_HELP = "registry name, local path or HF id"
@@ -85,6 +86,9 @@ def output_file(ctx: typer.Context, param: typer.CallbackParam, path: Optional[P
 
 # audits of a private dataset
 PrivateDataOpt = Annotated[Path, typer.Option("--data", help="the private BEIR dataset")]
+AllowPrivateOutputOpt = Annotated[bool, typer.Option(
+    ALLOW_FLAG, help="write this audit's output, which holds private data, inside a pipeline run directory anyway "
+                     "(refused by default: the run's report is meant to be shared)")]
 JsonResultOpt = Annotated[Optional[Path], typer.Option("--json", help="write the result here (JSON)",
                                                        callback=output_file)]
 

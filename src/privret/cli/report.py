@@ -17,6 +17,10 @@ def report(
                                                      callback=output_file)] = None,
     show_private_queries: Annotated[bool, typer.Option(
         help="also show original (private) queries and the non-private generator's examples")] = False,
+    show_private_timings_and_counts: Annotated[bool, typer.Option(
+        help="also show how long each stage that read the private log took (and so the shares of the rows without "
+             "private data), and the private log's pair counts (ledgers, canary audit, similarity); no guarantee "
+             "covers them")] = False,
     examples: Annotated[int, typer.Option(help="documents in the example-queries table")] = 3,
     utility_json: Annotated[Optional[Path], typer.Option(
         "--utility-json", help="also write NDCG@10, retention and the CI against zero-shot per row as JSON "
@@ -24,11 +28,15 @@ def report(
         callback=output_file)] = None,
 ) -> None:
     """One self-contained HTML report (plot, tables, examples, ledgers) + a Markdown summary; --utility-json adds
-    the privacy-utility JSON."""
+    the privacy-utility JSON. By default it leaves out the private queries, how long the stages that read the
+    private log took and the log's pair counts; the --show-private-* flags add them, for those allowed to see the
+    private log."""
     from privret.report import build_report
 
     html_path, md_path, markdown = build_report(run_dir, out=out_file, utility_out=utility_json,
-                                                show_private_queries=show_private_queries, examples=examples)
+                                                show_private_queries=show_private_queries,
+                                                show_private_timings_and_counts=show_private_timings_and_counts,
+                                                examples=examples)
     typer.echo(markdown)
     out.print(f"report: {html_path.resolve()}  (Markdown: {md_path.resolve()})")
     if utility_json is not None:

@@ -31,6 +31,11 @@ EXPLANATION = ("Retention = (NDCG@10 - zero-shot) / (original - zero-shot), wher
                f"with its {LEVEL:.0%} confidence interval in brackets (paired bootstrap over the test queries, "
                f'{RESAMPLES:,} resamples, percentile interval). "-": undefined, or no per-query scores '
                "(per_query.json) to resample.")
+COVERAGE = ("A DP row's (epsilon, delta) covers its own figures: its NDCG@10, Recall and MRR and its intervals "
+            "against zero-shot and against any row made without private data are its model evaluated on public test "
+            "data (post-processing). No guarantee covers the original row, trained on the private pairs without DP, "
+            "nor any figure computed from it: every row's retention divides by the original's gain.")
+"""What the rows' figures are covered by, in the words of the summary and the report (``docs/privacy.md``)."""
 
 
 def retention(score: float, zero_shot: float, original: float) -> float | None:

@@ -11,8 +11,8 @@ from pathlib import Path
 from rich.table import Table
 
 from privret.config import PipelineConfig
-from privret.evaluate.statistics import (BAR_HEADER, EXPLANATION, Versus, bar_sentence, precision_sentence, versus_bar,
-                                        versus_zero_shot)
+from privret.evaluate.statistics import (BAR_HEADER, COVERAGE, EXPLANATION, Versus, bar_sentence, precision_sentence,
+                                        versus_bar, versus_zero_shot)
 from privret.io import write_json_atomic, write_text_atomic
 from privret.run_layout import (BUDGET_FILE, CHOICE, DIRECT_ROW_PREFIX, DOCUMENTS, DP_ROW_PREFIX, GENERATOR,
                                      RETRIEVER, SELECTED_SUFFIX, SUMMARY_FILE, SUMMARY_MARKDOWN)
@@ -98,7 +98,8 @@ def summary_markdown(rows: list[dict], cfg: PipelineConfig) -> str:
         lines += ["", sentence]
     lines += ["", precision_sentence([(r["row"], r.get("precision")) for r in rows])]
     lines += ["", "Each DP row's (epsilon, delta) holds for that row alone, per privacy unit "
-              f"'{cfg.unit.value}'; releasing several rows trained on the same data composes their budgets."]
+              f"'{cfg.unit.value}'; releasing several rows trained on the same data composes their budgets. "
+              + COVERAGE]
     return "\n".join(lines) + "\n"
 
 
@@ -123,7 +124,10 @@ def run_releases(run_dir: Path) -> list[tuple[str, Path]]:
 
 
 def write_summary(run_dir: Path, rows: list[dict], cfg: PipelineConfig) -> None:
-    write_json_atomic(run_dir / SUMMARY_FILE, [{k: v for k, v in r.items() if k != "per_query"} for r in rows])
+    """``summary.json`` (each row's figures; no per-query scores and no timing, which the report shows only when
+    asked: ``privret report --show-private-timings-and-counts``), ``budget.json`` and ``summary.md``."""
+    write_json_atomic(run_dir / SUMMARY_FILE, [{k: v for k, v in r.items() if k not in ("per_query", "eval_seconds")}
+                                               for r in rows])
     joint = run_composition(run_releases(run_dir))  # what releasing every row together costs (docs/reliability.md)
     write_json_atomic(run_dir / BUDGET_FILE, joint)
     write_text_atomic(run_dir / SUMMARY_MARKDOWN,

@@ -16,11 +16,13 @@ from privret.report.render import privacy_utility, render_html, render_markdown
 
 def build_report(run_dir: str | Path, *, out: str | Path | None = None, markdown_out: str | Path | None = None,
                  utility_out: str | Path | None = None, show_private_queries: bool = False,
-                 examples: int = 3) -> tuple[Path, Path, str]:
+                 show_private_timings_and_counts: bool = False, examples: int = 3) -> tuple[Path, Path, str]:
     """Write ``report.html`` and ``report.md`` (default: inside ``run_dir``) and, given ``utility_out``,
     the run's privacy-utility JSON there (a list of one :func:`privacy_utility` object); returns
-    both report paths and the Markdown text."""
-    run = collect(run_dir, show_private_queries=show_private_queries, examples=examples)
+    both report paths and the Markdown text. ``show_private_queries`` and ``show_private_timings_and_counts``
+    add what only those allowed to see the private log may read (:func:`collect`)."""
+    run = collect(run_dir, show_private_queries=show_private_queries,
+                  show_private_timings_and_counts=show_private_timings_and_counts, examples=examples)
     html_path = Path(out) if out is not None else Path(run_dir) / "report.html"
     md_path = Path(markdown_out) if markdown_out is not None else html_path.with_suffix(".md")
     utility = [privacy_utility(run)] if utility_out is not None else None  # may refuse: before anything is written

@@ -85,6 +85,8 @@ class RunData:
     versus: dict[str, Versus] = field(default_factory=dict)  # row key -> retention and CI against zero-shot
     bar: str | None = None  # the key of the epsilon = 0 bar (the best row without private data), if any
     versus_bar: dict[str, Versus] = field(default_factory=dict)  # row key -> difference and CI against the bar
+    # show the wall time of the stages that read the private log and its pair counts (no guarantee covers them)
+    private_timings_and_counts: bool = False
 
 
 def read_json(path: Path):
@@ -144,7 +146,8 @@ def _float(value):
     return float(value)
 
 
-def collect(run_dir: str | Path, *, show_private_queries: bool = False, examples: int = 3) -> RunData:
+def collect(run_dir: str | Path, *, show_private_queries: bool = False, show_private_timings_and_counts: bool = False,
+            examples: int = 3) -> RunData:
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise InputError("run directory not found", path=run_dir)
@@ -195,7 +198,8 @@ def collect(run_dir: str | Path, *, show_private_queries: bool = False, examples
                    similarity=_similarity(run_dir), canaries=_canaries(run_dir),
                    zero_shot_datasets=_zero_shot_datasets(run_dir),
                    examples=_examples(run_dir, config, stages, show_private_queries, examples), notes=notes,
-                   versus=versus_zero_shot(scores), bar=bar, versus_bar=against_bar)
+                   versus=versus_zero_shot(scores), bar=bar, versus_bar=against_bar,
+                   private_timings_and_counts=show_private_timings_and_counts)
 
 
 def _per_query(path: Path) -> dict[str, float] | None:

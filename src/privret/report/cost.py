@@ -17,10 +17,15 @@ grid (as the rows' directories name it: ``eps-7-selected`` belongs to 7, whateve
 The first is the stricter: the direct DP rows are baselines a config may leave out. Work shared by the whole grid
 and timed in no row (the document choice, the embedding cache) is in neither; so is a public-pairs generator that
 the DP generator warm-starts from (``generator.warm_start``), though the DP rows then need it too.
+
+How long a stage that reads the private log takes depends on it (a DP step's time on the sampled batch), and no
+guarantee covers it: :func:`private_stages` names them, and the report shows their times (and so each share above,
+which sums them) only when asked.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from privret.report.collect import Row
@@ -40,6 +45,20 @@ def expected_stages(row: Row) -> set[str]:
     if row.method == "original" or row.method.startswith("direct-"):
         return {"retriever", "eval"}
     return {"generator", "generate", "retriever", "eval"}  # DP synthetic and the rows without private data
+
+
+def private_stages(row: Row) -> set[str]:
+    """The stages of ``row`` whose time depends on the private log outside any DP release: every stage of a row
+    trained on it without DP (epsilon = inf), and of a DP row the one that reads the log (the DP generator's
+    fine-tune, the direct DP retriever's training, the DP choice). The rest are post-processing of a DP release
+    with public data, or read public data only."""
+    if row.epsilon is not None and math.isinf(row.epsilon):
+        return expected_stages(row)
+    if row.method.endswith("-selected"):
+        return {"selection"}
+    if row.method.startswith("direct-"):
+        return {"retriever"}
+    return {"generator"} if row.method == "dp-synthetic" else set()
 
 
 def timed_seconds(row: Row) -> dict[str, float]:

@@ -14,11 +14,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from privret.errors import InputError
-from privret.evaluate.statistics import (BAR_HEADER, EXPLANATION, ORIGINAL, ZERO_SHOT, bar_sentence, mean_sd,
-                                        precision_sentence)
+from privret.evaluate.statistics import (BAR_HEADER, COVERAGE, EXPLANATION, ORIGINAL, ZERO_SHOT, bar_sentence,
+                                        mean_sd, precision_sentence)
 from privret.privacy.ledger import format_epsilon
 from privret.report.collect import Row, RunData
-from privret.report.cost import STAGES, added_cost, added_cost_sentence, minutes, stage_seconds
+from privret.report.cost import STAGES, added_cost, added_cost_sentence, minutes, private_stages, stage_seconds
 from privret.report.plot import method_label, privacy_utility_png
 
 RETRIEVAL_HEADERS = ["training data", "ε", "δ", "unit", "NDCG@10", "retention", "ΔNDCG@10 vs zero-shot [95% CI]",
@@ -130,26 +130,54 @@ def _f(value):
 
 def _wall_time(run: RunData) -> tuple[list[str], list[list[str]], list[str]] | None:
     """The wall-time table (headers, cells) and a sentence per epsilon on what the epsilon-0 rows add
-    (:mod:`privret.report.cost`); None when no row was timed."""
+    (:mod:`privret.report.cost`); None when no row was timed. The times :func:`_withheld` names, the totals that
+    add them up and the sentences, which sum them, give way to :data:`PRIVATE_TIMINGS_NOTE`."""
     seconds = {r.key: stage_seconds(r) for r in run.rows}
     if all(s is None for s in seconds.values()):
         return None
     stages = [s for s in STAGES if any(t and s in t for t in seconds.values())]
-    cells = [[_e(r.label)] + (["-"] * len(stages) + ["not timed"] if (t := seconds[r.key]) is None else
-                              [minutes(t.get(s)) for s in stages] + [minutes(sum(t.values()))])
+    withheld = {r.key: _withheld(run, r, seconds[r.key]) for r in run.rows}
+    cells = [[_e(r.label)] + (["-"] * len(stages) + ["not timed"] if seconds[r.key] is None else
+                              _timed_cells(seconds[r.key], stages, withheld[r.key]))
              for r in run.rows]
-    notes = [added_cost_sentence(c, run.rows) for c in added_cost(run.rows, seconds)]
+    notes = ([PRIVATE_TIMINGS_NOTE] if any(withheld.values()) else
+             [added_cost_sentence(c, run.rows) for c in added_cost(run.rows, seconds)])
     return ["training data", *(STAGES[s] for s in stages), "total"], cells, notes
 
 
+def _withheld(run: RunData, row: Row, seconds: dict[str, float] | None) -> set[str]:
+    """The timed stages of ``row`` that read the private log (:func:`~privret.report.cost.private_stages`), unless
+    the run shows private timings."""
+    if run.private_timings_and_counts or seconds is None:
+        return set()
+    return private_stages(row) & set(seconds)
+
+
+def _timed_cells(seconds: dict[str, float], stages: list[str], withheld: set[str]) -> list[str]:
+    """A timed row's minutes per stage of ``stages`` and in total; "withheld" for the stages of ``withheld``, and
+    for the total when there are any."""
+    return ([WITHHELD if s in withheld else minutes(seconds.get(s)) for s in stages]
+            + [WITHHELD if withheld else minutes(sum(seconds.values()))])
+
+
+WITHHELD = "withheld"
+PRIVATE_TIMINGS_NOTE = ("Withheld: how long each stage that read the private log took (the DP fine-tune of a "
+                        "generator, the training of a direct DP retriever, a DP choice, every stage of a row "
+                        "trained without DP), which depends on it and which no guarantee covers, and what the rows "
+                        "without private data add to them. `privret report --show-private-timings-and-counts` "
+                        "shows them, for those allowed to see the private log.")
 WALL_TIME_NOTE = ("Each stage as timed by the process that finished it (a stage resumed after a crash counts its "
                   "last part only); work shared by the whole grid (document choice, embedding cache) is in no row.")
 
 
 def _similarity_section(run: RunData) -> str:
-    rows = [[_e(s["label"]), _eps(s["epsilon"]), _num(s["bleu"]), _num(s["mauve"]), _e(s.get("pairs") or "-"),
-             _e(s.get("featurizer") or "-")] for s in run.similarity]
-    return _table(["synthetic set", "ε", "BLEU", "MAUVE", "pairs", "MAUVE featuriser"], rows, {1, 2, 3, 4})
+    """BLEU and MAUVE per synthetic set; the count of its queries paired with private ones (a count of the private
+    log's queries per document) only with the run's private counts."""
+    pairs = run.private_timings_and_counts
+    rows = [[_e(s["label"]), _eps(s["epsilon"]), _num(s["bleu"]), _num(s["mauve"])]
+            + ([_e(s.get("pairs") or "-")] if pairs else []) + [_e(s.get("featurizer") or "-")] for s in run.similarity]
+    return _table(["synthetic set", "ε", "BLEU", "MAUVE", *(["pairs"] if pairs else []), "MAUVE featuriser"], rows,
+                  set(range(1, 5 if pairs else 4)))
 
 
 def canary_rows(canaries: dict) -> list[list[str]]:
@@ -175,11 +203,13 @@ def _canary_section(run: RunData) -> str:
     headers = ["ε (target)", "repetitions", "canaries", "rank of secret", "exposure (bits)", "rank 1",
                "leaked", "ε lower bound", "unit"]
     sub = c.get("subsample")
+    pairs = (f" Private pairs: {c.get('pairs')}{' (subsample)' if sub else ''} of {c.get('pairs_available')}."
+             if run.private_timings_and_counts else "")
     intro = (f"<p class='muted'>Canary exposure audit (Carlini et al. 2019; seed §6.3): {c.get('trials')} trial(s), "
              f"{len(c.get('kinds', []))} kinds, secret ranked among {c.get('candidates')} candidates by the "
              f"generator's likelihood; leaked = secret in {c.get('samples')} sampled queries of the canary's "
-             f"document; ε lower bound at {1 - c.get('alpha', 0.05):.0%} confidence. Private pairs: "
-             f"{c.get('pairs')}{' (subsample)' if sub else ''} of {c.get('pairs_available')}.</p>")
+             f"document; ε lower bound at {1 - c.get('alpha', 0.05):.0%} confidence. Aggregates of an audit of the "
+             f"private log, not covered by the DP guarantee.{pairs}</p>")
     return intro + _table(headers, canary_rows(c), {2, 3, 4, 5, 6, 7})
 
 
@@ -222,11 +252,20 @@ def _ledger_section(run: RunData) -> str:
         if r.ledger is None:
             parts.append(f"<details open><summary>{_e(r.label)}: <b>no ledger found</b></summary></details>")
             continue
-        rows = [[_e(k), _e(_ledger_value(k, r.ledger[k]))] for k in LEDGER_FIELDS if r.ledger.get(k) is not None]
+        rows = [[_e(k), _e(_ledger_value(k, r.ledger[k]))] for k in _ledger_fields(run, r)
+                if r.ledger.get(k) is not None]
         summary = _ledger_summary(r.ledger)
         parts.append(f"<details><summary>{_e(r.label)}: {_e(summary)}</summary>"
                      f"<p class='muted'>{_e(r.ledger_source)}</p>{_table(['field', 'value'], rows)}</details>")
     return "".join(parts)
+
+
+def _ledger_fields(run: RunData, row: Row) -> tuple[str, ...]:
+    """:data:`LEDGER_FIELDS` of ``row``'s ledger shown: its pair count only when it counts public data (a row made
+    without private data) or the run shows its private counts (a DP ledger withholds it anyway)."""
+    if row.epsilon == 0 or run.private_timings_and_counts:
+        return LEDGER_FIELDS
+    return tuple(k for k in LEDGER_FIELDS if k != "n_pairs")
 
 
 def _ledger_value(key: str, value) -> str:
@@ -263,7 +302,7 @@ def render_html(run: RunData) -> str:
                 f"<code>{_e(run.run_dir)}</code>; generated {generated}.</p>",
                 "<p>Each DP row's (ε, δ) holds for that row alone, per privacy unit; releasing several rows "
                 "trained on the same private data composes their budgets. Retrievers trained on DP synthetic "
-                "data carry the generator's guarantee (post-processing).</p>",
+                f"data carry the generator's guarantee (post-processing). {_e(COVERAGE)}</p>",
                 "<h2 id='plot'>Privacy-utility</h2>"]
     if png is not None:
         data = base64.b64encode(png).decode("ascii")
@@ -307,7 +346,7 @@ def render_markdown(run: RunData) -> str:
     lines = [f"# privret report: {run.name}", "", "## Retrieval", "", "| " + " | ".join(headers) + " |",
              "|---|---:|---:|---|" + "---:|" * (len(headers) - 4)]
     lines += ["| " + " | ".join(html.unescape(c) for c in row) + " |" for row in _retrieval_rows(run)]
-    lines += ["", EXPLANATION, "", _precision_note(run)]
+    lines += ["", EXPLANATION, "", _precision_note(run), "", COVERAGE]
     if (note := _bar_note(run)) is not None:
         lines += ["", note]
     if (wall := _wall_time(run)) is not None:

@@ -74,7 +74,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -401,11 +400,9 @@ class _RetrieverTrainer:
     expected_batch: float
     group: distributed.Group = distributed.SINGLE
     subspace: PublicSubspace | None = None
-    started: float = 0.0
 
     def prepare(self, progress: Progress) -> None:
         self.model.train(self.cfg.dropout)  # eval mode (no dropout) when the run trains without it
-        self.started = time.perf_counter()
 
     def step(self, chosen: list[int], rng: torch.Generator | SecureRandom | None) -> float:
         negatives = (self.group.from_main(lambda: draw_negatives(self.public, self.cfg, rng))
@@ -426,7 +423,7 @@ class _RetrieverTrainer:
         write_json_atomic(staged / MECHANISM_FILE, {
             "method": self.cfg.method, "sensitivity": mech.sensitivity, "noise_std": mech.noise_std,
             "noise_multiplier": mech.sigma, "batch_cap": mech.cap, "temperature": self.cfg.tau,
-            "seconds": round(time.perf_counter() - self.started, 1), "resumed_at_step": resumed_at_step,
+            "resumed_at_step": resumed_at_step,  # no duration: it depends on the private batches
             **({} if self.subspace is None else {"subspace_rank": self.subspace.rank,
                                                   "subspace_captured": round(self.subspace.captured, 4)})})
         write_model_card(staged)
