@@ -18,6 +18,9 @@ sets: WORLD_SIZE, RANK, LOCAL_RANK, MASTER_ADDR, MASTER_PORT). Not a test module
         a whole direct DP run (public-negatives, epsilon 8) into OUT_DIR with the noisy update projected onto the
         public subspace of PUBLIC_FILE's pairs; the run's entropy (os.urandom in privret.train.dp_run) is fixed,
         so a one-process run and a two-rank run draw the same samples and noise.
+    python distributed_worker.py secure-hard-negatives BERT_DIR OUT_DIR
+        a whole direct DP run (public-negatives with hard negatives, ``secure_rng``) into OUT_DIR/r; every rank
+        writes to OUT_DIR/draws-RANK.json the class of the random source each of its hard-negative draws used.
     python distributed_worker.py fit-retriever BERT_DIR OUT_FILE
         non-private retriever training (:func:`privret.train.retriever.fit_retriever`) on :func:`retrieval_pairs`;
         rank 0 saves the trained parameters to OUT_FILE.
@@ -181,6 +184,32 @@ def dp_retriever_train(bert_dir: str, out_dir: str, public_file: str) -> None:
     train_dp_retriever(pairs, out_dir, cfg, data_hash="h", public_corpus=corpus)
 
 
+def secure_hard_negatives(bert_dir: str, out_dir: str) -> None:
+    import json
+
+    from helpers import WORDS
+    from privret.data.pairs import QueryDocPair, TrainingPairs
+    from privret.train import dp_retriever as dptrain
+    from privret.train.settings import DPRetrieverConfig
+
+    sources, draw_hard = [], dptrain._draw_hard
+
+    def recording(hard, rows, k, rng):
+        sources.append(type(rng).__name__)
+        return draw_hard(hard, rows, k, rng)
+
+    dptrain._draw_hard = recording
+    corpus = {f"d{i}": Document(f"d{i}", "", f"document {w}") for i, w in enumerate(WORDS[:14])}
+    pairs = TrainingPairs(pairs=[QueryDocPair(query=f"what {WORDS[i]}", doc_id=f"d{i}") for i in range(10)],
+                          corpus=corpus)
+    cfg = DPRetrieverConfig(method="public-negatives", model=bert_dir, clip_norm=0.02, batch_size=4, epochs=1.0,
+                            max_query_tokens=32, max_doc_tokens=32, temperature=0.5, trainable="top:1",
+                            public_negatives=1, hard_negatives=1, hard_negative_depth=3, epsilon=8.0, secure_rng=True)
+    dptrain.train_dp_retriever(pairs, Path(out_dir) / "r", cfg, data_hash="h", public_corpus=corpus,
+                               budget=BudgetPolicy(allow_over=True))
+    (Path(out_dir) / f"draws-{distributed.current().rank}.json").write_text(json.dumps(sources))
+
+
 def retrieval_pairs():
     from helpers import WORDS
     from privret.data.pairs import QueryDocPair, TrainingPairs
@@ -227,4 +256,5 @@ def generate(generator_dir: str, out_dir: str, die_on_call: str = "0") -> None:
 if __name__ == "__main__":
     {"generator-step": generator_step, "retriever-step": retriever_step,
      "generator-train": generator_train, "generate": generate,
-     "dp-retriever-train": dp_retriever_train, "fit-retriever": fit_retriever}[sys.argv[1]](*sys.argv[2:])
+     "dp-retriever-train": dp_retriever_train, "secure-hard-negatives": secure_hard_negatives,
+     "fit-retriever": fit_retriever}[sys.argv[1]](*sys.argv[2:])

@@ -94,9 +94,22 @@ def _check_step(result: dict) -> None:
     assert noise.std().item() == pytest.approx(SIGMA * DELTA, rel=5 / math.sqrt(2 * noise.numel()))
 
 
+def test_with_secure_rng_every_rank_draws_its_hard_negatives_from_the_csprng(tiny_bert_dir, tmp_path):
+    """Rank 0 draws the sample, the noise and the shared negatives; each rank draws the hard negatives of its own
+    shard's rows. With ``secure_rng`` those come from os.urandom on rank 1 too (not from torch's global generator),
+    in every step, as the ledger says."""
+    _wait(_start(["secure-hard-negatives", str(tiny_bert_dir), str(tmp_path)], tmp_path, world=2, tag="h"),
+          tmp_path, "h")
+    ledger = PrivacyLedger.load(tmp_path / "r")
+    draws = [json.loads((tmp_path / f"draws-{rank}.json").read_text()) for rank in range(2)]
+    assert draws == [["SecureRandom"] * ledger.steps] * 2 and ledger.steps >= 1
+    assert ledger.random_sources["hard negatives"] == "os.urandom"
+
+
 GUARANTEE = ("mechanism", "epsilon", "delta", "noise_multiplier", "sample_rate", "steps", "planned_steps",
              "accountant", "unit", "n_units", "n_pairs", "clip_norm", "model", "trainable", "data_hash",
-             "dataset_id", "secure_rng", "unit_definition", "part", "parts", "composition", "provenance")
+             "dataset_id", "secure_rng", "random_sources", "unit_definition", "part", "parts", "composition",
+             "provenance")
 
 
 def _guarantee(directory: Path) -> str:

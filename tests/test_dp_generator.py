@@ -124,6 +124,65 @@ def test_training_loop_divides_the_clipped_sum_by_the_expected_batch(tiny_llama_
         assert max(g.abs().max().item() for g in grads) > 0
 
 
+def test_a_unit_at_or_just_above_the_clip_norm_contributes_at_most_c():
+    """float32 rounding: 64 units (two parameters, three rows each) whose summed gradients have norm C (1 + e_u),
+    e_u from 0 to 1e-6, sit where a factor computed from a rounded norm can leave a clipped unit a hair above C.
+    Each unit's contribution, its norm taken in float64, stays within C; the clipped sum is brute force's
+    sum_u f_u G_u in float64 with f_u = min(1, C / ((1 + NORM_MARGIN) ||G_u||))."""
+    from privret.privacy.clipping import NORM_MARGIN, clip_units
+
+    gen = torch.Generator().manual_seed(0)
+    clip, n_units, per_unit = 0.7, 64, 3
+    owner = torch.arange(n_units).repeat_interleave(per_unit)
+    rows = [torch.randn(n_units * per_unit, 40, 30, generator=gen, dtype=torch.float64),
+            torch.randn(n_units * per_unit, 500, generator=gen, dtype=torch.float64)]
+
+    def unit_sums(grads):
+        return [torch.zeros(n_units, *g.shape[1:], dtype=torch.float64).index_add_(0, owner, g.double())
+                for g in grads]
+
+    norms = torch.sqrt(sum(g.reshape(n_units, -1).pow(2).sum(1) for g in unit_sums(rows)))
+    target = clip * (1 + torch.linspace(0, 1e-6, n_units, dtype=torch.float64))
+    rows = [(g * (target / norms)[owner].view(-1, *[1] * (g.dim() - 1))).float() for g in rows]
+    for u in range(n_units):
+        mine = owner == u
+        alone, _ = clip_units([g[mine] for g in rows], torch.zeros(per_unit, dtype=torch.long), 1, clip)
+        assert math.sqrt(sum(float(c.double().pow(2).sum()) for c in alone)) <= clip, u
+    got, _ = clip_units(rows, owner, n_units, clip)
+    sums = unit_sums(rows)
+    exact = torch.sqrt(sum(g.reshape(n_units, -1).pow(2).sum(1) for g in sums))
+    factors = (clip / (exact * (1 + NORM_MARGIN))).clamp(max=1.0)
+    assert (factors < 1).all()  # every unit is clipped, by a factor within 1e-5 of 1
+    for g, s in zip(got, sums, strict=True):
+        torch.testing.assert_close(g.double(), torch.einsum("u,u...->...", factors, s), rtol=1e-5, atol=1e-7)
+
+
+def test_dp_generator_steps_run_without_dropout(tiny_t5_dir, tmp_path, monkeypatch):
+    """The tiny T5's config has dropout 0.1. Every DP step computes its per-row gradients without dropout: the loss
+    module gives the same losses twice on one batch (every Dropout module and the attention's dropout off), while
+    Opacus still records per-row gradients (the step's clipping reads them; the run finishes). The ledger lists no
+    dropout among its random draws."""
+    from transformers import AutoConfig
+
+    assert AutoConfig.from_pretrained(tiny_t5_dir).dropout_rate > 0
+    repeatable = []
+    step = gtrain._dp_step
+
+    def checking(generator, loss_module, items, *args, **kwargs):
+        batch = generator.collate([items[r] for r in sorted(items)[:4]])
+        with torch.no_grad():
+            repeatable.append(torch.equal(loss_module(**batch), loss_module(**batch)))
+        return step(generator, loss_module, items, *args, **kwargs)
+
+    monkeypatch.setattr(gtrain, "_dp_step", checking)
+    cfg = GeneratorTrainConfig(model=str(tiny_t5_dir), epsilon=8.0, batch_size=4, epochs=1, trained_layers=None,
+                               lora_rank=4, bf16=False)
+    ledger = train_generator(generator_pairs(), tmp_path / "t5", cfg, data_hash="h")
+    assert repeatable == [True] * ledger.steps and ledger.steps == 2
+    assert ledger.random_sources == {"sampling": "torch generator seeded from os.urandom",
+                                     "noise": "torch generator seeded from os.urandom"}
+
+
 @pytest.mark.parametrize("epsilon, q, steps", [(8.0, 0.08, 40), (3.0, 0.05, 60), (1.0, 0.2, 10), (16.0, 0.01, 300)])
 def test_calibrated_sigma_meets_the_target_under_an_independent_accountant(epsilon, q, steps):
     """The calibrated sigma, checked with Google's dp-accounting (PLD, pessimistic): it spends at most the target

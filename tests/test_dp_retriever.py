@@ -15,9 +15,10 @@ from privret.data.pairs import QueryDocPair, TrainingPairs
 from privret.errors import InputError
 from privret.privacy.accounting import spent_epsilon
 from privret.privacy.budget import BudgetPolicy
+from privret.privacy.clipping import NORM_MARGIN
 from privret.privacy.ledger import PrivacyLedger
 from privret.train import dp_retriever as dptrain
-from privret.train.clipped_sums import (NORM_MARGIN, StepBatch, _encode, _grads, _masked_logits, _norm, clipped_sum,
+from privret.train.clipped_sums import (StepBatch, _encode, _grads, _masked_logits, _norm, clipped_sum,
                                         false_negative_mask, public_negative_losses)
 from privret.train.dp_retriever import (build_batch, dp_step, draw_negatives, negative_pool, plan, sensitivity,
                                         train_dp_retriever)
@@ -400,7 +401,71 @@ def test_dropout_setting_decides_the_mode_of_every_training_step(dropout, tmp_pa
     assert len(modes) == 3 and all(m == {dropout} for m in modes), modes
 
 
-def test_cli_no_dropout_reaches_the_dp_config(tmp_path, toy_beir, tiny_bert_dir, monkeypatch):
+def test_opt_in_dropout_clips_each_unit_under_its_own_masks(pool, tiny_bert_dir):
+    """``dropout=True``: in training mode the released clipped sum equals brute force under the same dropout masks.
+    The step's forward passes are replayed from the same generator state (the negatives without gradient, the
+    queries, the documents longest first): the replay's losses equal the step's, so every mask is redrawn as it
+    was, and a replay from another state differs (dropout is on). Each unit's gradient is then materialised with
+    autograd, clipped to C and summed: whatever masks a unit drew, its term is clipped to C, so Delta = C holds."""
+    from privret.models.encoder import load_encoder
+    from privret.train.clipped_sums import length_order
+
+    model = load_encoder(str(tiny_bert_dir), max_seq_length=32).train()
+    params = list(make_trainable(model, "all").values())
+    batch = _batch(pool, [0, 3, 5, 7, 8], "public-negatives")
+    order = length_order(batch.docs)
+
+    def replayed_losses(seed: int) -> torch.Tensor:
+        torch.manual_seed(seed)
+        with torch.no_grad():
+            e_n = _encode(model, [n.full_text for n in batch.negatives], 32)
+        e_q = _encode(model, batch.queries, 32)
+        e_d = _encode(model, [batch.docs[i] for i in order], 32)[torch.argsort(torch.tensor(order))]
+        return public_negative_losses(e_q, e_d, e_n, 0.5, mask=false_negative_mask(batch))
+
+    def unit_grads(losses):
+        return [_grads(losses[batch.unit_of_row == k].sum(), params, retain=True) for k in range(batch.n_units)]
+
+    norms = torch.stack([_norm(g) for g in unit_grads(replayed_losses(1))])
+    clip = float((norms.min() * norms.max()).sqrt())
+    cfg = _cfg("public-negatives", tiny_bert_dir, clip_norm=clip, dropout=True)
+    torch.manual_seed(5)
+    got, stats = clipped_sum("public-negatives", model, params, batch, cfg)
+    losses = replayed_losses(5)
+    assert stats["loss"] == pytest.approx(losses.mean().item(), rel=1e-6)
+    assert not torch.allclose(replayed_losses(6), losses)
+    per_unit = unit_grads(losses)
+    norms = torch.stack([_norm(g) for g in per_unit])
+    factors = (clip / (norms * (1 + NORM_MARGIN))).clamp(max=1.0)
+    assert 0 < stats["clipped"] < 1 and (factors < 1).any() and (factors == 1).any()
+    want = [sum(f * g[i] for f, g in zip(factors.tolist(), per_unit)) for i in range(len(params))]
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-7)
+
+
+def test_the_ledger_names_the_source_of_every_random_draw(tmp_path, tiny_bert_dir):
+    """A DP ledger lists each random draw of its run and where it came from: with ``secure_rng`` the sample, the
+    noise and the negatives from os.urandom, and opt-in dropout from torch's generator seeded from os.urandom
+    (never the CSPRNG); without it every draw from that generator (a capped logit-dp run: truncation, row choice)."""
+    pairs = _pairs()
+    seeded_source = "torch generator seeded from os.urandom"
+    cfg = _cfg("public-negatives", tiny_bert_dir, epochs=1.0, batch_size=4, trainable="top:1", secure_rng=True,
+               public_negatives=2, hard_negatives=1, hard_negative_depth=3, dropout=True)
+    over = BudgetPolicy(allow_over=True)  # two releases on one log
+    secure = train_dp_retriever(pairs, tmp_path / "s", cfg, data_hash="h", public_corpus=pairs.corpus, budget=over)
+    assert secure.random_sources == {"sampling": "os.urandom", "noise": "os.urandom",
+                                     "public negatives": "os.urandom", "hard negatives": "os.urandom",
+                                     "dropout": seeded_source}
+    assert PrivacyLedger.load(tmp_path / "s").random_sources == secure.random_sources
+    cfg = _cfg("logit-dp", tiny_bert_dir, epochs=1.0, batch_size=4, trainable="top:1", max_batch_units=2)
+    seeded = train_dp_retriever(pairs, tmp_path / "p", cfg, data_hash="h", budget=over)
+    assert seeded.random_sources == {draw: seeded_source for draw in ("sampling", "noise", "batch truncation",
+                                                                      "row choice")}
+
+
+def test_dp_training_runs_without_dropout_unless_asked(tmp_path, toy_beir, tiny_bert_dir, monkeypatch):
+    """No dropout is the default of a DP run (config and command line); ``--dropout`` (``dropout: true``) asks for it,
+    ``--no-dropout`` states the default."""
     from typer.testing import CliRunner
 
     from privret.cli import app
@@ -413,9 +478,10 @@ def test_cli_no_dropout_reaches_the_dp_config(tmp_path, toy_beir, tiny_bert_dir,
 
     monkeypatch.setattr(dptrain, "train_dp_retriever", record)
     base = ["retriever", "train", "--dp", "public-negatives", "--data", str(toy_beir), "--model", str(tiny_bert_dir)]
-    for extra in (["--no-dropout"], []):
+    for extra in ([], ["--dropout"], ["--no-dropout"]):
         CliRunner().invoke(app, base + ["--out", str(tmp_path / f"r{len(seen)}"), *extra], catch_exceptions=False)
-    assert [cfg.dropout for cfg in seen] == [False, True]
+    assert [cfg.dropout for cfg in seen] == [False, True, False]
+    assert DPRetrieverConfig().dropout is False and DPRetrieverConfig(dropout=True).dropout
 
 
 def test_training_loop_divides_the_clipped_sum_by_the_expected_batch(tmp_path, tiny_bert_dir, monkeypatch):
@@ -897,7 +963,7 @@ def test_cli_checkpoint_every(tmp_path, tiny_bert_dir, monkeypatch):
 
 
 @pytest.mark.parametrize("flag", [["--optimizer", "sgd"], ["--resume"], ["--secure-rng"], ["--hard-negatives", "2"],
-                                  ["--cache-dir", "embeddings"], ["--no-dropout"],
+                                  ["--cache-dir", "embeddings"], ["--dropout"], ["--no-dropout"],
                                   # a forgotten --dp must not train without noise under an epsilon the user typed,
                                   # even its default value
                                   ["--epsilon", "1"], ["--epsilon", "8"], ["--unit", "pair"], ["--clip-norm", "0.5"],

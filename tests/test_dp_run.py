@@ -211,6 +211,27 @@ def test_a_ledger_reports_the_csprng_only_if_every_branch_drew_from_it(tmp_path)
     assert ledger.secure_rng and {s[1] for s in seen[1:]} == {SecureRandom.__name__}
 
 
+@pytest.mark.parametrize("secure_rng", [False, True])
+def test_a_private_ledger_names_the_source_of_every_draw(secure_rng, tmp_path):
+    """``random_sources``: the sample, the noise and the trainer's own draws from the run's source (os.urandom with
+    ``secure_rng``, else a torch generator seeded from it), dropout from torch's generator seeded from os.urandom
+    whatever ``secure_rng`` says; a resume after a branch without the CSPRNG names the seeded generator; a
+    non-private run's ledger names nothing."""
+    seeded = "torch generator seeded from os.urandom"
+    source = "os.urandom" if secure_rng else seeded
+    run = dataclasses.replace(_run(tmp_path, secure_rng=secure_rng), draws=("hard negatives",), dropout=True)
+    ledger = run_training(run, lambda: _Toy([]), resume=False)
+    assert ledger.random_sources == {"sampling": source, "noise": source, "hard negatives": source,
+                                     "dropout": seeded}
+    assert PrivacyLedger.load(run.out_dir).random_sources == ledger.random_sources
+    assert run_training(_run(tmp_path, epsilon=math.inf, name="plain"), lambda: _Toy([]),
+                        resume=False).random_sources == {}
+    with _killed_at_checkpoint(4):
+        run_training(_run(tmp_path, name="mixed"), lambda: _Toy([]), resume=False)
+    resumed = run_training(_run(tmp_path, secure_rng=True, name="mixed"), lambda: _Toy([]), resume=True)
+    assert resumed.random_sources == {"sampling": seeded, "noise": seeded}
+
+
 def test_a_resumed_non_private_run_equals_an_uninterrupted_one(tmp_path):
     plain = run_training(_run(tmp_path, epsilon=math.inf, name="a"), lambda: _Toy([]), resume=False)
     assert plain.steps == 5 and budget.releases("toy") == []  # nothing private: nothing recorded

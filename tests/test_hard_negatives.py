@@ -12,8 +12,9 @@ from helpers import WORDS
 from privret.data.beir import Document
 from privret.data.pairs import QueryDocPair, TrainingPairs
 from privret.models.trainable import make_trainable
+from privret.privacy.clipping import NORM_MARGIN
 from privret.privacy.ledger import PrivacyLedger
-from privret.train.clipped_sums import (NORM_MARGIN, StepBatch, _encode, _grads, _norm, clipped_sum,
+from privret.train.clipped_sums import (StepBatch, _encode, _grads, _norm, clipped_sum,
                                         false_negative_mask, public_negative_losses)
 from privret.train.dp_retriever import build_batch, negative_pool, sensitivity, train_dp_retriever
 from privret.train.hard_negatives import mine_candidates
@@ -127,7 +128,7 @@ def test_a_row_needs_a_negative():
 
 
 def test_norms_and_clipped_sum_are_exact_under_dropout(tiny_bert_dir):
-    """In training mode (dropout on, the default ``dropout=True``) the brute-force comparison above cannot redraw
+    """In training mode (dropout on, ``dropout=True``) the brute-force comparison above cannot redraw
     the same masks, so the ghost norms and the book-keeping sum are checked on the pass's own graph: each unit's
     norm against autograd of its rows' losses, and the clipped sum against autograd of sum_u f_u loss_u."""
     from privret.models.encoder import load_encoder

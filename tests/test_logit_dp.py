@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from helpers import WORDS
+from privret.privacy.clipping import NORM_MARGIN
 from privret.privacy.ghost_norms import GhostNorms
 from privret.privacy.logit_dp import (contrastive_constants, contrastive_factor, lemma45_constant, logit_dp_factor,
                                       loss_logit_grads, pair_norm_bounds, reweighting, row_losses, spreadout_factor)
@@ -172,7 +173,8 @@ def test_reweighting():
     tau = torch.tensor([[1.0, -2.0], [0.5, 3.0]])
     norms = torch.tensor([[0.5, 4.0], [2.0, 1.0]])
     lam = reweighting(tau, norms, 1.0)
-    assert torch.allclose(lam, torch.tensor([[1.0, -0.5], [0.25, 3.0]]))
+    margin = 1 + NORM_MARGIN  # the clip's float margin (clip_factors): a norm of exactly B is scaled by it too
+    assert torch.allclose(lam, torch.tensor([[1.0, -0.5 / margin], [0.25 / margin, 3.0 / margin]]), rtol=1e-6, atol=0)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -730,7 +730,7 @@ def test_direct_dp_fingerprint_leaves_out_only_what_changes_nothing_trained():
     assert direct_dp_fingerprint(base.model_copy(update={"checkpoint_every": 3})) == plain
     assert direct_dp_fingerprint(base.model_copy(update={"physical_batch": 8})) == plain  # memory only
     assert direct_dp_fingerprint(base.model_copy(update={"learning_rate": 1e-4})) != plain
-    assert direct_dp_fingerprint(base.model_copy(update={"dropout": False})) != plain  # trains another model
+    assert direct_dp_fingerprint(base.model_copy(update={"dropout": True})) != plain  # trains another model
     assert direct_dp_fingerprint(base.model_copy(update={"secure_rng": True})) == {**plain, "secure_rng": True}
 
 

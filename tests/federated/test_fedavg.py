@@ -129,6 +129,32 @@ def test_the_server_noise_has_the_standard_deviation_sigma_c_over_m():
     assert noise.std() == pytest.approx(expected, rel=4 / np.sqrt(2 * noise.size))
 
 
+@pytest.mark.parametrize("side", ["server", "client"])
+def test_the_noise_comes_from_the_csprng_and_the_ledger_says_so(side, monkeypatch):
+    """Flower's DP wrappers draw their noise with np.random.normal, numpy's global Mersenne Twister; privret's draw
+    it from os.urandom through privret's own noise function (one draw per array, std sigma C / m), server- and
+    client-side, and the ledger names that source."""
+    from privret.privacy import secure_rng
+
+    def mersenne_twister(*args, **kwargs):
+        raise AssertionError("DP noise from numpy's global Mersenne Twister")
+
+    monkeypatch.setattr(np.random, "normal", mersenne_twister)
+    drawn, urandom = [], secure_rng.os.urandom
+    monkeypatch.setattr(secure_rng.os, "urandom", lambda n: drawn.append(n) or urandom(n))
+    sigma, clip, m = 1.5, 0.5, 3
+    strategy = make_strategy(FedConfig(dp=side, dp_noise_multiplier=sigma, dp_clip_norm=clip), n_clients=m)
+    strategy.current_arrays = ArrayRecord({"w": Array(np.zeros(2000)), "b": Array(np.zeros((1, 1)))})
+    almost_unchanged = {"w": np.zeros(2000), "b": np.full((1, 1), 1e-9)}
+    arrays, _ = strategy.aggregate_train(1, _replies([almost_unchanged] * m, [1] * m))
+    assert sum(drawn) >= 8 * 2001  # 64 random bits per coordinate at least
+    assert _flat(arrays).std() == pytest.approx(sigma * clip / m, rel=0.1)
+    ledger = dp_ledger(FedConfig(dp=side), releases=2, n_clients=10, n_questions=100, data_hash="x")
+    assert ledger.secure_rng and ledger.random_sources == {"noise": "os.urandom"}
+    plain = dp_ledger(FedConfig(), releases=2, n_clients=10, n_questions=100, data_hash="x")
+    assert not plain.secure_rng and plain.random_sources == {}
+
+
 @pytest.mark.parametrize("epsilon", [3.0, 8.0])
 def test_a_target_epsilon_sets_the_noise_that_spends_it_over_the_rounds(epsilon):
     """The ledger of the calibrated run spends at most the target, and a little less noise would spend more."""

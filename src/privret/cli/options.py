@@ -55,11 +55,13 @@ HoldOutSaltOpt = Annotated[Optional[str], typer.Option(
 EpochsOpt = Annotated[float, typer.Option()]
 LearningRateOpt = Annotated[float, typer.Option("--lr")]
 SeedOpt = Annotated[int, typer.Option(help="seed of the randomness that is not a DP mechanism's; a DP training run "
-                                       "ignores it (sampling, noise and dropout seeded from os.urandom on every "
-                                       "start; with --secure-rng, sampling and noise drawn from it)")]
+                                       "ignores it (its draws seeded from os.urandom on every start; with "
+                                       "--secure-rng, all but dropout drawn from it)")]
 # crash safety and DP randomness of the DP trainers (generator train, retriever train --dp)
 ResumeOpt = Annotated[bool, typer.Option(help="continue an interrupted run in --out")]
-SecureRngOpt = Annotated[bool, typer.Option(help="DP noise and sampling from the OS CSPRNG (os.urandom)")]
+SecureRngOpt = Annotated[bool, typer.Option(help="every draw of the DP mechanism (noise, sampling, a step's negatives) "
+                                                 "from the OS CSPRNG (os.urandom); dropout masks never (the ledger's "
+                                                 "random_sources names each draw's source)")]
 CheckpointEveryOpt = Annotated[int, typer.Option(
     min=1, help="DP training: write a resumable checkpoint every N steps (one write of the trained weights)")]
 

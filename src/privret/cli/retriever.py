@@ -71,8 +71,8 @@ def retriever_train(
     hard_negative_depth: Annotated[int, typer.Option(help="--dp public-negatives: candidates per row for "
                                                           "--hard-negatives")] = 30,
     dropout: Annotated[bool, typer.Option(
-        "--dropout/--no-dropout", help="--dp: dropout in the trained layers during training (--no-dropout: every "
-                                       "step in eval mode, deterministic and faster on a CPU)")] = True,
+        "--dropout/--no-dropout", help="--dp: dropout in the trained layers during training (default --no-dropout: "
+                                       "every step in eval mode, deterministic and faster on a CPU)")] = False,
     cache_dir: Annotated[Optional[Path], typer.Option(
         help="--dp public-negatives --hard-negatives: keep the public initial encoder's embeddings of --data's "
              "corpus here (no private query is in them), so that later runs and resumes skip that encoding")] = None,
@@ -173,7 +173,8 @@ def retriever_train(
                                   "draws no noise"), ("--optimizer", optimizer != "adam", "uses AdamW"),
                                   ("--hard-negatives", hard_negatives > 0, "uses in-batch negatives"),
                                   ("--cache-dir", cache_dir is not None, "mines no hard negatives"),
-                                  ("--no-dropout", not dropout, "keeps sentence-transformers' dropout"),
+                                  ("--dropout" if dropout else "--no-dropout", bool(given_flags("dropout")),
+                                   "keeps sentence-transformers' dropout"),
                                   ("--hold-out", hold_out is not None, "has no DP choice to hold units out for")):
         if given:
             raise InputError(f"applies to DP training (--dp) only; non-private training {why}", field=flag_name)

@@ -8,7 +8,8 @@ the tests as the reference.
 Optional client-level DP (DP-FedAvg, McMahan et al. 2018, as Flower implements it): each client's
 update ``Theta_i - Theta_global`` is clipped to L2 norm ``C`` (on the server, or on the client by
 Flower's ``fixedclipping_mod``), the updates are averaged and Gaussian noise of standard deviation
-``sigma * C / m`` is added (``m`` clients per round). The sensitivity ``C / m`` of the average holds
+``sigma * C / m`` is added (``m`` clients per round), drawn from the OS CSPRNG (:class:`_NoiseFromOs`; Flower's
+own draw is numpy's global Mersenne Twister). The sensitivity ``C / m`` of the average holds
 for a *uniform* average only, so with DP the weights are uniform (every client reports
 ``dp-weight = 1``) instead of eq. 3.6. Every client takes part in every round (no subsampling), so
 the accountant composes ``rounds`` Gaussian mechanisms with sampling rate 1 (:func:`dp_ledger`).
@@ -23,6 +24,7 @@ import numpy as np
 from privret.federated.config import FedConfig
 from privret.privacy.accounting import spent_epsilon
 from privret.privacy.ledger import PrivacyLedger
+from privret.privacy.secure_rng import CSPRNG, SecureRandom, noise_like
 
 WEIGHT_KEY = "num-examples"
 DP_WEIGHT_KEY = "dp-weight"
@@ -36,8 +38,27 @@ def weighted_mean(arrays: list[list[np.ndarray]], weights: list[float]) -> list[
     return [sum(w / total * a[k].astype(np.float64) for a, w in zip(arrays, weights)) for k in range(len(arrays[0]))]
 
 
+class _NoiseFromOs:
+    """Put before one of Flower's DP wrappers (a base class): the aggregate's noise, N(0, (sigma C / m)^2) per
+    coordinate as Flower's, drawn from the OS CSPRNG by privret's noise function
+    (:func:`~privret.privacy.secure_rng.noise_like`) instead of Flower's ``np.random.normal``, numpy's global
+    Mersenne Twister (whose state enough of its outputs reveal)."""
+
+    def _add_noise_to_aggregated_arrays(self, aggregated_arrays):
+        import torch
+        from flwr.app import Array, ArrayRecord
+
+        std, rng = self.noise_multiplier * self.clipping_norm / self.num_sampled_clients, SecureRandom()
+        noised = {}
+        for key, array in aggregated_arrays.items():
+            values = array.numpy()
+            noised[key] = Array(values + noise_like(torch.empty(values.shape), std, rng).numpy().astype(values.dtype))
+        return ArrayRecord(noised)
+
+
 def make_strategy(cfg: FedConfig, n_clients: int):
-    """Flower ``FedAvg`` (eq. 3.6 weights), wrapped by a DP strategy when ``cfg.dp`` asks for one."""
+    """Flower ``FedAvg`` (eq. 3.6 weights), wrapped by a DP strategy when ``cfg.dp`` asks for one (its noise from
+    the CSPRNG: :class:`_NoiseFromOs`)."""
     from flwr.serverapp.strategy import (
         DifferentialPrivacyClientSideFixedClipping,
         DifferentialPrivacyServerSideFixedClipping,
@@ -46,11 +67,12 @@ def make_strategy(cfg: FedConfig, n_clients: int):
 
     base = FedAvg(fraction_train=1.0, fraction_evaluate=0.0, min_train_nodes=n_clients, min_evaluate_nodes=0,
                   min_available_nodes=n_clients, weighted_by_key=WEIGHT_KEY if cfg.dp == "none" else DP_WEIGHT_KEY)
-    if cfg.dp == "server":
-        return DifferentialPrivacyServerSideFixedClipping(base, cfg.dp_noise_multiplier, cfg.dp_clip_norm, n_clients)
-    if cfg.dp == "client":
-        return DifferentialPrivacyClientSideFixedClipping(base, cfg.dp_noise_multiplier, cfg.dp_clip_norm, n_clients)
-    return base
+    if cfg.dp == "none":
+        return base
+    wrapper = {"server": DifferentialPrivacyServerSideFixedClipping,
+               "client": DifferentialPrivacyClientSideFixedClipping}[cfg.dp]
+    noised_from_os = type(wrapper.__name__, (_NoiseFromOs, wrapper), {})
+    return noised_from_os(base, cfg.dp_noise_multiplier, cfg.dp_clip_norm, n_clients)
 
 
 def with_target_epsilon(cfg: FedConfig, epsilon: float) -> FedConfig:
@@ -83,7 +105,8 @@ def dp_ledger(cfg: FedConfig, *, releases: int, n_clients: int, n_questions: int
     """The client-level ledger of the FedAvg updates (epsilon = inf without DP): ``releases`` noisy global
     models, each a Gaussian mechanism at sampling rate 1; the server counts every one that may have
     reached disk, so a kill while saving one makes ``releases`` exceed the rounds (conservative). A DP
-    ledger lists what the run releases without DP (:func:`not_covered`)."""
+    ledger lists what the run releases without DP (:func:`not_covered`) and names its one random draw, the
+    noise, from the CSPRNG."""
     private = cfg.dp != "none" and cfg.dp_noise_multiplier > 0
     epsilon = float("inf")
     if private and releases > 0:
@@ -97,7 +120,8 @@ def dp_ledger(cfg: FedConfig, *, releases: int, n_clients: int, n_questions: int
         noise_multiplier=cfg.dp_noise_multiplier if private else 0.0, sample_rate=1.0, steps=releases,
         planned_steps=cfg.rounds, accountant="rdp" if private else "none", unit="client", n_units=n_clients,
         n_pairs=n_questions, clip_norm=cfg.dp_clip_norm if private else 0.0, model=cfg.model, trainable=cfg.trainable,
-        data_hash=data_hash, provenance={"not_covered": not_covered(cfg)} if private else {})
+        data_hash=data_hash, secure_rng=private, random_sources={"noise": CSPRNG} if private else {},
+        provenance={"not_covered": not_covered(cfg)} if private else {})
 
 
 def record_bytes(content) -> int:

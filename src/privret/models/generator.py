@@ -24,7 +24,8 @@ A generator fine-tuned from a *warm start* (another saved generator, see
 applies the warm start first, then the generator's own weights.
 
 Training reads batches through :meth:`QueryGenerator.loss_module`, an ``nn.Module`` that maps a
-padded batch to one loss per example (what per-example gradient hooks need).
+padded batch to one loss per example (what per-example gradient hooks need), without dropout
+(:func:`without_dropout`).
 
 Speed (causal LMs with ``model.layers``): with ``trained_layers = k`` only the top ``k`` decoder
 layers are trained (LoRA or full). The frozen lower layers are a fixed function of the input,
@@ -52,6 +53,19 @@ from privret.models.shared_prefix import attending_to_prefix
 INSTRUCTION = "Write a short search query that this document answers."
 GENERATOR_FILE = "generator.json"
 WARM_START_DIR = "warm_start"
+
+
+def without_dropout(module: nn.Module) -> nn.Module:
+    """``module`` with every dropout off, ready for per-row gradient hooks: in eval mode (so ``nn.Dropout`` and the
+    attention dropout a layer applies while it is training are off), except the modules that hold a trainable
+    parameter themselves (linear, embedding and norm layers, LoRA's A and B), which are put in training mode
+    because Opacus's hooks record activations only there; those compute the same in either mode. Training without
+    dropout keeps each unit's gradient a function of the parameters and its own rows alone."""
+    module.eval()
+    for sub in module.modules():
+        if any(p.requires_grad for p in sub.parameters(recurse=False)):
+            sub.training = True
+    return module
 
 
 @dataclass
@@ -147,7 +161,7 @@ class QueryGenerator:
         raise NotImplementedError
 
     def loss_module(self) -> nn.Module:
-        """Maps a collated batch to a vector of per-example losses (returned in training mode)."""
+        """Maps a collated batch to a vector of per-example losses (returned :func:`without_dropout`)."""
         raise NotImplementedError
 
     # -- sampling --------------------------------------------------------------------------
@@ -331,7 +345,7 @@ class CausalQueryGenerator(QueryGenerator):
     def loss_module(self) -> nn.Module:
         base = self._base()
         module = _TopLayersLoss(base, self.first_trained_layer) if self._layered else _CausalFullLoss(base)
-        return module.train()  # Opacus records activations only in training mode
+        return without_dropout(module)
 
     @torch.no_grad()
     def generate(self, docs, *, num_queries=1, top_p=0.8, temperature=1.0, max_new_tokens=48, seed=None,

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from privret.models.generator import Example, QueryGenerator, right_pad
+from privret.models.generator import Example, QueryGenerator, right_pad, without_dropout
 
 
 class _Seq2SeqLoss(nn.Module):
@@ -46,7 +46,7 @@ class Seq2SeqQueryGenerator(QueryGenerator):
         return {k: v.to(self.device) for k, v in batch.items()}
 
     def loss_module(self):
-        return _Seq2SeqLoss(self.model).train()
+        return without_dropout(_Seq2SeqLoss(self.model))
 
     @torch.no_grad()
     def generate(self, docs, *, num_queries=1, top_p=0.8, temperature=1.0, max_new_tokens=48, seed=None):

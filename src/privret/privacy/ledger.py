@@ -77,6 +77,12 @@ class PrivacyLedger(BaseModel):
     since its output does not depend on the private log at all. ``provenance`` names what such a
     model read instead (``public_data_hash``), and, for a DP model started from one, that warm start.
 
+    ``random_sources`` names each random draw of a DP mechanism (``sampling``, ``noise``, a trainer's own draws such
+    as ``hard negatives``, ``dropout``) and where it came from: :data:`~privret.privacy.secure_rng.CSPRNG` or
+    :data:`~privret.privacy.secure_rng.SEEDED_FROM_OS` (``docs/privacy.md``, "Where the randomness comes from");
+    ``secure_rng`` says that the mechanism's own draws all came from the CSPRNG. Empty in a ledger without a DP
+    mechanism and in older ledgers.
+
     ``data_hash`` identifies the files read (stage fingerprints and resumes compare it);
     ``dataset_id`` is the dataset's identity in the budget registry
     (:func:`privret.privacy.budget.dataset_id`, set by the trainers that record releases; empty in
@@ -104,6 +110,7 @@ class PrivacyLedger(BaseModel):
     data_hash: str
     dataset_id: str = ""
     secure_rng: bool = False
+    random_sources: dict[str, str] = {}  # draw -> source
     unit_definition: str = ""
     part: LogPart | None = None
     parts: list[PrivacyLedger] = []

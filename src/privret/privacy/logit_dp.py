@@ -41,6 +41,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+from privret.privacy.clipping import clip_factors
 from privret.privacy.ghost_norms import GhostNorms
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -127,8 +128,9 @@ def loss_logit_grads(logits: torch.Tensor, spreadout_weight: float = 0.0) -> tor
 
 
 def reweighting(tau: torch.Tensor, norm_bounds: torch.Tensor, clip: float) -> torch.Tensor:
-    """Section 5.3's ``lambda_ij = tau_ij min(1, B / ||g_ij||)`` (with a proven upper bound of ||g_ij||)."""
-    return tau * (clip / norm_bounds.clamp_min(1e-12)).clamp(max=1.0)
+    """Section 5.3's ``lambda_ij = tau_ij min(1, B / ||g_ij||)`` (with a proven upper bound of ||g_ij||, and the
+    clip's float margin: :func:`~privret.privacy.clipping.clip_factors`)."""
+    return tau * clip_factors(norm_bounds, clip)
 
 
 def pair_norm_bounds(tracker: GhostNorms, e_q: torch.Tensor, e_d: torch.Tensor, temperature: float,

@@ -41,7 +41,7 @@ from privret.data.pairs import UNIT_DEFINITIONS, PrivacyUnit, TrainingPairs
 from privret.errors import InputError
 from privret.privacy.ledger import PrivacyLedger
 from privret.privacy.partition_selection_config import PartitionSelectionConfig
-from privret.privacy.secure_rng import SecureRandom
+from privret.privacy.secure_rng import CSPRNG, SecureRandom
 
 MECHANISM = "laplace-partition-selection"
 
@@ -77,7 +77,7 @@ def selection_ledger(pairs: TrainingPairs, unit: PrivacyUnit, cfg: PartitionSele
                          noise_multiplier=m / cfg.epsilon, sample_rate=1.0, steps=1, planned_steps=1,
                          accountant="laplace", unit=unit.value, n_units=n, n_pairs=len(pairs.pairs),
                          clip_norm=float(m), model="", trainable="", data_hash=data_hash, dataset_id=dataset_id,
-                         secure_rng=True,
+                         secure_rng=True, random_sources={"unit subsets": CSPRNG, "noise": CSPRNG},
                          unit_definition=UNIT_DEFINITIONS[unit])
 
 

@@ -38,7 +38,7 @@ from privret.data.pairs import UNIT_DEFINITIONS, PrivacyUnit
 from privret.errors import InputError
 from privret.privacy.ledger import PrivacyLedger
 from privret.privacy.partition import LogPart
-from privret.privacy.secure_rng import SecureRandom
+from privret.privacy.secure_rng import CSPRNG, SecureRandom
 
 MECHANISM = "exponential-mechanism"
 SENSITIVITY = 1.0  # each unit's score lies in [0, 1]
@@ -55,6 +55,7 @@ def selection_ledger(*, epsilon: float, n_units: int, unit: str, n_pairs: int, d
                          sample_rate=1.0, steps=1, planned_steps=1, accountant="exponential", unit=unit,
                          n_units=n_units, n_pairs=n_pairs, clip_norm=SENSITIVITY, model="", trainable="",
                          data_hash=data_hash, dataset_id=dataset_id, secure_rng=True,
+                         random_sources={"noise": CSPRNG},
                          unit_definition=UNIT_DEFINITIONS[PrivacyUnit(unit)], part=part)
 
 

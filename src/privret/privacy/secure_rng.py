@@ -29,6 +29,10 @@ import torch
 from privret.privacy.clipping import gaussian_noise_like
 
 _BLOCK = 1 << 20  # values per os.urandom call (bounds the float64 working memory to ~24 MiB)
+# The sources a ledger's ``random_sources`` names: this module, and a torch generator (Mersenne Twister on a CPU,
+# Philox for CUDA tensors) seeded with 64 bits of os.urandom when its run starts, each process its own.
+CSPRNG = "os.urandom"
+SEEDED_FROM_OS = "torch generator seeded from os.urandom"
 
 
 class SecureRandom:

@@ -1,9 +1,9 @@
 """One step's batch and the clipped gradient sum s(batch) of each direct-DP method, before noise.
 
 The mechanisms, their sensitivities and the privacy argument are stated in :mod:`privret.train.dp_retriever`
-(and proven in ``tests/test_dp_retriever.py``); this module computes s(batch) for each of them. Every
-computed norm is inflated by :data:`NORM_MARGIN` before clipping, so float rounding can never let a clipped
-term exceed its bound.
+(and proven in ``tests/test_dp_retriever.py``); this module computes s(batch) for each of them. Every clip
+goes through :func:`privret.privacy.clipping.clip_factors` (the generator's too), whose norm margin keeps float
+rounding from letting a clipped term exceed its bound.
 """
 
 from __future__ import annotations
@@ -17,11 +17,10 @@ from privret.data.beir import Document
 from privret.errors import InputError
 from privret.models.encoder import features
 from privret.models.frozen_prefix import frozen_prefix
+from privret.privacy.clipping import clip_factors
 from privret.privacy.ghost_norms import GhostNorms
 from privret.privacy.logit_dp import loss_logit_grads, pair_norm_bounds, reweighting, row_losses
 from privret.train.settings import METHODS, DPRetrieverConfig
-
-NORM_MARGIN = 1e-5
 
 
 @dataclass
@@ -116,7 +115,7 @@ def _naive(model, params, batch, cfg):
     u = batch.unit_of_row.to(losses.device)
     unit_losses = torch.zeros(batch.n_units, device=losses.device).index_add(0, u, losses)
     norms = torch.stack([_norm(_grads(unit_losses[k], params, retain=True)) for k in range(batch.n_units)])
-    factors = (cfg.clip_norm / (norms * (1 + NORM_MARGIN)).clamp_min(1e-12)).clamp(max=1.0)
+    factors = clip_factors(norms, cfg.clip_norm)
     out = _grads((factors.detach() * unit_losses).sum(), params, retain=False)
     return out, {"loss": losses.mean().item(), "clipped": (norms > cfg.clip_norm).float().mean().item()}
 
@@ -128,7 +127,7 @@ def _batch_clip(model, params, batch, cfg):
                              torch.arange(len(batch.queries), device=e_q.device), reduction="none")
     grads = _grads(losses.sum(), params, retain=False)
     norm = _norm(grads)
-    factor = min(1.0, cfg.clip_norm / max(norm.item() * (1 + NORM_MARGIN), 1e-12))
+    factor = clip_factors(norm, cfg.clip_norm).item()
     return [g * factor for g in grads], {"loss": losses.mean().item(), "clipped": float(norm > cfg.clip_norm)}
 
 
@@ -143,7 +142,7 @@ def _logit_dp(model, params, batch, cfg):
         q_side, d_side = pair_norm_bounds(tracker, e_q, e_d, cfg.tau)
     finally:
         tracker.remove()
-    bounds = (q_side + d_side) * (1 + NORM_MARGIN)
+    bounds = q_side + d_side
     lam = reweighting(tau, bounds, cfg.clip_norm)
     out = _grads((lam * logits).sum(), params, retain=False)
     loss = row_losses(logits.detach(), cfg.spreadout_weight).mean().item()
@@ -234,8 +233,7 @@ def _public_negatives_part(model, params, batch, e_n, mask, cfg):
     tracker = GhostNorms(model)
     try:
         norms, groups, losses = public_negative_unit_norms(tracker, model, batch, e_n, mask, cfg)
-        norms = norms * (1 + NORM_MARGIN)
-        factors = (cfg.clip_norm / norms.clamp_min(1e-12)).clamp(max=1.0)
+        factors = clip_factors(norms, cfg.clip_norm)
         # book-keeping: sum_u factor_u grad_u from the output gradients already computed for the norms
         # (row b's gradient belongs to unit u[b] only), no second backward pass
         weights = {slot: factors[g.to(factors.device)].detach() for slot, g in groups.items()}

@@ -6,8 +6,9 @@ processes (:class:`privret.distributed.Group`) the same release is computed as f
 
 1. **Sampling** (:mod:`privret.train.dp_run`): rank 0 draws B from the run's one random source (the OS
    CSPRNG with ``secure_rng``), exactly as a single process does, and sends the unit indices to every
-   rank. The other ranks hold no random source at all, so nothing is drawn twice and no rank's stream
-   can differ from the one the accountant assumes.
+   rank. The other ranks draw neither the sample nor the noise, so nothing the accountant analyses is
+   drawn twice and no rank's stream can differ from the one it assumes; a rank draws only what belongs to
+   its own shard's rows (the retriever's hard negatives), from the CSPRNG too with ``secure_rng``.
 2. **Clipping** on the rank that owns the unit: rank r of W takes the units of B with index ``u mod W =
    r`` (:meth:`~privret.distributed.Group.shard`) and computes the clipped sum ``s_r`` of those units,
    per unit, with the trainer's own engine. The shards partition B, and clipping is per unit, so

@@ -63,7 +63,9 @@ for, or one made with other settings, is refused. The final SentenceTransformer 
 atomically. The release is recorded in the budget registry before any update can reach disk (one
 release id across resumes) and again when done. ``secure_rng`` draws the noise, the Poisson sampling,
 the batch truncation / row choice and the public and hard negatives from the OS CSPRNG
-(:mod:`privret.privacy.secure_rng`).
+(:mod:`privret.privacy.secure_rng`), on every rank. Dropout is off unless ``dropout`` asks for it (each unit's
+term is clipped under the masks it drew, so Delta holds for any masks; they come from torch's global generator
+seeded from os.urandom, never the CSPRNG). The ledger's ``random_sources`` names the source of every draw.
 
 Under ``torchrun`` (:mod:`privret.train.dp_parallel`) only the methods of :data:`PARALLEL_METHODS` run: each
 rank clips the units of its shard and rank 0 draws the step's public negatives for all; the other methods'
@@ -150,6 +152,16 @@ def mechanism(cfg: DPRetrieverConfig, sigma: float) -> Mechanism:
     """The per-step mechanism of ``cfg.method`` at noise multiplier ``sigma``."""
     sens, cap = sensitivity(cfg)
     return Mechanism(sensitivity=sens, cap=cap, sigma=sigma)
+
+
+def step_draws(cfg: DPRetrieverConfig, cap: int | None) -> tuple[str, ...]:
+    """What a step of ``cfg.method`` draws from the run's random source besides the sample and the noise (the
+    ledger's ``random_sources``): the truncation to ``cap`` units, logit-dp's row per unit, public-negatives' shared
+    and hard negatives."""
+    drawn = {"batch truncation": cap is not None, "row choice": cfg.method == "logit-dp",
+             "public negatives": cfg.method == "public-negatives" and cfg.public_negatives > 0,
+             "hard negatives": cfg.hard_negatives > 0}
+    return tuple(draw for draw, taken in drawn.items() if taken)
 
 
 def draw_negatives(public: list[Document], cfg: DPRetrieverConfig, rng: torch.Generator | SecureRandom,
@@ -322,7 +334,7 @@ def _train_dp_retriever(pairs: TrainingPairs, out_dir: Path, cfg: DPRetrieverCon
     run = DPRun(out_dir=out_dir, plan=run_plan, describe=describe, what="retriever", finished_marker=MECHANISM_FILE,
                 label=f"DP retriever ({cfg.method}, epsilon={cfg.epsilon:g})", train_config=cfg.model_dump(mode="json"),
                 seed=cfg.seed, checkpoint_every=cfg.checkpoint_every, secure_rng=cfg.secure_rng,
-                settings=resume_settings(cfg), budget=budget)
+                settings=resume_settings(cfg), budget=budget, draws=step_draws(cfg, mech.cap), dropout=cfg.dropout)
     return run_training(run, load, resume=resume)
 
 

@@ -41,10 +41,11 @@ same loop; its sampler is seeded and checkpointed, so a resumed run equals an un
 
 **Several processes** (``torchrun``, :mod:`privret.distributed`): the run is rank 0's. It alone holds the
 lock, recovers and checks the directory, keeps the step log, writes checkpoints and the artefact, records
-the release and owns the random source; the other ranks get its parameters and Adam state (fresh or
-resumed), each step's sampled units and the final ledger. How a step is split so that the mechanism, and
-hence the ledger, stays that of one process is :mod:`privret.train.dp_parallel`'s docstring. A kill of
-any rank stops the run (torchrun ends the others); ``--resume`` continues it with the same rules.
+the release and owns the random source of the sample and the noise; the other ranks get its parameters and
+Adam state (fresh or resumed), each step's sampled units and the final ledger. How a step is split so that
+the mechanism, and hence the ledger, stays that of one process is :mod:`privret.train.dp_parallel`'s
+docstring. A kill of any rank stops the run (torchrun ends the others); ``--resume`` continues it with the
+same rules.
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ from privret.privacy import budget as budget_registry
 from privret.privacy.accounting import calibrate_noise, check_budget, default_delta, spent_epsilon
 from privret.privacy.ledger import PrivacyLedger
 from privret.privacy.sampling import PoissonUnitSampler
-from privret.privacy.secure_rng import SecurePoissonUnitSampler, SecureRandom
+from privret.privacy.secure_rng import CSPRNG, SEEDED_FROM_OS, SecurePoissonUnitSampler, SecureRandom
 from privret.progress import Progress
 from privret.runlock import recover_directory
 from privret.train.checkpointing import (CHECKPOINT_DIR, STEP_LOG, Checkpoint, StepAccount, check_finished,
@@ -152,8 +153,9 @@ class Trainer(Protocol):
         """Set ``p.grad`` of every trainable parameter for the sampled units ``chosen`` (a private run: the
         noisy clipped sum divided by q N, its noise from ``rng``). Under torchrun every rank gets the same
         ``chosen``, computes on its own shard of it and combines through :mod:`privret.train.dp_parallel`;
-        ``rng`` is None on every rank but 0. Returns the (shard's) mean loss, computed without noise:
-        **not DP**, for the live terminal only, never for a file, a log or a report."""
+        on every rank but 0 ``rng`` serves only the draws of the rank's own rows (hard negatives): the CSPRNG
+        with ``secure_rng``, else None (torch's global generator). Returns the (shard's) mean loss, computed
+        without noise: **not DP**, for the live terminal only, never for a file, a log or a report."""
 
     def save(self, staged: Path, *, resumed_at_step: int) -> None:
         """Write the trained artefact into ``staged``, the output directory before its atomic rename."""
@@ -172,13 +174,29 @@ class DPRun:
     train_config: dict  # saved as train_config.json with the artefact
     seed: int  # a non-private run's seed (torch's global generator, the sampler); a private run: fresh entropy
     checkpoint_every: int
-    secure_rng: bool  # noise and sampling from the OS CSPRNG (private runs)
+    secure_rng: bool  # the mechanism's draws (sampling, noise, ``draws``) from the OS CSPRNG (private runs)
     settings: dict  # resume_settings: saved with each checkpoint; a resume or re-run with others is refused
     budget: budget_registry.BudgetPolicy | None = None
+    draws: tuple[str, ...] = ()  # what a step draws from the run's random source besides the sample and the noise
+    dropout: bool = False  # a step's forward passes apply dropout (masks from torch's global generator)
 
     def ledger(self, steps: int, *, secure: bool) -> PrivacyLedger:
-        """The run's ledger once ``steps`` noisy updates may have been released."""
-        return self.describe(steps=steps, epsilon=self.plan.spent(steps), secure_rng=secure)
+        """The run's ledger once ``steps`` noisy updates may have been released; a private one names the source of
+        each random draw (:meth:`random_sources`)."""
+        ledger = self.describe(steps=steps, epsilon=self.plan.spent(steps), secure_rng=secure)
+        if not self.plan.private:
+            return ledger
+        return ledger.model_copy(update={"random_sources": self.random_sources(secure=secure)})
+
+    def random_sources(self, *, secure: bool) -> dict[str, str]:
+        """Each random draw of a private run and its source. The sample, the noise and the trainer's ``draws``
+        come from the run's random source (:func:`_random_source`; on the other ranks of torchrun the CSPRNG or
+        torch's global generator, :func:`run_training`): the OS CSPRNG when ``secure``, else a torch generator
+        seeded from os.urandom. Dropout masks come from torch's global generator (:func:`_global_seed`) whatever
+        ``secure`` says."""
+        source = CSPRNG if secure else SEEDED_FROM_OS
+        sources = {draw: source for draw in ("sampling", "noise", *self.draws)}
+        return {**sources, "dropout": SEEDED_FROM_OS} if self.dropout else sources
 
     def release(self, ledger: PrivacyLedger, *, release_id: str, status: str) -> budget_registry.Release:
         return budget_registry.Release.from_ledger(ledger, release_id=release_id, status=status,
@@ -206,16 +224,17 @@ def run_training(run: DPRun, load: Callable[[], Trainer], *, resume: bool) -> Pr
     trainer = load()
     opened: dict = {}  # rank 0's step account and checkpoint; the other ranks learn only the step to start at
 
-    def open_run() -> int:
+    def open_run() -> tuple[int, bool]:
         opened["account"], opened["checkpoint"] = _open_account(run, trainer, ckpt_dir)
-        return opened["checkpoint"].step if opened["checkpoint"] is not None else 0
+        return (opened["checkpoint"].step if opened["checkpoint"] is not None else 0), opened["account"].secure
 
-    start = group.from_main(open_run)
+    start, secure = group.from_main(open_run)
     account, checkpoint = opened.get("account"), opened.get("checkpoint")
     sync_from_main(trainer.params, trainer.optimizer, group)
-    rng, sampler = (_random_source(plan, secure=account.secure, seed=run.seed,
+    # the other ranks draw neither the sample nor the noise; the CSPRNG (or torch's global generator) for their rows
+    rng, sampler = (_random_source(plan, secure=secure, seed=run.seed,
                                    state=checkpoint.rng_state if checkpoint is not None else None)
-                    if group.main else (None, None))
+                    if group.main else (SecureRandom() if secure else None, None))
     with Progress() as progress:
         trainer.prepare(progress)
         task = progress.add_task(run.label, total=plan.steps, completed=start)
@@ -326,10 +345,11 @@ def _check_settings(saved: dict | None, settings: dict, ckpt_dir: Path) -> None:
 
 def _global_seed(plan: RunPlan, seed: int) -> int:
     """torch's global seed for the run (this process). Besides the run's random source, a step draws from
-    torch's global generator: dropout in the trained layers, and a hard-negative draw on a rank other than 0. In
-    a private run that randomness must be secret: with a known seed each unit's dropout masks would be a fixed
-    function of which other units were sampled before it, so adding a unit would change the others' clipped
-    terms. Secret and i.i.d., every unit's masks have the same distribution whatever the others, and Delta holds.
+    torch's global generator: dropout in the trained layers (when the trainer applies it), and, without
+    ``secure_rng``, a hard-negative draw on a rank other than 0. In a private run that randomness must be
+    secret: with a known seed each unit's dropout masks would be a fixed function of which other units were
+    sampled before it, so adding a unit would change the others' clipped terms. Secret and i.i.d., every
+    unit's masks have the same distribution whatever the others, and Delta holds.
     So a private run seeds it from ``os.urandom`` on every start (each rank its own); a non-private run with
     ``seed`` (reproducible)."""
     return int.from_bytes(os.urandom(8), "little") if plan.private else seed

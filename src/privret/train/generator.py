@@ -193,10 +193,10 @@ class _GeneratorTrainer:
         # a DP run's pair count is not released (only its unit count is public): no count in a log line
         task = progress.add_task("caching frozen layers", total=len(examples), private_counts=self.plan.private)
         self.items = dict(zip(rows, self.generator.prepare(examples, progress=lambda k: progress.advance(task, k))))
-        loss_module = self.generator.loss_module()
+        loss_module = self.generator.loss_module()  # without dropout (privret.models.generator.without_dropout)
         if self.plan.private:
             loss_module = GradSampleModule(loss_module, batch_first=True, loss_reduction="sum")
-        self.loss_module = loss_module.train()
+        self.loss_module = loss_module
 
     def step(self, chosen: list[int], rng: torch.Generator | SecureRandom | None) -> float:
         if self.plan.private:

@@ -160,13 +160,14 @@ class DPRetrieverSettings(BaseModel):
                                                                "not privacy; None: the whole batch at once)")
     max_query_tokens: int = Field(64, gt=0)
     max_doc_tokens: int = Field(256, gt=0)
-    dropout: bool = Field(True, description="dropout in the trained layers during training (False: every step runs "
-                                            "the encoder in eval mode; on a CPU attention is several times faster "
-                                            "without attention dropout)")
+    dropout: bool = Field(False, description="dropout in the trained layers during training, asked for explicitly "
+                                             "(False: every step runs the encoder in eval mode; on a CPU attention "
+                                             "is several times faster without attention dropout)")
     accountant: str = "prv"
     seed: int = 0
     checkpoint_every: int = Field(10, gt=0, description="steps between checkpoints (resume with resume=True)")
-    secure_rng: bool = Field(False, description="DP noise and sampling from the OS CSPRNG (os.urandom)")
+    secure_rng: bool = Field(False, description="DP noise, sampling and a step's draws (truncation, row choice, "
+                                                "negatives) from the OS CSPRNG (os.urandom); dropout masks never")
     hold_out: UnitPartition | None = Field(None, description=HOLD_OUT_FOR_TRAINING)
     public_subspace: str | None = Field(
         None, description="public-negatives: give the optimizer each noisy update projected onto the top "
