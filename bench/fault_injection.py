@@ -142,7 +142,8 @@ class Setup:
         elif command in ("federated", "federated-dp"):
             from privret.federated.runner import run_federated_local
 
-            run_federated_local(self.federated_cfg(command == "federated-dp"), self.fed_data, out, resume=True)
+            run_federated_local(self.federated_cfg(command == "federated-dp"), self.fed_data, out, resume=True,
+                                budget=OVER_BUDGET)
         elif command == "generate":
             from privret.synth.generate import generate_synthetic
             from privret.synth.settings import GenerateConfig

@@ -45,6 +45,31 @@ def test_dp_settings_without_dp_are_refused():
     assert FedConfig.from_run_config(FedConfig().to_run_config()) == FedConfig()
 
 
+def test_dp_configs_send_nothing_that_a_client_size_moves(tmp_path):
+    """Under DP stage 2 is client-customized query encoders only by default, and a setting that sends one item per
+    training question of a client (Fed-Negative's query embeddings; per-question ranks of the validation questions
+    held out of its training log) is refused, also in a copy made with model_copy when a server is given it."""
+    from pydantic import ValidationError
+
+    from privret.federated.server_app import run_server
+
+    assert FedConfig().personalize == ["local", "fed"] and FedConfig(dp="server").personalize == ["local"]
+    assert FedConfig.from_run_config(FedConfig(dp="client").to_run_config()) == FedConfig(dp="client")
+    with pytest.raises(ValidationError, match="Fed-Negative.*gives away its data size"):
+        FedConfig(dp="client", personalize=["local", "fed"])
+    validation = dict(evaluation_split="validation", train_fraction=0.5, per_query_metrics=True)
+    with pytest.raises(ValidationError, match="per_query_metrics .* gives away its data size"):
+        FedConfig(dp="server", personalize=[], **validation)
+    assert FedConfig(**validation).evaluation_counts_public  # without DP everything stands
+    assert FedConfig(dp="server", per_query_metrics=True).evaluation_counts_public  # the test split's counts: public
+    assert not FedConfig(dp="server", personalize=[], evaluation_split="validation",
+                         train_fraction=0.5).evaluation_counts_public
+    with pytest.raises(ValidationError, match="Fed-Negative"):
+        run_server(None, FedConfig().model_copy(update={"dp": "server"}), tmp_path / "run", n_clients=2,
+                   dataset_id="name-x")
+    assert not (tmp_path / "run").exists()
+
+
 def test_flower_fedavg_is_eq_3_6():
     strategy = make_strategy(FedConfig(), n_clients=3)
     arrays, _ = strategy.aggregate_train(1, _replies(CLIENTS, WEIGHTS))
@@ -86,14 +111,12 @@ def test_dp_ledger_lists_what_the_run_releases_without_dp():
                            data_hash="x")
         return ledger.model_dump()["provenance"]["not_covered"]
 
-    default = uncovered()  # PDD-AS2 + both personalisation variants, test metrics
+    default = uncovered()  # PDD-AS2 + client-customized query encoders (stage 2 under DP), test metrics
     assert any("test questions" in item for item in default)
-    assert any("Fed-Negative" in item for item in default) and any("personalised" in item for item in default)
-    validation = uncovered(evaluation_split="validation", train_fraction=0.5, personalize=[], per_query_metrics=True)
-    assert len(validation) == 2
-    assert "validation questions (held out of the clients' training logs)" in validation[0]
-    assert "reciprocal rank" in validation[1]
-    assert uncovered(personalize=["local"]) == [default[0], "the personalised query encoders (stage 2 trains without DP)"]
+    assert default == [default[0], "the personalised query encoders (stage 2 trains without DP)"]
+    (validation,) = uncovered(evaluation_split="validation", train_fraction=0.5, personalize=[])
+    assert "validation questions (held out of the clients' training logs)" in validation
+    assert "reciprocal rank" in uncovered(personalize=[], per_query_metrics=True)[1]
     assert "not_covered" not in dp_ledger(FedConfig(), releases=1, n_clients=10, n_questions=100,
                                           data_hash="x").model_dump()["provenance"]
 

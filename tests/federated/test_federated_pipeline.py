@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -155,43 +156,99 @@ def test_bitfit_of_the_top_layer_trains_and_exchanges_only_its_biases(fed_dir, t
     assert r["bytes_up"] <= 2 * sum(2 * start[k].numpy().size + 400 for k in names)
 
 
+def _with_more_training_questions(fed_dir, out, client: str = "client_01", extra: int = 4):
+    """A copy of ``fed_dir`` in which ``client`` has ``extra`` more training questions (copies of its own under new
+    ids): the same clients, collections and test questions, one client's training size larger."""
+    shutil.copytree(fed_dir, out)
+    path = out / client / "questions.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    train = [r for r in rows if r["split"] == "train"]
+    rows += [{**train[k % len(train)], "id": f"extra-{k}"} for k in range(extra)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return out
+
+
+def _blank_evaluation_values(value):
+    """``value`` (parsed JSON, a reply's metrics) with what two runs may differ in whatever their clients' sizes
+    blanked: the evaluation metrics' values (outside the guarantee: the ledger lists them), the ledger's time
+    stamp and its commitment to the data's content, the run's (random) release id."""
+    if isinstance(value, dict):
+        return {k: "-" if k.split("/")[-1] in (*local.METRIC_NAMES, "created_at", "dataset_id", "release_id")
+                else _blank_evaluation_values(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_blank_evaluation_values(v) for v in value]
+    return value
+
+
+def _size_free(replies: list[dict]) -> list[str]:
+    """The replies with their evaluation values blanked, in an order of their own (Flower samples the nodes of a
+    round in a random order)."""
+    return sorted(json.dumps(_blank_evaluation_values(r), sort_keys=True, default=str) for r in replies)
+
+
 def test_dp_run_keeps_training_statistics_on_the_clients(fed_dir, tiny_encoder, tmp_path, monkeypatch):
-    """Under DP-FedAvg no reply carries a statistic of a client's training questions beyond the clipped
-    update (the local and personalisation losses, the Fed-Negative hardness), and none reaches a file;
-    without DP the same run reports them (so the check below can see them when they are there)."""
+    """Under DP-FedAvg nothing that a client's training questions move leaves the client beyond the clipped update,
+    and nothing of it reaches a file: no loss, no Fed-Negative hardness, no count of training (or validation)
+    questions, no steps, no per-client bytes, no seconds. Each run trains twice, on two copies of the data that
+    differ only in one client's number of training questions: under DP every reply (metrics, arrays' shapes,
+    info) and every file written (results.json, state.json, the ledger) are the same but for the evaluation
+    metrics' values; without DP the same comparison sees the sizes, and the named keys are there."""
     pytest.importorskip("flwr")
     from privret.federated import runner
     from privret.federated.runner import run_federated_local
 
-    def run(dp: str, out):
+    larger = _with_more_training_questions(fed_dir, tmp_path / "larger")
+    grid = runner.InProcessGrid
+
+    def run(data, out, **settings):
         replies = []
 
-        class RecordingGrid(runner.InProcessGrid):
+        class RecordingGrid(grid):
             def pull_messages(self, message_ids):
                 got = super().pull_messages(message_ids)
-                replies.extend((r.metadata.message_type, dict(r.content["metrics"]))
-                               for r in got if "metrics" in r.content.metric_records)
+                replies.extend({"type": r.metadata.message_type,
+                                "metrics": {k: dict(m) for k, m in r.content.metric_records.items()},
+                                "configs": {k: dict(c) for k, c in r.content.config_records.items()},
+                                "arrays": {k: {n: a.shape for n, a in rec.items()}
+                                           for k, rec in r.content.array_records.items()}} for r in got)
                 return got
 
         monkeypatch.setattr(runner, "InProcessGrid", RecordingGrid)
-        extra = dict(dp=dp, dp_noise_multiplier=1.0, dp_clip_norm=0.5) if dp != "none" else {}
-        res = run_federated_local(_cfg(tiny_encoder, rounds=1, personalize=["local", "fed"], **extra), fed_dir,
-                                  out, resume=False)
-        return replies, res
+        res = run_federated_local(_cfg(tiny_encoder, rounds=1, **settings), data, out, resume=False)
+        files = {p.name: json.loads(p.read_text()) for p in sorted(out.glob("*.json"))}
+        return replies, files, res, sorted(p.name for p in out.iterdir())
 
     def private_keys(metrics):
         return {k for k in metrics if k == "loss" or k.startswith("hardness/")}
 
-    plain, res = run("none", tmp_path / "plain")
-    assert {t for t, m in plain if private_keys(m)} == {"train", "train.personalize"}
+    validation = dict(train_fraction=0.5, evaluation_split="validation")
+    plain, plain_files, res, _ = run(fed_dir, tmp_path / "plain", personalize=["local", "fed"], **validation)
+    grown, grown_files, _, _ = run(larger, tmp_path / "plain-larger", personalize=["local", "fed"], **validation)
+    assert {r["type"] for r in plain if private_keys(r["metrics"].get("metrics", {}))} == {"train",
+                                                                                             "train.personalize"}
     assert "fed_negative_hardness" in res["evaluations"]["+query-encoders+fed-negative"]
-    for side in ("server", "client"):
-        dp, res = run(side, tmp_path / side)
-        assert {t for t, _ in dp} >= {"train", "train.personalize"}
-        assert [m for _, m in dp if private_keys(m)] == []
-        assert "fed_negative_hardness" not in res["evaluations"]["+query-encoders+fed-negative"]
-        written = (tmp_path / side / "results.json").read_text() + (tmp_path / side / "state.json").read_text()
-        assert "hardness" not in written
+    # without DP the sizes are there, and the comparison below sees them
+    assert _size_free(plain) != _size_free(grown)
+    assert _blank_evaluation_values(plain_files) != _blank_evaluation_values(grown_files)
+    assert all({"num-examples", "steps"} <= set(r["metrics"]["metrics"]) for r in plain if r["type"] == "train")
+    (entry,) = res["rounds"]
+    assert {"questions", "seconds"} <= set(entry)
+    assert "per_client" in res["evaluations"]["+query-encoders+fed-negative"]["fed_negative_exchanges"][0]
+    assert "queries" in res["evaluations"]["pdd-as2"]["per_client"]["client_01"]["sentence"]
+    for side, split in (("server", validation), ("client", {})):
+        dp = dict(dp=side, dp_noise_multiplier=1.0, dp_clip_norm=0.5, **split)  # the default stage 2
+        replies, files, res, names = run(fed_dir, tmp_path / side, **dp)
+        replies_grown, files_grown, _, names_grown = run(larger, tmp_path / f"{side}-larger", **dp)
+        assert {r["type"] for r in replies} >= {"train", "train.personalize", "evaluate"}
+        assert _size_free(replies) == _size_free(replies_grown)
+        assert _blank_evaluation_values(files) == _blank_evaluation_values(files_grown) and names == names_grown
+        assert [r for r in replies if private_keys(r["metrics"].get("metrics", {}))] == []
+        assert all(set(r["metrics"]["metrics"]) == {"dp-weight"} for r in replies if r["type"] == "train")
+        (entry,) = res["rounds"]
+        assert not {"questions", "seconds", "update_norms"} & set(entry)
+        assert "fed_negative_hardness" not in json.dumps(files) and "fed_negative_exchanges" not in json.dumps(files)
+        counted = "queries" in json.dumps(res["evaluations"])  # the test split's counts are public, validation's not
+        assert counted == (split == {})
 
 
 def test_baselines_run_per_client(fed_dir, tiny_encoder):
@@ -439,7 +496,7 @@ def test_two_nodes_serving_one_client_are_refused(fed_dir, tiny_encoder, tmp_pat
     nodes = [{"data-dir": str(fed_dir), "client": "client_00"}, {"data-dir": str(fed_dir), "client": "client_00"}]
     grid = InProcessGrid(build_client_app(), nodes, {**cfg.to_run_config(), "num-clients": 2})
     with pytest.raises(RuntimeError, match="more than one node answered for client_00"):
-        run_server(grid, cfg, tmp_path / "run", n_clients=2)
+        run_server(grid, cfg, tmp_path / "run", n_clients=2, dataset_id="name-fed")
     assert not (tmp_path / "run" / "global.npz").exists()  # nothing aggregated, nothing released
 
 

@@ -10,8 +10,9 @@ from typing import Annotated, Optional
 
 import typer
 
-from privret.cli.common import build_config, out
-from privret.cli.options import ENCODER_HELP, ConfigDeviceOpt, checked_device
+from privret.cli.common import budget_policy, build_config, given_flags, out
+from privret.cli.options import (ENCODER_HELP, AllowOverOpt, BudgetCapOpt, ConfigDeviceOpt, DatasetNameOpt,
+                                 checked_device)
 from privret.errors import InputError
 
 app = typer.Typer(help="Federated dense retrieval for answer sentence selection (PDD-AS2, Flower).",
@@ -78,8 +79,12 @@ def federated_train(
         help="continue from the last finished round in --out; a baseline's saved result with these settings and "
              "data is reused")] = True,
     device: ConfigDeviceOpt = None,
+    budget_cap: BudgetCapOpt = None,
+    allow_over_budget: AllowOverOpt = None,
+    dataset_name: DatasetNameOpt = None,
 ) -> None:
-    """PDD-AS2 + client-customized query encoders + Fed-Negative with the Flower apps on this machine."""
+    """PDD-AS2 + client-customized query encoders + Fed-Negative with the Flower apps on this machine (a DP run is a
+    release per client in the budget registry)."""
     import torch
 
     from privret.federated import runner
@@ -105,8 +110,11 @@ def federated_train(
         cfg = with_target_epsilon(cfg, dp_epsilon)
     checked_device(cfg.device, field="--device" if device is not None else "device",
                    path=None if device is not None else config)
+    _refuse_budget_flags_without_dp(cfg)
     if baseline == "pdd-as2":
-        evaluations = runner.run_federated_local(cfg, data, out_dir, resume=resume)["evaluations"]
+        policy = budget_policy(budget_cap, allow_over_budget)
+        evaluations = runner.run_federated_local(cfg, data, out_dir, resume=resume, budget=policy,
+                                                 dataset_name=dataset_name)["evaluations"]
     else:
         evaluations = {baseline: runner.run_baseline(baseline, cfg, data, out_dir, resume=resume)}
     for name, ev in evaluations.items():
@@ -116,15 +124,35 @@ def federated_train(
     out.print(f"results in {out_dir}")
 
 
+def _refuse_budget_flags_without_dp(cfg) -> None:
+    """The budget flags apply to a DP run (the release they record); without DP nothing is recorded."""
+    given = given_flags("budget_cap", "allow_over_budget", "dataset_name")
+    if given and cfg.dp == "none":
+        raise InputError("applies to DP training (--dp server or client) only: a run without DP is no release in "
+                         "the budget registry", field=given[0])
+
+
 @app.command("flower-app")
 def federated_flower_app(
     app_dir: Annotated[Path, typer.Option("--app", help="directory to write the Flower App into")],
     out_dir: Annotated[str, typer.Option("--out", help="where the ServerApp writes results (on the SuperLink host)")],
     num_clients: Annotated[int, typer.Option(help="SuperNodes to wait for")] = 10,
     config: Annotated[Optional[Path], typer.Option(help="YAML with FedConfig fields")] = None,
+    budget_cap: BudgetCapOpt = None,
+    allow_over_budget: AllowOverOpt = None,
+    dataset_name: Annotated[Optional[str], typer.Option(
+        help="DP: the name the ServerApp charges the release to in the budget registry of its host (required: the "
+             "server never sees the clients' data)")] = None,
 ) -> None:
     """Write a Flower App (pyproject.toml) for `flwr run APP SUPERLINK` across machines."""
-    from privret.federated.runner import write_flower_app
+    from privret.federated.runner import dataset_key, write_flower_app
 
-    write_flower_app(app_dir, _fed_config(config), out_dir=out_dir, num_clients=num_clients)
+    cfg = _fed_config(config)
+    _refuse_budget_flags_without_dp(cfg)
+    if cfg.dp != "none" and not (dataset_name or "").strip():
+        raise InputError("a DP run is charged to its dataset in the budget registry, and the server never sees the "
+                         "clients' data: name it", field="--dataset-name")
+    write_flower_app(app_dir, cfg, out_dir=out_dir, num_clients=num_clients,
+                     dataset_id=dataset_key([], dataset_name) if dataset_name else "",
+                     budget=budget_policy(budget_cap, allow_over_budget))
     out.print(f"Flower App written to {app_dir}; run it with: flwr run {app_dir} <superlink-connection>")

@@ -12,8 +12,10 @@ Seed: ``federated-answer-sentence-selection-thesis.txt`` (chapters 3 and 4).
 
 Privacy model: raw questions, sentences and passages never leave a client. What leaves it: model
 weights (stage 1; optionally with client-level DP), the query and sentence embeddings that
-Fed-Negative exchanges (not noised; the inversion check, :mod:`privret.audit.inversion`, measures what they reveal), and evaluation
-metrics.
+Fed-Negative exchanges (without DP only; not noised; the inversion check, :mod:`privret.audit.inversion`,
+measures what they reveal), and evaluation metrics. Under DP nothing that a client's data size moves leaves
+it (:class:`~privret.federated.config.FedConfig`, :mod:`~privret.federated.client_app`), and the run is a
+release per client in the budget registry (:mod:`~privret.federated.server_app`).
 """
 
 from privret.federated.config import FedConfig

@@ -4,16 +4,20 @@ Messages (all through the Flower SuperLink; the ServerApp, :mod:`privret.federat
 Fed-Negative traffic because Flower clients never talk to each other directly):
 
 * ``train`` (stage 1): global arrays + ``{stage: bm25|hard}``; the client trains ``local_epochs``
-  epochs on its data and answers with its weights and ``num-examples = |D_i|``.
+  epochs on its data and answers with its weights and ``num-examples = |D_i|`` (under DP, ``dp-weight = 1``
+  only: :func:`_train_metrics`).
 * ``query.embed``: the client's training-query embeddings under its client-customized query encoder
   of a variant (Fed-Negative, step 1: eq. 4.1's sending side).
 * ``query.fednegative``: another client's query embeddings; the answer is the top-``n`` sentence
   embeddings and scores of this client's collection (eq. 4.2's inner ``N_{c_k}``).
 * ``train.personalize`` (stage 2): one epoch of the client's own query encoder with the sentence
   encoder frozen; with Fed-Negative the message carries the answers for this client's queries and
-  the client keeps the top ``n`` overall (eq. 4.2).
+  the client keeps the top ``n`` overall (eq. 4.2). The reply carries no metrics under DP.
 * ``evaluate``: sentence- and passage-level MRR@10 and Recall@1/20/100 on the client's test split (or its
-  validation questions, ``evaluation_split``).
+  validation questions, ``evaluation_split``), with their count (not for validation questions under DP).
+
+Under DP-FedAvg nothing a client's own data size moves leaves it (no question count of its training log,
+no steps, no loss, no Fed-Negative: :class:`~privret.federated.config.FedConfig` refuses ``fed`` there).
 
 Node config of a SuperNode: ``data-dir`` (a Fed-SQuAD directory) and ``client`` (``client_03``) or
 ``partition-id`` (3). Run config: the :class:`~privret.federated.config.FedConfig` fields (dashes).
@@ -80,6 +84,15 @@ def _train_clipped(msg, context, call_next):
     if KEY_CLIPPING_NORM in config:
         return fixedclipping_mod(msg, context, call_next)
     return call_next(msg, context)
+
+
+def _train_metrics(cfg: FedConfig, questions: list, stats: list[dict]) -> dict:
+    """What a ``train`` reply reports beside the update. Without DP: ``num-examples = |D_i|`` (eq. 3.6's weight),
+    the steps and the last epoch's loss. Under DP-FedAvg the weights are uniform (``dp-weight = 1``) and nothing
+    else leaves the client: its data size, the steps it moves and the loss are not covered by the noise."""
+    if cfg.dp != "none":
+        return {DP_WEIGHT_KEY: 1.0}
+    return {WEIGHT_KEY: len(questions), "steps": sum(s["steps"] for s in stats), "loss": stats[-1]["loss"]}
 
 
 class FedClient:
@@ -157,10 +170,8 @@ class FedClient:
                 model, client, questions, negatives, optimizer=optimizer, batch_size=cfg.batch_size,
                 temperature=cfg.temperature, max_query_tokens=cfg.max_query_tokens,
                 max_sentence_tokens=cfg.max_sentence_tokens, rng=rng, bf16=cfg.bf16))
-        metrics = {WEIGHT_KEY: len(questions), DP_WEIGHT_KEY: 1.0, "steps": sum(s["steps"] for s in stats)}
-        if cfg.dp == "none":  # under DP-FedAvg the local loss is not DP: it never leaves the client
-            metrics["loss"] = stats[-1]["loss"]
-        return Message(RecordDict({"arrays": weights(model), "metrics": _metric_record(metrics),
+        metrics = _metric_record(_train_metrics(cfg, questions, stats))
+        return Message(RecordDict({"arrays": weights(model), "metrics": metrics,
                                    "info": ConfigRecord({"client": client.name})}), reply_to=msg)
 
     def embed_queries(self, msg, context):
@@ -192,25 +203,24 @@ class FedClient:
         questions = local.train_questions(client, cfg.max_train_questions, cfg.seed, cfg.train_fraction)
         fed = None
         answers = [rec for key, rec in msg.content.array_records.items() if key.startswith("fedneg-")]
-        if answers:
+        metrics = {}
+        if answers:  # Fed-Negative runs without DP only (FedConfig refuses it under DP)
             fed = fed_negative_merge([(a["emb"].numpy(), a["scores"].numpy()) for a in answers], cfg.fed_negatives)
-        metrics = {WEIGHT_KEY: len(questions), "fed-negatives-per-query": 0 if fed is None else fed.shape[1]}
-        private_stats = cfg.dp == "none"  # under DP-FedAvg, statistics of the training questions stay here
-        if fed is not None and private_stats:  # measured before this epoch's training, on the encoder that trains
+            # measured before this epoch's training, on the encoder that trains
             q = local.encode_texts(model, [x.text for x in questions], max_length=cfg.max_query_tokens, bf16=cfg.bf16)
             hardness = negative_hardness(q, s, local.gold_indices(client, questions), fed, cfg.personal_negatives)
-            metrics.update({f"hardness/{k}": v for k, v in hardness.items()})
+            metrics = {"fed-negatives-per-query": fed.shape[1], **{f"hardness/{k}": v for k, v in hardness.items()}}
         optimizer = torch.optim.AdamW(trainable_parameters(model).values(), lr=cfg.personal_learning_rate)
         stats = local.train_query_encoder_epoch(
             model, client, questions, s, optimizer=optimizer, batch_size=cfg.personal_batch_size,
             temperature=cfg.temperature, max_query_tokens=cfg.max_query_tokens, n_negatives=cfg.personal_negatives,
             hard_k=cfg.personal_hard_k, rng=rng, fed_negatives=fed, bf16=cfg.bf16)
         context.state[f"query-encoder-{variant}"] = weights(model)
-        metrics["steps"] = stats["steps"]
-        if private_stats:
-            metrics["loss"] = stats["loss"]
-        return Message(RecordDict({"metrics": _metric_record(metrics), "info": ConfigRecord({"client": client.name})}),
-                       reply_to=msg)
+        content = RecordDict({"info": ConfigRecord({"client": client.name})})
+        if cfg.dp == "none":  # under DP-FedAvg what the client's training questions move stays here
+            content["metrics"] = _metric_record({WEIGHT_KEY: len(questions), "steps": stats["steps"],
+                                                 "loss": stats["loss"], **metrics})
+        return Message(content, reply_to=msg)
 
     def evaluate(self, msg, context):
         cfg = FedConfig.from_run_config(context.run_config)
@@ -225,7 +235,8 @@ class FedClient:
         q = local.encode_texts(model, [x.text for x in questions], max_length=cfg.max_query_tokens, bf16=cfg.bf16)
         result = local.evaluate_scores(q @ s.T, client, questions, per_query=cfg.per_query_metrics)
         flat = {f"{level}/{k}": m[k] for level, m in result.items() for k in local.METRIC_NAMES}
-        flat[WEIGHT_KEY] = len(questions)
+        if cfg.evaluation_counts_public:  # a validation count under DP would give away the client's training size
+            flat[WEIGHT_KEY] = len(questions)
         content = RecordDict({"metrics": _metric_record(flat), "info": ConfigRecord({"client": client.name})})
         if cfg.per_query_metrics:  # each test question's reciprocal rank, in the order of its id
             ids = sorted(q.id for q in questions)

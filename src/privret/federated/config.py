@@ -30,7 +30,8 @@ class FedConfig(BaseModel):
     Stage 2 (thesis 4.2): for each variant in ``personalize`` ("local": client-customized query
     encoders with local dynamic hard negatives; "fed": the same plus Fed-Negative), every client
     fine-tunes its own copy of the query encoder for ``personal_epochs`` epochs with the sentence
-    encoder frozen.
+    encoder frozen. Under DP (``dp`` server or client) nothing a client's own data size moves may leave it,
+    so stage 2 is ``local`` by default and ``fed`` is refused (it sends one embedding per training question).
 
     What a round costs: only the ``trainable`` parameters (:func:`privret.models.trainable.make_trainable`;
     default ``layers``: the embeddings stay frozen and at home) travel, as ``wire_dtype`` (weights down,
@@ -71,7 +72,9 @@ class FedConfig(BaseModel):
     per_query_metrics: bool = Field(False, description="evaluation replies carry each test question's reciprocal "
                                                        "rank (paired statistics; the server sees per-question results)")
     # stage 2: client-customized query encoders and Fed-Negative
-    personalize: list[Literal["local", "fed"]] = Field(default_factory=lambda: ["local", "fed"])
+    personalize: list[Literal["local", "fed"]] = Field(
+        default_factory=lambda: ["local", "fed"],
+        description="stage-2 variants (default both; with dp server or client only local: Fed-Negative is refused)")
     personal_epochs: int = Field(1, ge=1)
     personal_learning_rate: float = Field(1e-5, gt=0, allow_inf_nan=False)
     personal_batch_size: int = Field(32, gt=1)
@@ -89,6 +92,14 @@ class FedConfig(BaseModel):
     device: DeviceSpec = Field("auto", description="where each process runs its models: auto, cpu, cuda or cuda:N "
                                             "(privret.models.device)")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _default_personalize(cls, values):
+        """Under DP the default stage 2 is ``local`` only: Fed-Negative (``fed``) cannot run there (:meth:`_check`)."""
+        if isinstance(values, dict) and "personalize" not in values and values.get("dp", "none") != "none":
+            return {**values, "personalize": ["local"]}
+        return values
+
     @model_validator(mode="after")
     def _check(self) -> FedConfig:
         if self.warmup_rounds > self.rounds:
@@ -99,7 +110,28 @@ class FedConfig(BaseModel):
         if self.evaluation_split == "validation" and (self.train_fraction >= 1 or self.max_train_questions):
             raise ValueError("evaluation_split = validation needs train_fraction < 1 and no max_train_questions "
                              "(the validation questions are the training questions the run leaves out)")
+        if self.dp != "none":
+            self._check_dp_sends_no_client_size()
         return self
+
+    def _check_dp_sends_no_client_size(self) -> None:
+        """Under DP nothing a client's own data size moves may leave it. Fed-Negative sends one embedding per
+        training question (to the server and to the other clients), and per-question validation ranks one per
+        question held out of the training log: both are refused."""
+        if "fed" in self.personalize:
+            raise ValueError("personalize `fed` (Fed-Negative) sends one embedding per training question of a client, "
+                             "which gives away its data size: not with dp server or client (use [local] or [])")
+        if self.per_query_metrics and self.evaluation_split == "validation":
+            raise ValueError("per_query_metrics with evaluation_split = validation sends one rank per held-out "
+                             "training question of a client, which gives away its data size: not with dp server "
+                             "or client")
+
+    @property
+    def evaluation_counts_public(self) -> bool:
+        """Whether an evaluation reply carries its client's question count: for the test split always (public: not
+        the training log), for the validation split (held out of a client's training log: its count gives away the
+        client's training size) without DP only."""
+        return self.dp == "none" or self.evaluation_split == "test"
 
     def to_run_config(self) -> dict[str, bool | float | int | str]:
         """Flower run config: scalars only (lists joined with commas)."""

@@ -285,11 +285,15 @@ def evaluate_bm25(client: ClientData, questions: list[Question], *, per_query: b
 
 
 def pooled(per_client: dict[str, dict]) -> dict[str, dict]:
-    """Micro average over all test questions of all clients (each client weighted by its question count)."""
+    """Micro average over all evaluated questions of all clients (each client weighted by its question count); when
+    the clients report no count (validation questions under DP, :attr:`FedConfig.evaluation_counts_public`), the
+    mean over clients, each weighing one."""
+    counted = all("queries" in m[level] for m in per_client.values() for level in LEVELS)
     out = {}
     for level in LEVELS:
-        total = sum(m[level]["queries"] for m in per_client.values())
-        out[level] = {k: sum(m[level][k] * m[level]["queries"] for m in per_client.values()) / total
-                      for k in METRIC_NAMES}
-        out[level]["queries"] = total
+        weight = {c: m[level]["queries"] if counted else 1 for c, m in per_client.items()}
+        total = sum(weight.values())
+        out[level] = {k: sum(per_client[c][level][k] * w for c, w in weight.items()) / total for k in METRIC_NAMES}
+        if counted:
+            out[level]["queries"] = total
     return out

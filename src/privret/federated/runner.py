@@ -21,12 +21,15 @@ from pathlib import Path
 
 import torch
 
+from privret.data.beir import Document
 from privret.data.fed_squad import ClientData, load_fed_squad
+from privret.data.pairs import QueryDocPair, TrainingPairs
 from privret.errors import InputError
 from privret.federated import local
 from privret.federated.arrays import new_encoder, trainable_parameters
 from privret.federated.config import FedConfig, without_runtime
 from privret.io import file_sha256, write_json_atomic
+from privret.privacy.budget import BudgetPolicy, dataset_id
 from privret.privacy.commitment import commit
 
 
@@ -95,8 +98,10 @@ def _check_data(data_dir: Path) -> tuple[list[ClientData], dict]:
     return clients, manifest
 
 
-def run_federated_local(cfg: FedConfig, data_dir: str | Path, out_dir: str | Path, *, resume: bool = True) -> dict:
-    """PDD-AS2 + personalisation with the real Flower apps on an :class:`InProcessGrid`."""
+def run_federated_local(cfg: FedConfig, data_dir: str | Path, out_dir: str | Path, *, resume: bool = True,
+                        budget: BudgetPolicy | None = None, dataset_name: str | None = None) -> dict:
+    """PDD-AS2 + personalisation with the real Flower apps on an :class:`InProcessGrid`; a DP run is recorded in the
+    budget registry under :func:`dataset_key` with ``budget`` (default: the default cap)."""
     from privret.federated.client_app import build_client_app
     from privret.federated.server_app import run_server
 
@@ -106,7 +111,22 @@ def run_federated_local(cfg: FedConfig, data_dir: str | Path, out_dir: str | Pat
     grid = InProcessGrid(build_client_app(), [{"data-dir": str(data_dir), "client": c.name} for c in clients],
                          run_config)
     return run_server(grid, cfg, out_dir, n_clients=len(clients), data_hash=manifest.get("source_sha256", ""),
-                      resume=resume)
+                      dataset_id=dataset_key(clients, dataset_name), budget=budget, resume=resume)
+
+
+def dataset_key(clients: list[ClientData], name: str | None = None) -> str:
+    """The budget registry's key of the clients' data, by the function that keys every DP release
+    (:func:`privret.privacy.budget.dataset_id`): ``name``'s, or that of the records (training question, its answer
+    sentence) of every client. A copy of the directory is the same dataset; the test questions, which no run trains
+    on, are not part of it."""
+    corpus, pairs = {}, []
+    for c in clients:
+        text = dict(zip(c.sentence_ids, c.sentences))
+        for q in c.split("train"):
+            doc = f"{c.name}/{q.positive}"
+            corpus[doc] = Document(doc, "", text[q.positive])
+            pairs.append(QueryDocPair(q.text, doc))
+    return dataset_id(TrainingPairs(pairs, corpus), name)
 
 
 def run_baseline(name: str, cfg: FedConfig, data_dir: str | Path, out_dir: str | Path, *, resume: bool = True) -> dict:
@@ -232,15 +252,19 @@ BASELINES = {"local-only": train_local_only, "central": train_central, "zero-sho
              "bm25": evaluate_bm25_all}
 
 
-def write_flower_app(app_dir: str | Path, cfg: FedConfig, *, out_dir: str, num_clients: int, data_hash: str = "") -> Path:
+def write_flower_app(app_dir: str | Path, cfg: FedConfig, *, out_dir: str, num_clients: int, data_hash: str = "",
+                     dataset_id: str = "", budget: BudgetPolicy | None = None) -> Path:
     """A Flower App directory for ``flwr run``: components point at :mod:`privret.federated.server_app` and
-    :mod:`privret.federated.client_app`."""
+    :mod:`privret.federated.client_app`; ``dataset_id`` and ``budget`` are what the ServerApp records a DP run
+    under in the budget registry of its host."""
     import tomli_w
 
     app_dir = Path(app_dir)
     app_dir.mkdir(parents=True, exist_ok=True)
+    budget = budget or BudgetPolicy()
     run_config = {**cfg.to_run_config(), "out-dir": str(out_dir), "num-clients": int(num_clients),
-                  "data-hash": data_hash}
+                  "data-hash": data_hash, "dataset-id": dataset_id, "budget-cap": budget.cap,
+                  "allow-over-budget": budget.allow_over}
     doc = {
         "build-system": {"requires": ["hatchling"], "build-backend": "hatchling.build"},
         "project": {"name": "privret-pdd-as2", "version": "0.1.0", "license": "Apache-2.0",
@@ -266,5 +290,5 @@ def require_data(data_dir: str | Path) -> list[ClientData]:
     return load_fed_squad(data_dir)
 
 
-__all__ = ["InProcessGrid", "run_federated_local", "run_baseline", "BASELINES", "evaluate_bm25_all",
+__all__ = ["InProcessGrid", "run_federated_local", "dataset_key", "run_baseline", "BASELINES", "evaluate_bm25_all",
            "train_local_only", "train_central", "evaluate_zero_shot", "write_flower_app"]

@@ -7,8 +7,14 @@ query encoders, with or without Fed-Negative, whose traffic this server relays b
 never talk to each other) is trained and evaluated; ``results.json`` is rewritten after each. The
 messages are those of :mod:`privret.federated.client_app`.
 
+A DP run is a release in the budget registry (:mod:`privret.privacy.budget`, unit ``client``), recorded
+``planned`` before its first noisy aggregate and ``final`` after its last, under a release id kept in
+``state.json`` (a resumed run is the same release); past the cap, or beside releases per another unit on
+its dataset, it is refused before any round.
+
 Run config: the :class:`~privret.federated.config.FedConfig` fields (dashes) plus ``out-dir``, where
-the ServerApp writes checkpoints and ``results.json``, ``num-clients`` and ``data-hash``.
+the ServerApp writes checkpoints and ``results.json``, ``num-clients``, ``data-hash``, and for the budget
+registry ``dataset-id``, ``budget-cap`` and ``allow-over-budget``.
 """
 
 from __future__ import annotations
@@ -27,6 +33,8 @@ from privret.federated.config import RUNTIME_FIELDS, FedConfig, without_runtime
 from privret.federated.negatives import ExchangeLog, select_clients
 from privret.federated.strategy import WEIGHT_KEY, dp_ledger, make_strategy, record_bytes
 from privret.io import write_json_atomic
+from privret.privacy import budget as budget_registry
+from privret.privacy.ledger import PrivacyLedger
 from privret.runlock import RunLock
 
 try:  # flwr is needed for the apps only; the rest of privret.federated works without it
@@ -88,7 +96,8 @@ def _per_client_metrics(replies) -> dict[str, dict]:
         result = {}
         for level in local.LEVELS:
             result[level] = {k: float(m[f"{level}/{k}"]) for k in local.METRIC_NAMES}
-            result[level]["queries"] = int(m[WEIGHT_KEY])
+            if WEIGHT_KEY in m:  # not for validation questions under DP (FedConfig.evaluation_counts_public)
+                result[level]["queries"] = int(m[WEIGHT_KEY])
             if "per-query" in r.content.array_records:
                 values = r.content["per-query"][level].numpy().tolist()
                 result[level]["per_query"] = dict(zip(r.content["info"]["question-ids"], values))
@@ -104,6 +113,14 @@ def _update_norms(master: ArrayRecord, replies) -> dict[str, float]:
         total = sum(float(((model[k].numpy().astype(np.float64) - master[k].numpy()) ** 2).sum()) for k in master)
         out[str(r.content["info"]["client"])] = total ** 0.5
     return dict(sorted(out.items()))
+
+
+def _round_sizes(replies, started: float, norms: dict[str, float]) -> dict:
+    """A round's figures that a client moves by its own data size, recorded without DP only: the clients' training
+    questions, the round's seconds (a client's local epochs take longer the more questions it has) and each
+    client's update norm (the figure a DP clip norm is chosen from)."""
+    questions = sum(float(r.content["metrics"][WEIGHT_KEY]) for r in replies)
+    return {"questions": int(questions), "seconds": round(time.time() - started, 1), "update_norms": norms}
 
 
 def _hardness(replies) -> dict:
@@ -209,7 +226,7 @@ def _personalize(grid, nodes, arrays, version: str, variant: str, cfg: FedConfig
                 content[f"fedneg-{k}"] = ans
             msgs.append(Message(content, dst_node_id=n, message_type="train.personalize"))
         replies = _send(grid, msgs, cfg)[0]
-        if variant == "fed" and cfg.dp == "none":  # under DP the clients do not report it
+        if variant == "fed":  # without DP only (FedConfig refuses Fed-Negative under DP)
             hardness.append(_hardness(replies))
     result = _evaluate_all(grid, nodes, arrays, version, variant, cfg)
     if exchanges:
@@ -220,20 +237,34 @@ def _personalize(grid, nodes, arrays, version: str, variant: str, cfg: FedConfig
 
 
 def run_server(grid, cfg: FedConfig, out_dir: str | Path, *, n_clients: int, data_hash: str = "",
-               resume: bool = True) -> dict:
+               dataset_id: str = "", budget: budget_registry.BudgetPolicy | None = None, resume: bool = True) -> dict:
     """Stage 1 (FedAvg rounds, checkpointed each round), evaluation, stage 2 variants; ``results.json``.
 
-    One server per run directory: a second one pointed at ``out_dir`` fails at once (:class:`RunLock`).
+    A DP run is recorded in the budget registry under ``dataset_id`` (else ``data_hash``) with ``budget`` (default:
+    :class:`~privret.privacy.budget.BudgetPolicy`). One server per run directory: a second one pointed at
+    ``out_dir`` fails at once (:class:`RunLock`).
     """
     out_dir = Path(out_dir)
+    cfg = FedConfig.model_validate(cfg.model_dump())  # a copy made with model_copy(update=...) is checked too
     if cfg.dp != "none" and not cfg.dp_delta * n_clients < 1:  # as every DP run: delta < 1/n units
         raise InputError(f"dp_delta {cfg.dp_delta:g} must be below 1/n = {1.0 / n_clients:.3g} for {n_clients} "
                          "clients (the unit of DP-FedAvg)", field="dp_delta")
+    if cfg.dp != "none" and (budget is None or budget.enabled) and not (dataset_id or data_hash):
+        raise InputError("a DP run is recorded in the budget registry under its dataset: give its dataset id "
+                         "(a dataset name)", field="dataset_id")
     with RunLock(out_dir, what="federated run directory"):
-        return _run_server(grid, cfg, out_dir, n_clients=n_clients, data_hash=data_hash, resume=resume)
+        return _run_server(grid, cfg, out_dir, n_clients=n_clients, data_hash=data_hash, dataset_id=dataset_id,
+                           budget=budget, resume=resume)
 
 
-def _run_server(grid, cfg: FedConfig, out_dir: Path, *, n_clients: int, data_hash: str, resume: bool) -> dict:
+def _release(ledger: PrivacyLedger, release_id: str, status: str, out_dir: Path) -> budget_registry.Release:
+    """The run's record in the budget registry: one release per (release id, run directory)."""
+    return budget_registry.Release.from_ledger(ledger, release_id=release_id, status=status,
+                                               artefact=out_dir.absolute())
+
+
+def _run_server(grid, cfg: FedConfig, out_dir: Path, *, n_clients: int, data_hash: str, dataset_id: str,
+                budget: budget_registry.BudgetPolicy | None, resume: bool) -> dict:
     out_dir.mkdir(parents=True, exist_ok=True)
     state_path, ckpt = out_dir / "state.json", out_dir / "global.npz"
     state = json.loads(state_path.read_text()) if resume and state_path.is_file() else {}
@@ -248,11 +279,21 @@ def _run_server(grid, cfg: FedConfig, out_dir: Path, *, n_clients: int, data_has
         rounds_done = on_disk
     arrays = load_arrays(ckpt) if rounds_done and ckpt.is_file() else weights(new_encoder(cfg))
     written = int(state.get("aggregates_written", rounds_done))  # global models that may have reached disk
+    release_id = state.get("release_id") or budget_registry.new_release_id()
 
     def save_state(done: int) -> None:
         write_json_atomic(state_path, {"rounds_done": done, "aggregates_written": written, "history": history,
-                                       "config": _fingerprint(cfg)})
+                                       "config": _fingerprint(cfg), "release_id": release_id})
 
+    def ledger(releases: int, n_questions: int = 0) -> PrivacyLedger:
+        return dp_ledger(cfg, releases=releases, n_clients=n_clients, n_questions=n_questions, data_hash=data_hash,
+                         dataset_id=dataset_id)
+
+    remaining = cfg.rounds - rounds_done
+    planned = ledger(written + remaining)  # every aggregate counted so far and one per round left
+    if remaining and planned.is_private:  # recorded before the first noise is drawn: a crash never under-counts
+        save_state(rounds_done)  # the release id on disk first: a resumed run is this release, not a second
+        budget_registry.check_and_record(_release(planned, release_id, "planned", out_dir), budget)
     strategy = make_strategy(cfg, n_clients)
     from flwr.serverapp.strategy.strategy_utils import sample_nodes
 
@@ -269,14 +310,10 @@ def _run_server(grid, cfg: FedConfig, out_dir: Path, *, n_clients: int, data_has
         if new_arrays is None:
             raise RuntimeError(f"round {rnd}: aggregation failed")
         arrays = new_arrays
-        n_questions = int(sum(float(next(iter(r.content.metric_records.values()))[WEIGHT_KEY]) for r in replies))
         entry = {"round": rnd, "stage": stage, "bytes_down": down, "bytes_up": up,
-                 "seconds": round(time.time() - t0, 1),
                  "train_loss": float(metrics["loss"]) if metrics is not None and "loss" in metrics else None}
-        if cfg.dp == "none":  # a client moves this sum by its own (unbounded) size: not released under DP
-            entry["questions"] = n_questions
-        if norms is not None:  # without DP only: how large the clients' updates are (to choose a DP clip norm)
-            entry["update_norms"] = norms
+        if cfg.dp == "none":  # what a client moves by its own (unbounded) size: not released under DP
+            entry.update(_round_sizes(replies, t0, norms))
         written += 1  # announced before the aggregate may reach disk: a kill while saving still counts it
         save_state(rnd - 1)
         save_arrays(ckpt, arrays, round_number=rnd)  # before the new weights leave the server (evaluation)
@@ -285,11 +322,12 @@ def _run_server(grid, cfg: FedConfig, out_dir: Path, *, n_clients: int, data_has
             entry["evaluation"] = _evaluate_all(grid, nodes, arrays, f"round-{rnd}", "global", cfg)["pooled"]
         save_state(rnd)
     questions = [r["questions"] for r in history if "questions" in r]
-    ledger = dp_ledger(cfg, releases=written, n_clients=n_clients,
-                       n_questions=int(questions[-1]) if questions else 0, data_hash=data_hash)
-    ledger.save(out_dir)
+    final = ledger(written, int(questions[-1]) if questions else 0)
+    final.save(out_dir)
+    if remaining and final.is_private:
+        budget_registry.record(_release(final, release_id, "final", out_dir), budget)
     version = f"round-{cfg.rounds}"
-    results = {"config": cfg.model_dump(mode="json"), "rounds": history, "ledger": json.loads(ledger.model_dump_json())}
+    results = {"config": cfg.model_dump(mode="json"), "rounds": history, "ledger": json.loads(final.model_dump_json())}
     results_path = out_dir / "results.json"
     done = _finished_evaluations(results_path, cfg) if resume else {}
     evaluations = dict(done)
@@ -311,10 +349,14 @@ def build_server_app():
 
     @app.main()
     def main(grid: Grid, context: Context) -> None:
-        cfg = FedConfig.from_run_config(context.run_config)
-        out_dir = str(context.run_config.get("out-dir", "")) or "runs/federated"
-        n_clients = int(context.run_config.get("num-clients", 2))
-        run_server(grid, cfg, out_dir, n_clients=n_clients, data_hash=str(context.run_config.get("data-hash", "")))
+        run_config = context.run_config
+        cfg = FedConfig.from_run_config(run_config)
+        out_dir = str(run_config.get("out-dir", "")) or "runs/federated"
+        n_clients = int(run_config.get("num-clients", 2))
+        policy = budget_registry.BudgetPolicy(cap=float(run_config.get("budget-cap", budget_registry.DEFAULT_CAP)),
+                                              allow_over=bool(run_config.get("allow-over-budget", False)))
+        run_server(grid, cfg, out_dir, n_clients=n_clients, data_hash=str(run_config.get("data-hash", "")),
+                   dataset_id=str(run_config.get("dataset-id", "")), budget=policy)
 
     return app
 

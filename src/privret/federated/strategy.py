@@ -11,10 +11,11 @@ Flower's ``fixedclipping_mod``), the updates are averaged and Gaussian noise of 
 ``sigma * C / m`` is added (``m`` clients per round), drawn from the OS CSPRNG (:class:`_NoiseFromOs`; Flower's
 own draw is numpy's global Mersenne Twister). The sensitivity ``C / m`` of the average holds
 for a *uniform* average only, so with DP the weights are uniform (every client reports
-``dp-weight = 1``) instead of eq. 3.6. Every client takes part in every round (no subsampling), so
+``dp-weight = 1``, not ``num-examples``) instead of eq. 3.6. Every client takes part in every round (no subsampling), so
 the accountant composes ``rounds`` Gaussian mechanisms with sampling rate 1 (:func:`dp_ledger`).
-The guarantee covers the model updates only: Fed-Negative embeddings and the evaluation metrics a
-client reports are not noised (see ``docs/federated.md``).
+The guarantee covers the model updates only: the evaluation metrics a client reports and its personalised query
+encoders are not noised; Fed-Negative, which sends one embedding per training question, does not run under DP,
+and no reply carries a client's data size (see ``docs/federated.md``).
 """
 
 from __future__ import annotations
@@ -96,12 +97,11 @@ def not_covered(cfg: FedConfig) -> list[str]:
         items.append("each evaluated question's reciprocal rank (per_query_metrics)")
     if cfg.personalize:
         items.append("the personalised query encoders (stage 2 trains without DP)")
-    if "fed" in cfg.personalize:
-        items.append("the Fed-Negative embeddings the clients exchange")
     return items
 
 
-def dp_ledger(cfg: FedConfig, *, releases: int, n_clients: int, n_questions: int, data_hash: str) -> PrivacyLedger:
+def dp_ledger(cfg: FedConfig, *, releases: int, n_clients: int, n_questions: int, data_hash: str,
+              dataset_id: str = "") -> PrivacyLedger:
     """The client-level ledger of the FedAvg updates (epsilon = inf without DP): ``releases`` noisy global
     models, each a Gaussian mechanism at sampling rate 1; the server counts every one that may have
     reached disk, so a kill while saving one makes ``releases`` exceed the rounds (conservative). A DP
@@ -120,7 +120,8 @@ def dp_ledger(cfg: FedConfig, *, releases: int, n_clients: int, n_questions: int
         noise_multiplier=cfg.dp_noise_multiplier if private else 0.0, sample_rate=1.0, steps=releases,
         planned_steps=cfg.rounds, accountant="rdp" if private else "none", unit="client", n_units=n_clients,
         n_pairs=n_questions, clip_norm=cfg.dp_clip_norm if private else 0.0, model=cfg.model, trainable=cfg.trainable,
-        data_hash=data_hash, secure_rng=private, random_sources={"noise": CSPRNG} if private else {},
+        data_hash=data_hash, dataset_id=dataset_id,
+        secure_rng=private, random_sources={"noise": CSPRNG} if private else {},
         provenance={"not_covered": not_covered(cfg)} if private else {})
 
 
