@@ -105,7 +105,7 @@ def test_the_shipped_squad_config_trains_its_dp_rows_without_the_validation_arti
 
 
 @pytest.mark.skipif(not (REPO.parent / "shared" / "data" / "scifact").is_dir(), reason="needs ../shared/data/scifact")
-@pytest.mark.parametrize("name", ["scifact.yaml", "scifact-all-layers.yaml", "scifact-corpus.yaml"])
+@pytest.mark.parametrize("name", ["scifact.yaml", "scifact-corpus.yaml"])
 def test_the_synthetic_document_sample_is_no_count_of_the_private_log(name):
     """The synthetic set's size is released with it: a shipped config's ``synthetic_documents.sample`` must not be
     read off the log (its distinct documents, pairs, query ids or units)."""
