@@ -107,7 +107,7 @@ def audit_settings(cfg: CanaryAuditConfig, data_hash: str, n_pairs: int) -> dict
 def same_settings(saved: dict, settings: dict) -> bool:
     """Does an audit directory's ``settings.json`` (``saved``) hold the audit of ``settings``?
 
-    Audits written before the generator's settings were typed (to 2026-11-29) also kept the generator's fields as
+    Audits written by a privret older than the typed generator settings also kept the generator's fields as
     given under ``audit`` (``audit.generator``, a partial dict with the unit); the resolved ``generator`` entry, which
     both kinds hold, says the same in full, so that partial copy is not compared. Nor is the private-data warning,
     which older audits lack."""

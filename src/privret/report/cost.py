@@ -6,8 +6,8 @@ stage ends) and ``eval_seconds`` in its ``metrics.json``. A row is timed when ev
 (:func:`expected_stages`) has a time; one finished by a privret older than the timing is not. A stage is timed by
 the process that finished it, so one resumed after a crash counts only its last part (an under-count).
 
-The rows made without private data (the epsilon = 0 bars, :data:`~privret.run_layout.PUBLIC_ROWS`) are what issue 12
-asks to stay cheap: at most 30% on top of the pipeline's wall time at one epsilon. For each epsilon e of the run's
+The rows made without private data (the epsilon = 0 bars, :data:`~privret.run_layout.PUBLIC_ROWS`) are meant
+to stay cheap: at most 30% on top of the pipeline's wall time at one epsilon. For each epsilon e of the run's
 grid (as the rows' directories name it: ``eps-7-selected`` belongs to 7, whatever its choice adds), two shares::
 
     synthetic route(e) = zero-shot + original pairs + the DP synthetic rows of e (plain, filtered, chosen)

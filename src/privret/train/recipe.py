@@ -1,6 +1,6 @@
 """Choosing the retriever's training recipe on a validation split of its own training pairs.
 
-The rule (issue 12: "never on test"), the same for every row that trains a retriever
+The rule (never choose on test), the same for every row that trains a retriever
 non-privately, on original or on synthetic pairs:
 
 1. The distinct query texts of the pairs (the query privacy unit) are shuffled with ``seed``; the
