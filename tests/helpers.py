@@ -24,7 +24,7 @@ SHARED_DATA = REPO.parent / "shared" / "data"
 
 
 def load_script(relative: str):
-    """The module of a script outside the package (``bench/park_run.py``, ``tools/...``), loaded from the repository
+    """The module of a script outside the package (``bench/...``, ``tools/...``), loaded from the repository
     and registered in ``sys.modules`` under its file's stem (dataclasses look their module up there)."""
     path = REPO / relative
     spec = importlib.util.spec_from_file_location(path.stem, path)
