@@ -65,7 +65,7 @@ def _computed_once(function):
 
 @pytest.fixture(scope="session", autouse=True)
 def _accountant_computed_once():
-    """The accountant calls of the training loop and of the budget registry, memoised for the session (see the
+    """The accountant calls of the training loop and of the budget registry, memoised for the pytest session (see the
     module docstring); a test's own monkeypatch of them still wins while it runs."""
     from privret.privacy import budget
     from privret.train import dp_run

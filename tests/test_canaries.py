@@ -200,8 +200,8 @@ def test_memorised_canaries_are_caught_unseen_ones_are_not(digit_llama, tmp_path
 
 
 def test_audit_settings_match_directories_written_before_the_generator_was_typed():
-    """Audits written before 2026-11-29 kept the generator's fields as given (unit included) under ``audit``; they
-    must still resume, and only with the same settings."""
+    """Audits written by a privret older than the typed generator settings kept the generator's fields as given
+    (unit included) under ``audit``; they must still resume, and only with the same settings."""
     cfg = audit.CanaryAuditConfig(trials=2, unit="pair", generator={"model": "tiny", "learning_rate": 0.01})
     current = audit.audit_settings(cfg, "data", 10)
     assert "generator" not in current["audit"] and current["generator"]["unit"] == "pair"

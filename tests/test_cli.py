@@ -114,7 +114,7 @@ def test_generator_train_passes_checkpoint_every(toy_beir, tmp_path, monkeypatch
         raise SystemExit(0)
 
     # the private worker, not train_generator: other modules import train_generator by name, and one
-    # imported while it was patched would keep the fake for the rest of the session
+    # imported while it was patched would keep the fake for the rest of the pytest session
     monkeypatch.setattr(gtrain, "_train_generator", fake_train)
     CliRunner().invoke(app, ["generator", "train", "--data", str(toy_beir), "--out", str(tmp_path / "g"),
                              "--checkpoint-every", "3"])

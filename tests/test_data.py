@@ -38,7 +38,7 @@ def test_corpus_errors_name_file_line_field(toy_beir, line, field, message):
 
 
 def test_an_empty_queries_file_is_named(toy_beir):
-    """It used to surface as the first qrels line's unknown query id."""
+    """Named as an empty queries file, not as the first qrels line's unknown query id."""
     (toy_beir / "queries.jsonl").write_text("")
     with pytest.raises(InputError, match="queries file is empty") as err:
         load_beir(toy_beir)
@@ -66,7 +66,7 @@ def test_qrels_unknown_ids_and_bad_scores(toy_beir, row, field):
 @pytest.mark.parametrize("rows", ["", "query-id\tcorpus-id\tscore\n", "q1\td1\t0\n"])
 def test_a_split_with_no_positive_judgement_is_refused_where_it_is_used(toy_beir, rows):
     """An empty, header-only or all-zero qrels file loads (data validate lists it), but training or scoring on it
-    names the file: it used to end in a ValueError from the metrics (or an NDCG of 0 on every query)."""
+    names the file, where it would otherwise end in a ValueError from the metrics (or an NDCG of 0 on every query)."""
     (toy_beir / "qrels" / "test.tsv").write_text(rows)
     dataset = load_beir(toy_beir)
     assert dataset.split("train")  # the other split is untouched

@@ -393,7 +393,7 @@ def test_generation_resumes_after_a_torn_write(tiny_config, tmp_path, monkeypatc
 @pytest.fixture(scope="session")
 def small_config(tmp_path_factory, tiny_llama_dir, tiny_bert_dir) -> PipelineConfig:
     """The non-private part of the grid only (fast): zero-shot, original, epsilon = inf, on a toy dataset
-    shared by the session (a run directory records its dataset's path)."""
+    shared by the pytest session (a run directory records its dataset's path)."""
     from helpers import TOY_DOCS, TOY_TEST, TOY_TRAIN, write_beir_dir
 
     dataset = write_beir_dir(tmp_path_factory.mktemp("small-run") / "toy",
@@ -407,7 +407,8 @@ def small_config(tmp_path_factory, tiny_llama_dir, tiny_bert_dir) -> PipelineCon
 
 @pytest.fixture(scope="session")
 def small_run(small_config, tmp_path_factory) -> Path:
-    """The small grid run once per session (its own budget registry); tests take a copy (:func:`small_run_dir`)."""
+    """The small grid run once per pytest session (its own budget registry); tests take a copy
+    (:func:`small_run_dir`)."""
     from privret.pipeline.run import run_pipeline
 
     root = tmp_path_factory.mktemp("small-run-dir")
@@ -419,7 +420,7 @@ def small_run(small_config, tmp_path_factory) -> Path:
 
 @pytest.fixture()
 def small_run_dir(small_run, tmp_path) -> Path:
-    """A copy of the session's finished small run, at ``tmp_path / "run"``."""
+    """A copy of the pytest session's finished small run, at ``tmp_path / "run"``."""
     return Path(shutil.copytree(small_run, tmp_path / "run"))
 
 

@@ -101,8 +101,8 @@ def test_the_pipeline_refuses_a_private_starting_model_before_writing_anything(f
 @pytest.mark.parametrize("field", ["retriever.model", "generator.model", "synthetic_filter.encoder",
                                    "direct_dp.settings.model", "direct_dp.per_method.public-negatives.model"])
 def test_the_pipeline_refuses_a_missing_starting_model_before_writing_anything(field, toy_beir, tmp_path):
-    """A starting model that is not there is named by its config field before the first stage (it used to surface
-    when its stage started, after the references)."""
+    """A starting model that is not there is named by its config field before the first stage (not only
+    when its stage starts, after the references)."""
     from privret.pipeline.run import run_pipeline
 
     with pytest.raises(InputError, match="model directory not found") as err:

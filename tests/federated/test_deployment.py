@@ -55,7 +55,7 @@ def _stop(proc: subprocess.Popen, sig=signal.SIGTERM) -> None:
 
 
 def _descendants(pid: int) -> list[int]:
-    """Every live process below ``pid`` (Flower starts the ServerApp in a session of its own)."""
+    """Every live process below ``pid`` (Flower starts the ServerApp in a process session of its own)."""
     parent = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
@@ -127,7 +127,7 @@ class Deployment:
         server = _descendants(self.link.pid)
         for p in [*self.nodes.values(), self.link]:
             _stop(p)
-        for pid in server:  # the ServerApp's session, if it outlived the SuperLink
+        for pid in server:  # the ServerApp's process session, if it outlived the SuperLink
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
