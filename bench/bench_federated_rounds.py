@@ -35,7 +35,7 @@ import json
 import time
 from pathlib import Path
 
-from fed_steps import add_data_arguments, per_question, prepare
+from bench_federated import add_data_arguments, per_question, prepare
 
 from privret.data.fed_squad import load_fed_squad
 from privret.evaluate.statistics import paired_bootstrap_ci

@@ -27,7 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from fed_steps import add_data_arguments, add_recipe_arguments, per_question, prepare, recipe, seed_mean, step
+from bench_federated import add_data_arguments, add_recipe_arguments, per_question, prepare, recipe, seed_mean, step
 
 from privret.data.fed_squad import load_fed_squad
 from privret.evaluate.statistics import mean_sd, paired_bootstrap_ci
