@@ -1,17 +1,9 @@
 #!/usr/bin/env bash
-# Issue 12 rows on SciFact: DP synthetic queries at epsilon 7, then a DP choice of retriever at epsilon 1 (8 in
-# all), and direct DP in a regime fixed a priori for a log of ~10^3 units, each followed by the same DP choice;
-# every model evaluated on test with per-query figures (for bench/seed_rows.py). Each step is skipped when its
-# output exists, so re-running resumes. One thread per job (2-core machine).
-#   usage: bench/dp_choice_rows.sh WORK_DIR STEP...
-#   STEP: references, synthetic:<generator seed>, retrain:<generator seed>:<retriever seed>, direct,
-#         ceiling:<generator seed>, prompted:<sample seed>, public-pairs:<sample seed>,
-#         reseed:<row>:<retriever seed> (row: inf-s<g>, prompted-s<s> or public-pairs-s<s>: its retriever again with
-#         another seed, the recipe its selection chose),
-#         keep:<sample seed> (the per-query test figures of zero-shot, the 3 originals and the two epsilon-0 bars of
-#         that seed, with the bars' recipe choices and ledgers, to bench/results/scifact_references: the paired CIs
-#         of the headline rows against the original and against the bars; copies those that exist, so it may
-#         follow each of references, prompted:<s> and public-pairs:<s>)
+# Reproduces docs/results.md, "DP synthetic queries" (SciFact) and the SciFact references and epsilon-0 bars of
+# "Direct DP training of the retriever" (bench/README.md).   usage: bench/dp_choice_rows.sh WORK STEP...
+#   e.g. bench/dp_choice_rows.sh runs/scifact references prompted:0 public-pairs:0 keep:0 synthetic:0 direct
+# 2 CPU cores (OMP_NUM_THREADS=2): references about 30 min, prompted:<s> 13-15 min, public-pairs:<s> 10 min (plus 6
+# once), synthetic:<s> about 1 h. Each step skips what exists, so re-running resumes. Steps: the case comments below.
 set -euo pipefail
 work=$1; shift
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} PRIVRET_BUDGET_DIR=${PRIVRET_BUDGET_DIR:-$work/budget}
@@ -20,11 +12,11 @@ P=.venv/bin/privret
 source bench/lib.sh
 D=../shared/data/scifact
 ev() { evaluate_once "$1" "$D" test "$2" --no-bf16; }  # $1 model, $2 out dir; float32 as the headline file
-choose() {  # $1 candidate, $2 output, $3 weights: the DP choice, then every candidate on test (reporting only)
+choose() {  # $1 candidate, $2 output, $3 weights: the DP choice (epsilon 1), then the candidate and the choice on test
   [ -d "$2" ] || $P retriever select --data $D --split train --candidate "$1" --weights "$3" --epsilon 1 \
                    --out "$2" --allow-over-budget
-  ev minilm-l6 "$work/zero-shot"
-  .venv/bin/python bench/choice_candidates.py "$2" --data $D --out "$2-candidates" --base-eval "$work/zero-shot"
+  ev "$1" "$1-eval"; ev "$2" "$2-eval"
+  echo "$1: test $(ndcg "$1-eval"); its DP choice: test $(ndcg "$2-eval")"
 }
 for step in "$@"; do
   case $step in
@@ -56,7 +48,7 @@ print(c['epochs'], c['max_doc_tokens'])" "$work/ret-eps7-s$g/recipe_selection.js
     direct)  # whole log per step (q = 1), 5 steps, BitFit, lr 2e-3, public negatives; fixed before any run
       [ -f "$work/direct-bitfit-eps7/privacy_ledger.json" ] || $P retriever train --dp public-negatives --data $D \
           --out "$work/direct-bitfit-eps7" --epsilon 7 --batch-size 807 --epochs 5 --trainable bias --lr 2e-3 \
-          --physical-batch 64 --allow-over-budget --resume
+          --dropout --physical-batch 64 --allow-over-budget --resume
       choose "$work/direct-bitfit-eps7" "$work/sel-direct-bitfit-eps7" 0.25,0.5,1 ;;
     ceiling:*)  # synthetic:<s> with the generator fine-tuned WITHOUT DP (epsilon inf): the most this route can
       # give at these settings (565 documents, one query each, the same recipe rule); no privacy claim
@@ -92,14 +84,16 @@ print(c['epochs'], c['max_doc_tokens'])" "$work/ret-eps7-s$g/recipe_selection.js
       [ -d "$work/ret-public-pairs-s$s" ] || $P retriever train --data "$work/syn-public-pairs-s$s" \
           --out "$work/ret-public-pairs-s$s" --select default
       ev "$work/ret-public-pairs-s$s" "$work/ret-public-pairs-s$s-eval" ;;
-    reseed:*)
+    reseed:*)  # reseed:<row>:<seed> (row inf-s<g>, prompted-s<s> or public-pairs-s<s>): its retriever with another
+      # seed, in the recipe its selection chose
       row=${step#reseed:}; r=${row##*:}; row=${row%:*}
       read -r epochs tokens < <(python3 -c "import json,sys; c=json.load(open(sys.argv[1]))['chosen']; \
 print(c['epochs'], c['max_doc_tokens'])" "$work/ret-$row/recipe_selection.json")
       [ -d "$work/ret-$row-r$r" ] || $P retriever train --data "$work/syn-$row" --out "$work/ret-$row-r$r" \
           --epochs "$epochs" --max-doc-tokens "$tokens" --seed "$r"
       ev "$work/ret-$row-r$r" "$work/ret-$row-r$r-eval" ;;
-    keep:*)  # copies what exists, so it can follow each step (work/ may not outlive a session)
+    keep:*)  # keep:<sample seed>: the per-query test figures of zero-shot, the 3 originals and that seed's two
+      # epsilon-0 bars, with the bars' recipe choices and ledgers, to bench/results/scifact_references (what exists)
       s=${step#keep:}; k=bench/results/scifact_references
       for e in zero-shot original-s0-eval original-s1-eval original-s2-eval ret-prompted-s$s-eval \
                ret-public-pairs-s$s-eval; do
