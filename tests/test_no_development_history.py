@@ -24,7 +24,7 @@ SKIPPED_DIRS = ({"bench", "results"}, {"__pycache__"}, {".pytest_cache"})
 TEXT_SUFFIXES = {".py", ".md", ".yaml", ".yml", ".sh", ".toml", ".txt"}
 MIN_FILES = 100  # the tree holds well over this many; fewer means the scan lost its way
 
-# the words are built from pieces so that no line of this file reads as a hit
+# the rules spell the words in pieces, so that a search of the tree for them does not land here
 _SESSION = "ses" + "sion"
 _ISSUE = "iss" + "ue"
 
