@@ -7,7 +7,7 @@ loading, converting (GGUF) or saving weights. None of it is privret's output. Th
 (``--log-file``, default :func:`default_log_file`) instead of the terminal, the libraries' tqdm bars
 are switched off, and privret's own output (rich tables, progress bars, errors, and its own
 warnings such as the budget registry's, one line each: ``warning: <message>``) is all that is left.
-``--verbose`` keeps the old behaviour: everything on stderr. A pipeline run also appends the
+``--verbose`` leaves everything on stderr. A pipeline run also appends the
 chatter to ``RUN_DIR/privret.log`` (:func:`also_log_to`).
 """
 

@@ -2,7 +2,7 @@
 
 The thesis (seed ``federated-answer-sentence-selection-thesis.txt``, section 3.4.1) builds Fed-NewsQA
 by giving each client one news genre; clients differ in size to mimic data scarcity. Fed-SQuAD does
-the same with the SQuAD v1.1 articles we have (``shared/data/squad/squad-v1.1-dev-40.json``).
+the same with the articles of a SQuAD v1.1 file (e.g. ``shared/data/squad/squad-v1.1-dev-40.json``).
 
 Rules (all deterministic, documented in ``docs/federated.md``):
 
