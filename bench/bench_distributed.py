@@ -1,16 +1,8 @@
-"""DP generator training throughput on 2 processes x 1 thread versus 1 process x 1 thread, side by side.
-
-Both configurations run the same DP steps (privret.train.generator._dp_step: per-unit clipping, noise once,
-all-reduce of the clipped sum over gloo when 2 processes) on the same global batches of ``--batch`` units
-drawn from the training pairs, LoRA on the top layers of ``--model``, float32. The two are alternated
-``--repeats`` times (1, 2, 1, 2, ...) so that a change of load on the machine hits both alike. Each
-measurement reports examples (training rows) per second over ``--steps`` steps after one warm-up step, the
-seconds per example of caching the frozen layers, the bytes of that cache per example, and the peak
-resident memory of a process.
-
-    OMP_NUM_THREADS=1 PYTHONPATH=src .venv/bin/python bench/bench_distributed.py \\
+"""DP generator training throughput, 2 processes x 1 thread against 1 process x 1 thread, alternated.
+Reproduces docs/results.md, "Speed and scale" (bench/results/distributed.json; --batch 16: distributed_batch16.json).
+    OMP_NUM_THREADS=1 PYTHONPATH=src .venv/bin/python bench/bench_distributed.py --batch 32 \\
         --data ../shared/data/scifact --out bench/results/distributed.json
-"""
+2 CPU cores: about 15 min (3 repeats of each side, 4 steps of 7 to 14 s after a warm-up and the frozen-layer cache)."""
 
 from __future__ import annotations
 

@@ -1,20 +1,8 @@
 """Step time and peak memory of the direct-DP retriever methods against non-private in-batch training.
-
-Every (method, trainable, batch size) runs in its own spawned process (peak memory is per process),
-with glibc's malloc set as the privret CLI sets it (``privret.runtime.keep_freed_memory``; off with
-``--default-malloc``);
-ratios are taken against the non-private step measured in the same run, or, with ``--interleave``,
-against non-private steps alternating with the method's steps in the same process (fair when the
-machine is shared). Also compares logit-dp with
-materialising every per-pair gradient g_ij (Algorithm 1 literally: each g_ij a parameter-sized vector,
-computed one at a time from per-sequence graphs, so the baseline itself fits in memory; holding all of
-them at once would need n^2 * P * 4 bytes, printed alongside).
-
-    python bench/bench_dp_retriever.py                    # full grid: batch 32..256, all / top:2 / lora
+Reproduces docs/results.md, "Speed and scale" (bench/results/dp_retriever_grid.json, logit_dp_vs_materialise.json).
     python bench/bench_dp_retriever.py --quick            # tiny: batch 8 and 16, top:1, short texts, 2 steps
-
-Batches are SciFact train pairs read in place from /work/shared/data/scifact (override with --data).
-"""
+    (the published grids' two commands: bench/README.md)
+2 CPU cores, one thread: about 3 h for the grid of dp_retriever_grid.json; --quick about a minute."""
 
 from __future__ import annotations
 

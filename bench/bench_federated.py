@@ -1,27 +1,8 @@
-"""The Table 4.1 analogue on Fed-SQuAD (thesis chapter 4) over several seeds, checkpointed and resumable.
-
-Rows: BM25, zero-shot encoder, local-only, PDD-AS2 (FedAvg), + client-customized query encoders (CCQE),
-+ Fed-Negative, central (upper bound); pooled over all test questions and per client, sentence and
-passage level. For the trained rows, the mean +- sd over ``--seeds`` (a seed fixes the share of
-training questions, the initialisation of nothing but the batch order and negatives, and the
-federated run); for each step of the thesis's ordering (local-only -> PDD-AS2 -> + CCQE ->
-+ Fed-Negative -> central) the paired 95% bootstrap CI (privret.evaluate.statistics) of the
-difference in sentence MRR@10, over the test questions, of the seed-averaged per-question scores.
-With ``--eval-every`` the global model (and each local-only model) is also evaluated between rounds:
-``curve.png`` plots sentence MRR@10 per round for PDD-AS2 and local-only. Also: seconds and bytes per
-FedAvg round, bytes of Fed-Negative and the MRR@10 it gains per MB.
-
-Every step writes ``OUT/seed-S/<step>.json`` (BM25 and zero-shot, which have no seed: ``OUT/<step>.json``)
-and is skipped when that file exists (local-only also per client, the federated run per round), so
-an interrupted run continues where it stopped:
-
-    OMP_NUM_THREADS=2 .venv/bin/python bench/bench_federated.py --threads 2 --seeds 0 1 2 \\
-        --rounds 10 --remine-every 3 --eval-every 2 --out bench/results/federated
-    .venv/bin/python bench/bench_federated.py --inversion   # also the embedding inversion check
-
-``--table-only`` runs nothing and writes the table and the plot from what is done (seeds without a finished
-federated run, and missing rows, are left out), so a partial run can be reported while it goes on.
-"""
+"""The Fed-SQuAD table: BM25, zero-shot, local-only, PDD-AS2, + CCQE, + Fed-Negative, central, DP-FedAvg rows.
+Reproduces docs/results.md, "Federated answer sentence selection" (bench/results/federated_10_rounds/table.md).
+    OMP_NUM_THREADS=1 .venv/bin/python bench/bench_federated.py --threads 1 --seeds 0 1 2 --rounds 10 \\
+        --remine-every 3 --eval-every 3 --dp-epsilons 8 3 --out bench/results/federated_10_rounds --work runs/fed10
+2 CPU cores, one thread: a seed's 10 FedAvg rounds about 45 min, each DP row about 17 min; hours in all."""
 
 from __future__ import annotations
 

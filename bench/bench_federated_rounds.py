@@ -1,32 +1,8 @@
-"""What a FedAvg round of PDD-AS2 costs, side by side in one process: seconds and bytes per round, and MRR.
-
-Variants (``--variants``), each a full federated run on Fed-SQuAD with the same data fraction, rounds and
-seed, evaluated at the end (no personalisation):
-
-* ``before``: every parameter, float32 on the wire, hard negatives mined every hard round (the recipe
-  of bench/results/federated before the round-cost work);
-* ``layers-fp32``: embeddings frozen, float32 (isolates what the frozen embeddings do);
-* ``layers-fp16``: embeddings frozen, float16 (weights down, updates up): the default;
-* ``layers-bf16``: the same in bfloat16;
-* ``top2-fp16``: only the top two transformer layers train (and travel); the client keeps what the frozen
-  lower layers compute per text (privret.models.frozen_prefix), so only two layers run;
-* ``top2-fp16-lr1e-4``: the same at a learning rate of 1e-4 (fewer weights train, so a larger step);
-* ``bias-top3-fp16``: BitFit of the top three layers (their biases and LayerNorms, 15k weights) at a learning
-  rate of 1e-3, the frozen-prefix cache as for ``top2``; a FedAvg exchange then carries 30 kB each way.
-
-Choices are made on validation: every client's training questions that the run does not train on
-(``--train-fraction`` < 1 leaves them out), scored by each variant's final global model; the test
-questions are reported beside, never used to choose.
-
-``--remine-every`` applies to all but ``before``. Each variant writes ``OUT/<variant>.json`` (with each validation
-and test question's reciprocal rank) and is skipped when it exists, so an interrupted run continues. The table
-goes to ``OUT/rounds.md``, with a paired 95% bootstrap CI of each variant's sentence MRR@10 against the first
-variant's, over the same validation and test questions (variants saved before per-question scores were kept
-have no CI):
-
-    OMP_NUM_THREADS=2 .venv/bin/python bench/bench_federated_rounds.py --threads 2 \\
-        --out bench/results/federated_rounds
-"""
+"""What a FedAvg round of PDD-AS2 costs: seconds, bytes and MRR@10 per variant, side by side in one process.
+Reproduces docs/results.md, "Speed and scale" (bench/results/federated_rounds_4r/rounds.md, federated_rounds/).
+    OMP_NUM_THREADS=1 .venv/bin/python bench/bench_federated_rounds.py --threads 1 --rounds 4 --remine-every 3 \\
+        --variants bias-top3-fp16 top2-fp16-lr1e-4 before --out bench/results/federated_rounds_4r
+2 CPU cores: about 30 min (4 rounds: 253 s for top2-fp16-lr1e-4, 641 s for before; then the evaluations)."""
 
 from __future__ import annotations
 
@@ -136,7 +112,13 @@ def paired_differences(results: dict[str, dict]) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_data_arguments(ap, out="bench/results/federated_rounds", work="runs/bench-federated-rounds")
-    ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS), help=(
+        "each a full federated run, same data, rounds and seed, scored by its final global model on validation (the "
+        "training questions it leaves out; test beside, never chosen on): before = every weight, float32 on the wire, "
+        "re-mining in every hard round (the baseline; --remine-every applies to the others); layers-* = embeddings "
+        "frozen, the wire in that dtype; top2-* = the top two layers train and travel, the frozen lower layers' "
+        "outputs cached per text; bias-top3-fp16 = BitFit of the top three layers at lr 1e-3. OUT/<variant>.json "
+        "is skipped when it exists; OUT/rounds.md holds the table with paired CIs against the first variant"))
     ap.add_argument("--model", default="minilm-l6")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--warmup-rounds", type=int, default=1)

@@ -1,25 +1,8 @@
-"""Generator speed benchmarks (issue: DP synthetic-query pipeline), ratios measured side by side.
-
-(a) DP step time / non-private step time, same model, batch and trainable parameters
-    (LoRA and full fine-tuning of the top layers).
-(b) training throughput (examples/s) of the shipped default (LoRA on the top layers, cached
-    frozen activations, LM head only on query tokens, bf16, DP) over a straightforward LoRA
-    fine-tune of all linear layers computing the full LM head on every position (fp32, non-DP).
-(c) batched generation (KV cache, one call per batch) over one document at a time.
-(d) few-shot generation (the prompted epsilon = 0 row: three public examples in every prompt) with the prompts'
-    shared prefix computed once per batch over the whole prompt for every row, interleaved batch by batch;
-    also the share of queries that come out identical (same seed: the two differ only by float noise).
-(e) sampling 2 queries a document with each prompt read once (privret's ``generate``) over transformers' own
-    ``generate(num_return_sequences=2)`` on the left-padded whole prompts, which reads each prompt twice: for the
-    fine-tuned generators' plain prompt and for the prompted row's few-shot one, interleaved batch by batch on the
-    same seeds; also the share of identical queries.
-(f) sampling with the few-shot prefix's keys and values held once for all rows and each row leaving the batch once
-    what is kept of it (its first line) is settled, over the implementation before (the prefix repeated per row,
-    transformers' ``generate``, which keeps finished rows in the batch until all have finished): for a fine-tuned
-    generator (``--generator``) and for the prompted row, interleaved batch by batch on the same seeds.
-
-    .venv/bin/python bench/bench_generator.py --data ../shared/data/scifact --out bench/results/generator.json
-"""
+"""Generator speed, each ratio side by side: (a) DP / non-private step, (b) training throughput, (c) batched
+generation, (d)-(f) few-shot prefix and sampling (--only). docs/results.md, "Speed and scale" (results/generator.json).
+    .venv/bin/python bench/bench_generator.py --data ../shared/data/scifact --out bench/results/generator.json \\
+        --steps 2 --pairs 128                                          # (a)-(c); the others: bench/README.md
+2 CPU cores: (a)-(c) about 10 min, each of (d)-(f) 10 to 20 min (estimated from the per-step and per-document times)."""
 
 from __future__ import annotations
 
@@ -194,8 +177,8 @@ def prompt_read_once(dataset, batches: int, batch: int = 32, num_queries: int = 
 
 
 def repeated_prompt_cache(batch, model):
-    """The cache ``gen.generate`` read before the prefix was held once: the shared prefix's keys and values computed
-    once and repeated for every row, then each row's own prompt tokens but the last."""
+    """The baseline cache of (f): the shared prefix's keys and values computed once and repeated for every row, then
+    each row's own prompt tokens but the last."""
     from transformers import DynamicCache
 
     cache = DynamicCache()
@@ -212,7 +195,7 @@ def repeated_prompt_cache(batch, model):
 @torch.no_grad()
 def generate_keeping_rows(gen, docs: list[str], *, num_queries: int, seed: int, **sampling,
                           ) -> tuple[list[list[str]], int]:
-    """What ``gen.generate`` did before the thirty-second session: the shared prefix repeated for every row
+    """The baseline of (f): the shared prefix repeated for every row
     (:func:`repeated_prompt_cache`), then ``transformers``' ``generate``, which keeps a finished row in the batch,
     padded, until all have finished or the cap is reached; with the decoding steps it ran."""
     torch.manual_seed(seed)
@@ -293,7 +276,13 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=256, help="training pairs used (cache size)")
     parser.add_argument("--generate-docs", type=int, default=32)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
-    parser.add_argument("--only", default="a,b,c", help="comma list of the measurements to run (a to f)")
+    parser.add_argument("--only", default="a,b,c", help=(
+        "comma list of the measurements to run: (a) DP / non-private step time, LoRA and full fine-tuning of the top "
+        "layers; (b) training throughput of the shipped default (DP, cached frozen layers, LM head on query tokens) "
+        "over a plain LoRA fine-tune of every layer (fp32, non-private); (c) batched generation over one document at "
+        "a time; (d) few-shot generation, the prompts' shared prefix computed once over whole prompts; (e) 2 queries "
+        "a document, each prompt read once over transformers' generate(num_return_sequences=2); (f) the few-shot "
+        "prefix held once and settled rows leaving the batch, over the prefix repeated per row (--generator)"))
     parser.add_argument("--few-shot-batches", type=int, default=3, help="(d)-(f): timed batches of 32 documents each")
     parser.add_argument("--generator", type=Path, help="(f): a fine-tuned generator directory (its plain prompt)")
     args = parser.parse_args()
@@ -306,7 +295,7 @@ def main() -> None:
     pairs = type(full)(full.pairs[: args.pairs], full.corpus)
     batches = sampled_batches(pairs.units("query"), args.batch_units, args.steps + 1)
     defaults = GeneratorTrainConfig()
-    # Measurements not rerun keep their earlier figures; each one records the settings it ran with.
+    # Measurements not run now keep the figures already in --out; each one records the settings it ran with.
     results: dict = json.loads(args.out.read_text()) if args.out.exists() else {}
     setting = {"machine": f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads",
                "torch": torch.__version__, "batch_units": args.batch_units, "timed_steps": args.steps,

@@ -1,31 +1,8 @@
-"""The obvious non-private fine-tune, trained by sentence-transformers' own trainer (issue 12, point 2).
-
-Issue 12 asks privret's retriever trainer (:mod:`privret.train.retriever`) to match "a plain fine-tune of the same
-all-MiniLM-L6-v2 on the same pairs" or to explain the difference with measurements. This script is that plain
-fine-tune, written the way a sentence-transformers user would write it, so that only the trainer differs:
-
-* the pairs, the documents' text and the starting weights are privret's (``pairs_from_beir`` on the split,
-  ``Document.full_text``, ``load_encoder``), so a difference in the scores is the trainer's;
-* the training is sentence-transformers' ``SentenceTransformerTrainer`` with ``MultipleNegativesRankingLoss``
-  (softmax over the batch's documents of scale x cosine; scale 20 = privret's temperature 0.05) and its
-  ``NO_DUPLICATES`` batch sampler (no text twice in a batch, so an in-batch duplicate is never a false negative),
-  AdamW with a linear decay, every length cut at ``--max-seq-length`` tokens, float32; whatever the issue's recipe
-  does not name keeps the library's default (no warm-up, no weight decay), where privret warms up over 10% of the
-  steps, keeps AdamW's weight decay of 0.01, cuts queries at 64 tokens and forms collision-free batches itself.
-
-``--trainer privret`` trains the same pairs with privret's own trainer and the same settings in float32, timed the
-same way, so that one machine gives both sides of the comparison (scores and seconds).
-
-Not DP: the model is written with a non-private ledger (epsilon inf), like privret's ``original`` row, so that
-``bench/seed_rows.py`` and ``privret evaluate`` read it as any retriever directory. Needs the ``datasets`` package
-(the trainer's input type), installed by the ``test`` extra.
-
-    OMP_NUM_THREADS=2 .venv/bin/python bench/plain_finetune.py --data ../shared/data/scifact --out runs/plain-s0 --seed 0
-    .venv/bin/privret evaluate --model runs/plain-s0 --data ../shared/data/scifact --split test --no-bf16 \\
-        --per-query runs/plain-s0-eval/per_query.json --json runs/plain-s0-eval/metrics.json
-    OMP_NUM_THREADS=2 .venv/bin/python bench/plain_finetune.py --data ../shared/data/scifact --out runs/ours-s0 \\
-        --seed 0 --trainer privret
-"""
+"""The plain non-private fine-tune by sentence-transformers' own trainer, beside privret's (--trainer privret).
+Reproduces docs/results.md, "Direct DP training of the retriever" (privret's trainer against a plain fine-tune).
+    OMP_NUM_THREADS=2 .venv/bin/python bench/plain_finetune.py --data ../shared/data/scifact --out runs/plain/st-s0
+    (then privret evaluate --per-query and bench/seed_rows.py: bench/README.md)
+2 CPU cores: about 10 min of training a run (privret's trainer 583 s, sentence-transformers' about 1.1 times that)."""
 
 from __future__ import annotations
 

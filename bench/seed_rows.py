@@ -1,18 +1,8 @@
-"""Rows of retrievers already trained and evaluated over several seeds: mean +- sd, paired CIs, retention.
-
-Each evaluation directory holds the ``per_query.json`` of ``privret evaluate --per-query`` on the same
-test split. A row's CI is the paired bootstrap 95% CI (privret.evaluate.statistics) of its
-seed-averaged per-query NDCG@10 minus zero-shot's, and, for the other rows, minus the original row's
-seed-averaged one; retention = (row - zero-shot) / (original - zero-shot) on the seed means. With ``--bar NAME``
-every other row also gets the paired CI of its difference to the row NAME (for example an epsilon = 0 row that
-a DP row must clear), in ``delta_vs_bar_ci95``.
-
-    python bench/seed_rows.py --zero-shot runs/i11/zero-shot \\
-        --original runs/i12/original-selected-eval runs/i12/original-selected-seed1-eval ... \\
-        --row "eps8-sample-565 (recipe chosen on validation)" runs/i12/synth-selected \\
-              runs/i12/synth-selected-eval runs/i12/synth-selected-seed1-eval ... \\
-        --json bench/results/seed_rows.json --utility-json bench/results/privacy_utility.json --dataset scifact
-"""
+"""Rows of retrievers trained and evaluated over several seeds: mean +- sd, paired bootstrap CIs, retention.
+Writes the row files of docs/results.md, "Direct DP training of the retriever" and "DP synthetic queries".
+    .venv/bin/python bench/seed_rows.py --dataset squad --zero-shot Z --original O... --row NAME LEDGER_DIR EVAL... \\
+        --bar NAME --json bench/results/direct_regimes_squad_pn1_fp32.json     # the full commands: bench/README.md
+Seconds on 2 CPU cores."""
 
 from __future__ import annotations
 
@@ -44,7 +34,7 @@ UTILITY_ROW_KEYS = ("name", "epsilon", "ndcg10_mean", "ndcg10_sd", "seeds", "del
 
 
 def utility_entry(result: dict) -> dict:
-    """A dataset's object of bench/results/privacy_utility.json (the issue's layout) from this script's ``--json``
+    """A dataset's object of bench/results/privacy_utility.json (zero-shot, original, rows) from this script's ``--json``
     output: zero-shot, the original's mean and every row, in order."""
     return {"zero_shot": result["zero_shot"], "original": {"ndcg10": result["original"]["ndcg10"]},
             "rows": [{k: row[k] for k in UTILITY_ROW_KEYS} for row in result["rows"]]}
