@@ -1,5 +1,5 @@
 """What a FedAvg round of PDD-AS2 costs: seconds, bytes and MRR@10 per variant, side by side in one process.
-Reproduces docs/results.md, "Speed and scale" (bench/results/federated_rounds_4r/rounds.md, federated_rounds/).
+docs/results.md, "Federated answer sentence selection" (round cost; results/federated_rounds_4r/, federated_rounds/).
     OMP_NUM_THREADS=1 .venv/bin/python bench/bench_federated_rounds.py --threads 1 --rounds 4 --remine-every 3 \\
         --variants bias-top3-fp16 top2-fp16-lr1e-4 before --out bench/results/federated_rounds_4r
 2 CPU cores: about 30 min (4 rounds: 253 s for top2-fp16-lr1e-4, 641 s for before; then the evaluations)."""

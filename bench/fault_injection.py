@@ -1,5 +1,5 @@
 """Fault injection: SIGKILL each long command at random moments, resume it, check the artefact and that the ledger
-never charges fewer DP steps than applied (--help). docs/results.md, "Audits" (bench/results/fault_injection*.json).
+never charges fewer DP steps than applied (--help). docs/results.md, "Speed and scale" (docs/reliability.md).
     python bench/fault_injection.py --verbose          # writes bench/results/fault_injection.json
     (the federated commands' trials: bench/README.md)
 2 CPU cores, one thread: about 10 min (estimated: 4 trials a command, the generator-dp reference run 42 s)."""
