@@ -14,10 +14,9 @@ sets: WORLD_SIZE, RANK, LOCAL_RANK, MASTER_ADDR, MASTER_PORT). Not a test module
     python distributed_worker.py generate GENERATOR_DIR OUT_DIR [DIE_ON_CALL]
         write the synthetic dataset of :func:`generation_docs` (resuming an interrupted one); with DIE_ON_CALL,
         rank 0 dies (os._exit) at its DIE_ON_CALL-th batch.
-    python distributed_worker.py dp-retriever-train BERT_DIR OUT_DIR PUBLIC_FILE
-        a whole direct DP run (public-negatives, epsilon 8) into OUT_DIR with the noisy update projected onto the
-        public subspace of PUBLIC_FILE's pairs; the run's entropy (os.urandom in privret.train.dp_run) is fixed,
-        so a one-process run and a two-rank run draw the same samples and noise.
+    python distributed_worker.py dp-retriever-train BERT_DIR OUT_DIR
+        a whole direct DP run (public-negatives, epsilon 8) into OUT_DIR; the run's entropy (os.urandom in
+        privret.train.dp_run) is fixed, so a one-process run and a two-rank run draw the same samples and noise.
     python distributed_worker.py secure-hard-negatives BERT_DIR OUT_DIR
         a whole direct DP run (public-negatives with hard negatives, ``secure_rng``) into OUT_DIR/r; every rank
         writes to OUT_DIR/draws-RANK.json the class of the random source each of its hard-negative draws used.
@@ -164,7 +163,7 @@ def generator_train(llama_dir: str, out_dir: str, epsilon: str, sleep: str = "0"
     gtrain.train_generator(generator_pairs(), out_dir, cfg, data_hash="h", resume=True,
                            budget=BudgetPolicy(allow_over=True))
 
-def dp_retriever_train(bert_dir: str, out_dir: str, public_file: str) -> None:
+def dp_retriever_train(bert_dir: str, out_dir: str) -> None:
     from types import SimpleNamespace
 
     from helpers import WORDS
@@ -179,8 +178,7 @@ def dp_retriever_train(bert_dir: str, out_dir: str, public_file: str) -> None:
                           corpus=corpus)
     cfg = DPRetrieverConfig(method="public-negatives", model=bert_dir, clip_norm=0.02, batch_size=4, epochs=1.0,
                             max_query_tokens=32, max_doc_tokens=32, temperature=0.5, trainable="top:1",
-                            public_negatives=3, learning_rate=1e-3, dropout=False, epsilon=8.0,
-                            public_subspace=public_file, subspace_rank=4, subspace_units=8)
+                            public_negatives=3, learning_rate=1e-3, dropout=False, epsilon=8.0)
     train_dp_retriever(pairs, out_dir, cfg, data_hash="h", public_corpus=corpus)
 
 

@@ -505,31 +505,32 @@ def test_training_loop_divides_the_clipped_sum_by_the_expected_batch(tmp_path, t
         assert max(g.abs().max().item() for g in grads) > 0
 
 
-def test_sgd_applies_the_learning_rate_times_the_mean_gradient(tmp_path, tiny_bert_dir, monkeypatch):
-    """optimizer="sgd": each step moves every trainable parameter by exactly -lr * (the gradient the DP step set),
-    where Adam would move each coordinate by about lr (noise zero, batch fixed: exact)."""
-    record_updates(monkeypatch, [1, 3, 5, 7, 8])
-    seen = []
-    sgd_step = torch.optim.SGD.step
+def test_records_holding_retired_settings_at_the_value_every_run_has_still_match(tmp_path):
+    """A checkpoint's settings, a finished output's train_config.json and a pipeline stage's fingerprint that hold
+    the retired settings (optimizer adam, no public subspace, no learning-rate scales) match a run of today's
+    settings; one that holds another value is refused: this privret cannot make that run."""
+    from types import SimpleNamespace
 
-    def step(self, *args, **kwargs):
-        params = [p for group in self.param_groups for p in group["params"]]
-        before = [(p.detach().clone(), p.grad.detach().clone()) for p in params]
-        result = sgd_step(self, *args, **kwargs)
-        seen.append([(b, g, p.detach().clone()) for (b, g), p in zip(before, params, strict=True)])
-        return result
+    from privret.pipeline.stages import direct_dp_fingerprint, first_difference
+    from privret.train.dp_run import RETIRED_SETTINGS, _check_finished_settings, _check_settings, resume_settings
 
-    monkeypatch.setattr(torch.optim.SGD, "step", step)
-    cfg = _cfg("batch-clip", tiny_bert_dir, epochs=1.0, batch_size=4, trainable="top:1", optimizer="sgd",
-               learning_rate=0.5)
-    train_dp_retriever(_pairs(), tmp_path / "r", cfg, data_hash="h")
-    assert len(seen) == 3
-    for params in seen:
-        assert max(g.abs().max().item() for _, g, _ in params) > 0
-        for before, grad, after in params:
-            torch.testing.assert_close(after, before - 0.5 * grad)
-    with pytest.raises(ValueError, match="optimizer"):
-        _cfg("batch-clip", tiny_bert_dir, optimizer="rmsprop")
+    cfg = DPRetrieverConfig(method="public-negatives")
+    settings = resume_settings(cfg)
+    assert not set(RETIRED_SETTINGS) & set(cfg.model_dump())
+    _check_settings({**settings, **RETIRED_SETTINGS}, settings, tmp_path)
+    with pytest.raises(InputError, match="optimizer='sgd'"):
+        _check_settings({**settings, **RETIRED_SETTINGS, "optimizer": "sgd"}, settings, tmp_path)
+    run = SimpleNamespace(settings=settings, what="retriever")
+    (tmp_path / "train_config.json").write_text(json.dumps({**cfg.model_dump(mode="json"), **RETIRED_SETTINGS}))
+    _check_finished_settings(tmp_path, run)
+    (tmp_path / "train_config.json").write_text(json.dumps({**cfg.model_dump(mode="json"), "lr_scales": {"w": 2.0}}))
+    with pytest.raises(InputError, match="lr_scales"):
+        _check_finished_settings(tmp_path, run)
+    fingerprint = {"direct_dp": direct_dp_fingerprint(cfg), "after": {}}
+    recorded = {"direct_dp": {**fingerprint["direct_dp"], **RETIRED_SETTINGS}, "after": {}}
+    assert first_difference(recorded, fingerprint) is None
+    recorded["direct_dp"]["public_subspace"] = "runs/public"
+    assert first_difference(recorded, fingerprint) == ("direct_dp.public_subspace", "runs/public", "<absent>")
 
 
 def _pairs_file(tmp_path, rows: list[dict]):
@@ -962,7 +963,7 @@ def test_cli_checkpoint_every(tmp_path, tiny_bert_dir, monkeypatch):
     assert res.exit_code == 2 and "--checkpoint-every" in res.output
 
 
-@pytest.mark.parametrize("flag", [["--optimizer", "sgd"], ["--resume"], ["--secure-rng"], ["--hard-negatives", "2"],
+@pytest.mark.parametrize("flag", [["--resume"], ["--secure-rng"], ["--hard-negatives", "2"],
                                   ["--cache-dir", "embeddings"], ["--dropout"], ["--no-dropout"],
                                   # a forgotten --dp must not train without noise under an epsilon the user typed,
                                   # even its default value

@@ -31,7 +31,6 @@ from privret.cli.options import (
     device_option,
 )
 from privret.errors import InputError
-from privret.train.settings import SUBSPACE_RANK, SUBSPACE_UNITS
 
 app = typer.Typer(help="Training the dual-encoder retriever.", no_args_is_help=True)
 
@@ -61,7 +60,6 @@ def retriever_train(
     physical_batch: Annotated[Optional[int], typer.Option(
         help="--dp public-negatives: units per forward pass (memory only; default: the whole batch)")] = None,
     lora_rank: Annotated[int, typer.Option(help="--dp: LoRA rank")] = 8,
-    optimizer: Annotated[str, typer.Option(help="--dp: adam or sgd (plain SGD on the noisy mean gradient)")] = "adam",
     public_negatives: Annotated[int, typer.Option(
         help="--dp public-negatives: random negatives per step, drawn from --data's corpus, without gradient "
              "(0: none; then --hard-negatives must be >= 1)")] = 32,
@@ -76,18 +74,6 @@ def retriever_train(
     cache_dir: Annotated[Optional[Path], typer.Option(
         help="--dp public-negatives --hard-negatives: keep the public initial encoder's embeddings of --data's "
              "corpus here (no private query is in them), so that later runs and resumes skip that encoding")] = None,
-    public_subspace: Annotated[Optional[Path], typer.Option(
-        help="--dp public-negatives: PUBLIC pairs (a BEIR directory's train split, or a pairs JSONL naming --data's "
-             "documents); each noisy update is projected onto the top --subspace-rank directions of their units' "
-             "gradients at the initial encoder (post-processing: epsilon unchanged, less noise in the update)")] = None,
-    subspace_rank: Annotated[Optional[int], typer.Option(
-        help=f"--public-subspace: directions kept (default {SUBSPACE_RANK})")] = None,
-    subspace_units: Annotated[Optional[int], typer.Option(
-        help=f"--public-subspace: public units the directions are fitted on, a seeded sample (default "
-             f"{SUBSPACE_UNITS})")] = None,
-    lr_scales: Annotated[Optional[Path], typer.Option(
-        help="--dp: a JSON file of per-tensor learning-rate factors fixed from PUBLIC data ('scales': parameter name "
-             "-> factor, as bench/tensor_coherence.py --lr-scales writes; post-processing, epsilon unchanged)")] = None,
     spreadout_weight: Annotated[float, typer.Option(help="--dp logit-dp: spreadout regulariser weight")] = 0.0,
     accountant: Annotated[str, typer.Option(help=f"--dp: {ACCOUNTANT_HELP}")] = "prv",
     resume: ResumeOpt = False,
@@ -136,14 +122,9 @@ def retriever_train(
     if dp is not None:
         from privret.privacy.budget import dataset_id
         from privret.train.dp_retriever import train_dp_retriever
-        from privret.train.lr_scales import read_lr_scales
         from privret.train.settings import DPRetrieverConfig
 
         _check_method(dp, data)
-        private = [Path(x).resolve() for x in (data, pairs) if x is not None]
-        if public_subspace is not None and public_subspace.resolve() in private:
-            raise InputError("is the private training data given by --data or --pairs; the subspace must be fitted on "
-                             "public pairs", path=public_subspace, field="--public-subspace")
         if cache_dir is not None and not hard_negatives:
             raise InputError("keeps the embeddings --hard-negatives mines from; without it nothing is mined",
                              field="--cache-dir")
@@ -153,13 +134,10 @@ def retriever_train(
                               spreadout_weight=spreadout_weight, trainable=trainable, lora_rank=lora_rank,
                               public_negatives=public_negatives, hard_negatives=hard_negatives,
                               hard_negative_depth=hard_negative_depth, physical_batch=physical_batch, accountant=accountant,
-                              optimizer=optimizer, seed=seed, checkpoint_every=checkpoint_every, secure_rng=secure_rng,
-                              dropout=dropout, hold_out=partition,
-                              public_subspace=None if public_subspace is None else str(public_subspace),
-                              subspace_rank=subspace_rank, subspace_units=subspace_units,
-                              lr_scales=None if lr_scales is None else read_lr_scales(lr_scales), **lengths)
+                              seed=seed, checkpoint_every=checkpoint_every, secure_rng=secure_rng,
+                              dropout=dropout, hold_out=partition, **lengths)
         unused = dp_cfg.unused(n for n in ("physical_batch", "public_negatives", "hard_negative_depth",
-                                           "max_batch_units", "lora_rank", "subspace_rank", "subspace_units")
+                                           "max_batch_units", "lora_rank")
                                if given_flags(n))
         if unused:
             raise InputError(f"is not used by --dp {dp} with these options", field=flag(unused[0]))
@@ -169,8 +147,8 @@ def retriever_train(
                                     budget=policy, resume=resume, embedding_cache=cache_dir)
         out.print(f"retriever written to {out_dir} ({ledger.summary()}, {dp})")
         return
-    for flag_name, given, why in (("--resume", resume, "is not checkpointed"), ("--secure-rng", secure_rng,
-                                  "draws no noise"), ("--optimizer", optimizer != "adam", "uses AdamW"),
+    for flag_name, given, why in (("--resume", resume, "is not checkpointed"),
+                                  ("--secure-rng", secure_rng, "draws no noise"),
                                   ("--hard-negatives", hard_negatives > 0, "uses in-batch negatives"),
                                   ("--cache-dir", cache_dir is not None, "mines no hard negatives"),
                                   ("--dropout" if dropout else "--no-dropout", bool(given_flags("dropout")),
@@ -180,7 +158,6 @@ def retriever_train(
             raise InputError(f"applies to DP training (--dp) only; non-private training {why}", field=flag_name)
     dp_only = given_flags("epsilon", "delta", "unit", "clip_norm", "max_batch_units", "trainable", "physical_batch",
                           "lora_rank", "public_negatives", "hard_negative_depth", "spreadout_weight", "accountant",
-                          "public_subspace", "subspace_rank", "subspace_units", "lr_scales",
                           "checkpoint_every", "budget_cap", "allow_over_budget", "dataset_name")
     if dp_only:
         raise InputError("applies to DP training (--dp) only: without --dp the retriever trains with no noise and "

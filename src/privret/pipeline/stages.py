@@ -19,7 +19,8 @@ file the pipeline writes itself (metrics, the document choice) write their recor
 retriever) are also written when their training starts, so an interrupted one resumes only with the
 settings it started with. A direct DP retriever's fingerprint leaves out ``checkpoint_every``,
 ``physical_batch`` (memory only) and ``secure_rng`` when off (:data:`~privret.train.dp_run.RESUME_FREE`: none
-changes the mechanism), so records written before these fields existed still match.
+changes the mechanism), so records written before these fields existed still match; a record holding a setting of
+:data:`~privret.train.dp_run.RETIRED_SETTINGS` at the value every run has matches too.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from privret.privacy.ledger import format_epsilon
 from privret.synth.documents import SELECTED_IDS_FILE
 from privret.train.dp_retriever import MECHANISM_FILE
 from privret.train.settings import DPRetrieverConfig
-from privret.train.dp_run import STAGE_FILE, resume_settings
+from privret.train.dp_run import RETIRED_SETTINGS, STAGE_FILE, resume_settings
 from privret.train.private_selection import SELECTION_FILE
 from privret.train.public import examples_hash
 
@@ -248,6 +249,8 @@ def first_difference(old, new, path: str = "") -> tuple[str, object, object] | N
             if key not in old:
                 return sub, "<absent>", new[key]
             if key not in new:
+                if key in RETIRED_SETTINGS and old[key] == RETIRED_SETTINGS[key]:
+                    continue  # a retired setting recorded at the value every run has
                 return sub, old[key], "<absent>"
             found = first_difference(old[key], new[key], sub)
             if found:

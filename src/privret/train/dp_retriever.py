@@ -5,8 +5,7 @@ independently with probability q = batch_size / N, as the accountant assumes); a
 ``s(batch) + N(0, (sigma * Delta)^2 I)`` where ``s`` is the method's clipped gradient sum, ``Delta``
 its L2 sensitivity to adding or removing one unit (stated below, proven in
 ``tests/test_dp_retriever.py``) and sigma is calibrated by the accountant for T = ceil(epochs / q)
-steps. The noisy sum, divided by the expected batch q N, goes to Adam (or plain SGD, ``optimizer``:
-post-processing either way). Logits are
+steps. The noisy sum, divided by the expected batch q N, goes to Adam (post-processing). Logits are
 ``cos(q_i, d_j) / temperature``.
 
 * ``naive`` (seed ``dp-synthetic-queries-retrieval.txt`` 3.3.2, 5.3.2): unit u's gradient is the
@@ -44,12 +43,6 @@ post-processing either way). Logits are
   function of the unit's own pairs and public data, and their gradient is part of the unit's clipped term,
   so **Delta = C** still; cost: K more document forward/backward passes per row.
 
-With ``public_subspace`` the optimizer gets each step's noisy sum projected onto k directions fitted on public
-units' gradients before the first step (:mod:`privret.train.public_subspace`): post-processing of what the step
-releases, so Delta, sigma and the ledger's epsilon are unchanged; the ledger's provenance records the public data.
-With ``lr_scales`` each trained tensor steps at its own multiple of the learning rate, fixed beforehand from public
-data (:mod:`privret.train.lr_scales`): post-processing too; the provenance records the scales' sha256.
-
 Trainable parameters (``trainable``: ``all``, ``top:K``, ``layers``, ``bias``, ``bias-top:K`` or ``lora``):
 :mod:`privret.models.trainable`. The clipped sums themselves: :mod:`privret.train.clipped_sums`.
 
@@ -74,8 +67,6 @@ clipped sums couple the units of a batch and are refused.
 
 from __future__ import annotations
 
-import hashlib
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -84,7 +75,6 @@ import torch
 from privret import distributed
 from privret.data.beir import Document
 from privret.data.pairs import UNIT_DEFINITIONS, TrainingPairs
-from privret.data.seeded import seeded_order
 from privret.errors import InputError
 from privret.io import write_json_atomic
 from privret.models.encoder import load_encoder
@@ -99,14 +89,10 @@ from privret.train.clipped_sums import StepBatch, clipped_sum
 from privret.train.dp_parallel import set_noisy_mean
 from privret.train.dp_run import DPRun, plan_run, resume_settings, run_training
 from privret.train.hard_negatives import mine_candidates
-from privret.train.lr_scales import scaled_param_groups
-from privret.train.public_subspace import (PublicSubspace, check_size, fit_subspace, load_public_pairs, pairs_digest,
-                                           unit_gradients)
 from privret.train.settings import DPRetrieverConfig
 from privret.models.trainable import make_trainable, merge_adapters
 
 MECHANISM_FILE = "dp_mechanism.json"  # only a finished output holds it (with the model and ledger)
-OPTIMIZERS = {"adam": torch.optim.Adam, "sgd": torch.optim.SGD}  # DPRetrieverConfig.optimizer
 # the methods whose clipped sum is a sum of per-unit terms, so it can be split across processes (torchrun)
 PARALLEL_METHODS = ("public-negatives",)
 
@@ -297,12 +283,6 @@ def _train_dp_retriever(pairs: TrainingPairs, out_dir: Path, cfg: DPRetrieverCon
     run_plan = plan_run(cfg, len(units))
     mech = mechanism(cfg, run_plan.sigma)
     public = negative_pool(pairs, public_corpus) if cfg.method == "public-negatives" else None
-    subspace_units = None if cfg.public_subspace is None else public_subspace_units(cfg, public)
-    provenance = {} if subspace_units is None else {"public_subspace": {
-        "sha256": pairs_digest(*subspace_units), "rank": cfg.subspace_rank, "units": len(subspace_units[1])}}
-    if cfg.lr_scales:
-        digest = hashlib.sha256(json.dumps(cfg.lr_scales, sort_keys=True).encode()).hexdigest()
-        provenance["lr_scales"] = {"sha256": digest, "tensors": len(cfg.lr_scales)}
 
     def describe(*, steps: int, epsilon: float, secure_rng: bool) -> PrivacyLedger:
         return PrivacyLedger(
@@ -310,8 +290,7 @@ def _train_dp_retriever(pairs: TrainingPairs, out_dir: Path, cfg: DPRetrieverCon
             sample_rate=run_plan.sample_rate, epsilon=epsilon, steps=steps, planned_steps=run_plan.steps,
             accountant=cfg.accountant, unit=cfg.unit.value, n_units=run_plan.n_units, n_pairs=len(pairs.pairs),
             clip_norm=cfg.clip_norm, model=cfg.model, trainable=cfg.trainable, data_hash=data_hash,
-            dataset_id=dataset_id, secure_rng=secure_rng, unit_definition=UNIT_DEFINITIONS[cfg.unit], part=part,
-            provenance=provenance)
+            dataset_id=dataset_id, secure_rng=secure_rng, unit_definition=UNIT_DEFINITIONS[cfg.unit], part=part)
 
     def load() -> _RetrieverTrainer:
         model = load_encoder(cfg.model, max_seq_length=cfg.max_doc_tokens)
@@ -320,78 +299,16 @@ def _train_dp_retriever(pairs: TrainingPairs, out_dir: Path, cfg: DPRetrieverCon
             hard = (public, mine_candidates(model, pairs, units, public, cfg.hard_negative_depth,
                                             cache_dir=embedding_cache))
         named = make_trainable(model, cfg.trainable, lora_rank=cfg.lora_rank)
-        group = distributed.current()
-        subspace = None
-        if subspace_units is not None:  # at the initial (public) model, before any checkpoint is restored
-            subspace = group.from_main(lambda: fit_public_subspace(model, list(named.values()), *subspace_units,
-                                                                   public, cfg, cache_dir=embedding_cache))
-        optimizer = OPTIMIZERS[cfg.optimizer](scaled_param_groups(named, cfg.learning_rate, cfg.lr_scales),
-                                              lr=cfg.learning_rate)
+        optimizer = torch.optim.Adam(list(named.values()), lr=cfg.learning_rate)
         return _RetrieverTrainer(model=model, params=named, optimizer=optimizer,
                                  pairs=pairs, units=units, cfg=cfg, mech=mech, public=public, hard=hard,
-                                 expected_batch=run_plan.expected_batch, group=group, subspace=subspace)
+                                 expected_batch=run_plan.expected_batch, group=distributed.current())
 
     run = DPRun(out_dir=out_dir, plan=run_plan, describe=describe, what="retriever", finished_marker=MECHANISM_FILE,
                 label=f"DP retriever ({cfg.method}, epsilon={cfg.epsilon:g})", train_config=cfg.model_dump(mode="json"),
                 seed=cfg.seed, checkpoint_every=cfg.checkpoint_every, secure_rng=cfg.secure_rng,
                 settings=resume_settings(cfg), budget=budget, draws=step_draws(cfg, mech.cap), dropout=cfg.dropout)
     return run_training(run, load, resume=resume)
-
-
-def public_subspace_units(cfg: DPRetrieverConfig, pool: list[Document]) -> tuple[TrainingPairs, list[list[int]]]:
-    """The public pairs of ``cfg.public_subspace`` (documents named by id looked up in the public ``pool``) cut to
-    ``cfg.subspace_units`` units (by ``cfg.unit``) in a seeded order of their first query: the pairs of those
-    units and the units over them. Reads no private data."""
-    public = load_public_pairs(cfg.public_subspace, {doc.id: doc for doc in pool})
-    all_units = public.units(cfg.unit)
-    chosen = seeded_order(all_units, cfg.seed, key=lambda rows: public.pairs[rows[0]].query)[:cfg.subspace_units]
-    if len(chosen) < cfg.subspace_rank:
-        raise InputError(f"has {len(chosen)} units, fewer than subspace_rank {cfg.subspace_rank}",
-                         path=cfg.public_subspace, field="public_subspace")
-    rows = [r for unit in chosen for r in unit]
-    kept = TrainingPairs(pairs=[public.pairs[r] for r in rows], corpus=public.corpus,
-                         inline_doc_ids=public.inline_doc_ids)
-    starts = [0]
-    for unit in chosen:
-        starts.append(starts[-1] + len(unit))
-    return kept, [list(range(a, b)) for a, b in zip(starts, starts[1:])]
-
-
-def fit_public_subspace(model, params: list[torch.Tensor], public_pairs: TrainingPairs, units: list[list[int]],
-                        pool: list[Document], cfg: DPRetrieverConfig, *, cache_dir=None) -> PublicSubspace:
-    """:func:`~privret.train.public_subspace.fit_subspace` on :func:`public_unit_gradients`."""
-    return fit_subspace(public_unit_gradients(model, params, public_pairs, units, pool, cfg, cache_dir=cache_dir),
-                        cfg.subspace_rank)
-
-
-def public_unit_gradients(model, params: list[torch.Tensor], public_pairs: TrainingPairs, units: list[list[int]],
-                          pool: list[Document], cfg: DPRetrieverConfig, *, cache_dir=None) -> torch.Tensor:
-    """``[units, d]``: the gradients, at ``model`` as it is (the initial public encoder), of each public unit's
-    public-negatives loss, unclipped, in eval mode (no dropout), with its public and hard negatives drawn from a
-    generator seeded with ``cfg.seed`` and hard candidates mined by the same rule as the private rows'. A function of
-    public data and the public model only: never call it on a private log."""
-    n_params = sum(p.numel() for p in params)
-    check_size(len(units), n_params)
-    rng = torch.Generator().manual_seed(cfg.seed)
-    hard = None
-    if cfg.hard_negatives:
-        hard = (pool, mine_candidates(model, public_pairs, units, pool, cfg.hard_negative_depth, cache_dir=cache_dir))
-    unclipped = cfg.model_copy(update={"clip_norm": float("inf")})
-    was_training = model.training
-    model.eval()
-    try:
-        with Progress() as progress:
-            task = progress.add_task("public subspace: unit gradients", total=len(units))
-
-            def gradient(batch: StepBatch) -> list[torch.Tensor]:
-                progress.update(task, advance=1)
-                return clipped_sum(cfg.method, model, params, batch, unclipped)[0]
-
-            batches = (build_batch(public_pairs, units, [u], cfg, rng, draw_negatives(pool, cfg, rng), None, hard=hard)
-                       for u in range(len(units)))
-            return unit_gradients(batches, gradient, n_params)
-    finally:
-        model.train(was_training)
 
 
 @dataclass
@@ -411,7 +328,6 @@ class _RetrieverTrainer:
     hard: tuple[list[Document], list[list[int]]] | None
     expected_batch: float
     group: distributed.Group = distributed.SINGLE
-    subspace: PublicSubspace | None = None
 
     def prepare(self, progress: Progress) -> None:
         self.model.train(self.cfg.dropout)  # eval mode (no dropout) when the run trains without it
@@ -422,10 +338,7 @@ class _RetrieverTrainer:
         batch = build_batch(self.pairs, self.units, self.group.shard(chosen), self.cfg, rng, negatives,
                             self.mech.cap, hard=self.hard)
         params = list(self.params.values())
-        loss = dp_step(self.model, params, batch, self.cfg, self.mech, self.expected_batch, rng, self.group)["loss"]
-        if self.subspace is not None:  # post-processing of the released noisy sum
-            self.subspace.project_(params)
-        return loss
+        return dp_step(self.model, params, batch, self.cfg, self.mech, self.expected_batch, rng, self.group)["loss"]
 
     def save(self, staged: Path, *, resumed_at_step: int) -> None:
         self.model.eval()
@@ -435,7 +348,5 @@ class _RetrieverTrainer:
         write_json_atomic(staged / MECHANISM_FILE, {
             "method": self.cfg.method, "sensitivity": mech.sensitivity, "noise_std": mech.noise_std,
             "noise_multiplier": mech.sigma, "batch_cap": mech.cap, "temperature": self.cfg.tau,
-            "resumed_at_step": resumed_at_step,  # no duration: it depends on the private batches
-            **({} if self.subspace is None else {"subspace_rank": self.subspace.rank,
-                                                  "subspace_captured": round(self.subspace.captured, 4)})})
+            "resumed_at_step": resumed_at_step})  # no duration: it depends on the private batches
         write_model_card(staged)

@@ -77,6 +77,16 @@ from privret.train.dp_parallel import sync_from_main
 # Settings a resumed or re-entered run may change: they change nothing trained beyond float rounding
 # (checkpoint_every, physical_batch) or only where the randomness comes from (secure_rng).
 RESUME_FREE = ("checkpoint_every", "secure_rng", "physical_batch")
+# Direct DP retriever settings that a record written by another privret version may hold (a checkpoint's settings,
+# train_config.json, a pipeline stage's fingerprint), each with the one value every run of this version has: a
+# record holding that value matches; one holding another value is a run this version cannot make.
+RETIRED_SETTINGS = {"optimizer": "adam", "public_subspace": None, "lr_scales": None, "subspace_rank": None,
+                    "subspace_units": None}
+
+
+def without_retired(saved: dict) -> dict:
+    """``saved`` (recorded settings) less the :data:`RETIRED_SETTINGS` it holds at the value every run has."""
+    return {k: v for k, v in saved.items() if k not in RETIRED_SETTINGS or RETIRED_SETTINGS[k] != v}
 
 
 def resume_settings(config) -> dict:
@@ -272,11 +282,11 @@ def _finished(run: DPRun, *, resume: bool) -> PrivacyLedger | None:
 def _check_finished_settings(out_dir: Path, run: DPRun) -> None:
     """Refuse a finished output trained with other settings than this run's, as saved in its ``train_config.json``
     (a setting the saved file lacks, one added to privret since, is not compared)."""
-    saved = json.loads((out_dir / "train_config.json").read_text())
-    for key in sorted(set(saved) & set(run.settings)):
-        if saved[key] != run.settings[key]:
+    saved = without_retired(json.loads((out_dir / "train_config.json").read_text()))
+    for key in sorted(set(saved) & (set(run.settings) | set(RETIRED_SETTINGS))):
+        if saved[key] != run.settings.get(key):
             raise InputError(f"already holds a {run.what} trained with {key}={saved[key]!r} (this run has "
-                             f"{run.settings[key]!r}); use another directory", path=out_dir)
+                             f"{run.settings.get(key)!r}); use another directory", path=out_dir)
 
 
 def _open_account(run: DPRun, trainer: Trainer, ckpt_dir: Path) -> tuple[StepAccount, Checkpoint | None]:
@@ -337,6 +347,7 @@ def _check_settings(saved: dict | None, settings: dict, ckpt_dir: Path) -> None:
     if saved is None:
         raise InputError("checkpoint without its training settings; cannot resume it safely, start again in a new "
                          "directory", path=ckpt_dir)
+    saved = without_retired(saved)
     for key in sorted(set(saved) | set(settings)):
         if saved.get(key) != settings.get(key):
             raise InputError(f"checkpoint was made with {key}={saved.get(key)!r}, this run has "

@@ -9,7 +9,7 @@ the (DP) generator (:mod:`privret.train.generator`), :class:`DPRetrieverConfig` 
 from __future__ import annotations
 
 import math
-from typing import Annotated, Literal, Optional
+from typing import Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -125,9 +125,6 @@ METHODS = ("naive", "batch-clip", "logit-dp", "public-negatives")
 Method = Literal["naive", "batch-clip", "logit-dp", "public-negatives"]
 
 
-SUBSPACE_RANK, SUBSPACE_UNITS = 64, 512  # DPRetrieverSettings.subspace_rank, subspace_units when public_subspace is set
-
-
 class DPRetrieverSettings(BaseModel):
     """How the encoder is DP-trained, whatever its method, epsilon and privacy unit: what a pipeline's
     ``direct_dp.settings`` gives every row (and ``direct_dp.per_method`` one method's rows)."""
@@ -141,9 +138,6 @@ class DPRetrieverSettings(BaseModel):
     max_batch_units: int | None = Field(None, gt=1, description="cap K on units per step (naive; logit-dp)")
     epochs: float = Field(1.0, gt=0, allow_inf_nan=False)
     learning_rate: float = Field(2e-5, gt=0, allow_inf_nan=False)
-    optimizer: Literal["adam", "sgd"] = Field(
-        "adam", description="what the noisy mean gradient drives: Adam, or plain SGD (the step is lr times it, so "
-                            "noise in a coordinate moves it only as much as the signal does)")
     temperature: float | None = Field(None, gt=0, allow_inf_nan=False,
                                       description="default 0.05, logit-dp 0.5")
     spreadout_weight: float = Field(0.0, ge=0, allow_inf_nan=False, description="logit-dp only")
@@ -169,22 +163,6 @@ class DPRetrieverSettings(BaseModel):
     secure_rng: bool = Field(False, description="DP noise, sampling and a step's draws (truncation, row choice, "
                                                 "negatives) from the OS CSPRNG (os.urandom); dropout masks never")
     hold_out: UnitPartition | None = Field(None, description=HOLD_OUT_FOR_TRAINING)
-    public_subspace: str | None = Field(
-        None, description="public-negatives: give the optimizer each noisy update projected onto the top "
-                          "subspace_rank directions of public units' gradients at the initial model (a BEIR "
-                          "directory's train split or a public pairs JSONL; privret.train.public_subspace): "
-                          "post-processing, epsilon unchanged")
-    lr_scales: dict[str, Annotated[float, Field(ge=0, allow_inf_nan=False)]] | None = Field(
-        None, description="per trained tensor (its parameter name), a factor on learning_rate, fixed beforehand from "
-                          "PUBLIC data (privret.train.lr_scales; bench/tensor_coherence.py --lr-scales): "
-                          "post-processing, epsilon unchanged; None: every tensor at learning_rate")
-    # None unless public_subspace is set (then SUBSPACE_RANK and SUBSPACE_UNITS by default), so that the settings of
-    # a run without it are those it had before these fields existed (its checkpoints resume)
-    subspace_rank: int | None = Field(None, gt=0, description=f"public_subspace: the k directions kept (default "
-                                                              f"{SUBSPACE_RANK})")
-    subspace_units: int | None = Field(None, gt=1, description=f"public_subspace: the public units (a seeded sample) "
-                                                               f"whose gradients the directions are fitted on "
-                                                               f"(default {SUBSPACE_UNITS})")
 
 
 class DPRetrieverConfig(DPRetrieverSettings):
@@ -203,32 +181,18 @@ class DPRetrieverConfig(DPRetrieverSettings):
             raise ValueError("`hard_negatives` applies to public-negatives only")
         if self.method == "public-negatives" and self.public_negatives + self.hard_negatives == 0:
             raise ValueError("public-negatives needs a negative per row: `public_negatives` or `hard_negatives` >= 1")
-        if self.public_subspace is not None:
-            self.subspace_rank = self.subspace_rank or SUBSPACE_RANK
-            self.subspace_units = self.subspace_units or SUBSPACE_UNITS
-            if self.method != "public-negatives":
-                raise ValueError("`public_subspace` applies to public-negatives only (its public gradients are of "
-                                 "that loss)")
-            if self.trainable == "lora":
-                raise ValueError("`public_subspace` cannot train LoRA: its B matrices start at zero, so the public "
-                                 "gradients of its A matrices are zero and the subspace would never move them")
-            if self.subspace_rank > self.subspace_units:
-                raise ValueError(f"`subspace_rank` ({self.subspace_rank}) exceeds `subspace_units` "
-                                 f"({self.subspace_units}): that many units span at most as many directions")
         return self
 
     def unused(self, fields) -> list[str]:
         """Those of ``fields`` this run ignores: another method's options, ``hard_negative_depth`` without hard
-        negatives, ``lora_rank`` without LoRA, ``subspace_rank`` and ``subspace_units`` without ``public_subspace``.
+        negatives, ``lora_rank`` without LoRA.
         A command that names one method refuses them when given, as does a pipeline's ``per_method`` section; shared
         ``settings`` may hold them for the methods that take them."""
         used_by = {"physical_batch": self.method == "public-negatives",
                    "public_negatives": self.method == "public-negatives",
                    "hard_negative_depth": self.method == "public-negatives" and self.hard_negatives > 0,
                    "max_batch_units": self.method in ("naive", "logit-dp"),
-                   "lora_rank": self.trainable == "lora",
-                   "subspace_rank": self.public_subspace is not None,
-                   "subspace_units": self.public_subspace is not None}
+                   "lora_rank": self.trainable == "lora"}
         return [f for f in fields if not used_by.get(f, True)]
 
     @property
