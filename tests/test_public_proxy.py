@@ -11,7 +11,7 @@ import pytest
 from helpers import run_cli
 from privret.data.beir import BeirDataset, Document, load_beir, write_beir
 from privret.data.seeded import seeded_order
-from privret.synth.public_proxy import build_public_proxy, first_sentence
+from privret.synth.public_proxy import build_public_proxy
 from privret.errors import InputError
 from privret.privacy.ledger import PrivacyLedger
 
@@ -106,22 +106,3 @@ def test_cli_writes_the_proxy_and_reports_bad_input_in_one_line(tmp_path):
     assert other.returncode == 0
     zero = run_cli(*[("0" if a == "7" else a) for a in args[:-1]], str(tmp_path / "zero"))
     assert zero.returncode == 2 and "--train" in zero.stderr and not (tmp_path / "zero").exists()
-
-
-def test_first_sentence_cuts_after_the_first_sentence_end_only():
-    assert first_sentence("Aspirin lowers risk. It does so in mice. More.") == "Aspirin lowers risk."
-    assert first_sentence("  Does p53 bind DNA? Yes, it binds.") == "Does p53 bind DNA?"
-    assert first_sentence("A 3.5-fold rise in IL-6 levels") == "A 3.5-fold rise in IL-6 levels"  # no end: unchanged
-
-
-def test_first_sentence_option_cuts_every_query_and_is_recorded(tmp_path):
-    synthetic = tmp_path / "synthetic"
-    corpus = {f"d{i}": Document(f"d{i}", "", f"Abstract {i}.") for i in range(3)}
-    queries = {f"syn-d{i}-0": f"Claim {i} holds. Then the model runs on about d{i}." for i in range(3)}
-    write_beir(synthetic, BeirDataset(corpus=corpus, queries=queries,
-                                      qrels={"train": {f"syn-d{i}-0": {f"d{i}": 1} for i in range(3)}}))
-    _public().save(synthetic)
-    manifest = build_public_proxy(synthetic, _corpus(tmp_path), tmp_path / "proxy", train_documents=2,
-                                  validation_documents=1, first_sentence_only=True)
-    assert load_beir(tmp_path / "proxy").queries == {f"syn-d{i}-0": f"Claim {i} holds." for i in range(3)}
-    assert manifest["first_sentence"] is True

@@ -108,32 +108,6 @@ def test_impossible_questions_are_left_out(tmp_path):
     assert "q0-0-0" not in load_beir(tmp_path / "beir").queries
 
 
-def test_a_smaller_log_is_a_seeded_sample_of_the_training_questions_whatever_the_file_order(tmp_path):
-    squad = _squad(8)
-    full = build_squad_beir(_write(tmp_path, squad), tmp_path / "full", test_articles=2, seed=1)
-    all_train = set(load_beir(tmp_path / "full").qrels["train"])
-    manifest = build_squad_beir(_write(tmp_path, squad), tmp_path / "small", test_articles=2, seed=1, train_queries=3)
-    small = load_beir(tmp_path / "small")
-    assert len(small.qrels["train"]) == 3 and set(small.qrels["train"]) < all_train
-    assert small.qrels["test"] == load_beir(tmp_path / "full").qrels["test"]  # the test split is untouched
-    assert set(small.queries) == set(small.qrels["train"]) | set(small.qrels["test"])
-    assert manifest["training_questions_left_out"] == len(all_train) - 3 and manifest["train_queries"] == 3
-    assert full["training_questions_left_out"] == 0
-    shuffled = {**squad, "data": squad["data"][::-1]}
-    build_squad_beir(_write(tmp_path, shuffled, "rev.json"), tmp_path / "rev", test_articles=2, seed=1,
-                     train_queries=3)
-    assert set(load_beir(tmp_path / "rev").qrels["train"]) == set(small.qrels["train"])
-    build_squad_beir(_write(tmp_path, squad), tmp_path / "other", test_articles=2, seed=1, train_queries=4)
-    assert set(small.qrels["train"]) < set(load_beir(tmp_path / "other").qrels["train"])  # nested samples
-
-
-@pytest.mark.parametrize("n", [0, 10_000])
-def test_a_smaller_log_out_of_range_names_the_field(tmp_path, n):
-    with pytest.raises(InputError) as err:
-        build_squad_beir(_write(tmp_path, _squad()), tmp_path / "beir", test_articles=2, train_queries=n)
-    assert err.value.field == "train_queries" and not (tmp_path / "beir").exists()
-
-
 def test_cli_data_squad_beir(tmp_path):
     from typer.testing import CliRunner
 

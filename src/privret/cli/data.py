@@ -126,10 +126,7 @@ def data_squad_beir(
     squad: SquadOpt,
     out_dir: Annotated[Path, typer.Option("--out", help="BEIR directory to write (must not exist)")],
     test_articles: Annotated[int, typer.Option(help="articles whose questions form the test split")] = 8,
-    seed: Annotated[int, typer.Option(help="seed of the article order (sha256(seed:title)) and of "
-                                           "--train-queries' sample")] = 0,
-    train_queries: Annotated[Optional[int], typer.Option(
-        help="keep only this many training questions (a seeded sample: a log of another dataset's size)")] = None,
+    seed: Annotated[int, typer.Option(help="seed of the article order (sha256(seed:title))")] = 0,
     validation_articles: Annotated[int, typer.Option(
         help="training articles whose questions form a validation split (to choose settings on; not in the log)")] = 0,
 ) -> None:
@@ -141,12 +138,11 @@ def data_squad_beir(
     --test-articles give the test queries, the questions of all the others
     are the train qrels (the private log). No article is in both splits.
     --validation-articles K moves the questions of K training articles
-    (in sha256("validation:INDEX") order) to a validation split.
-    --train-queries N keeps a seeded sample of N of the rest."""
+    (in sha256("validation:INDEX") order) to a validation split."""
     from privret.data.squad_beir import build_squad_beir
 
     manifest = build_squad_beir(squad, out_dir, test_articles=test_articles, seed=seed,
-                                train_queries=train_queries, validation_articles=validation_articles)
+                                validation_articles=validation_articles)
     splits = ", ".join(f"{name}: {len(s['articles'])} articles, {s['queries']} queries"
                        for name, s in manifest["splits"].items())
     out.print(f"{manifest['documents']} documents; {splits}; written to {out_dir}")
@@ -161,8 +157,6 @@ def data_public_proxy(
     train: Annotated[int, typer.Option(min=1, help="documents whose synthetic queries form the train split (the log)")],
     validation: Annotated[int, typer.Option(min=1, help="documents whose synthetic queries form the validation split")],
     seed: Annotated[int, typer.Option(help="seed of the document order (sha256(seed:doc id))")] = 0,
-    first_sentence: Annotated[bool, typer.Option(
-        "--first-sentence", help="cut each query after its first sentence end (., ? or ! and a space)")] = False,
 ) -> None:
     """A public proxy log in a private log's domain, to choose DP settings on.
 
@@ -174,7 +168,7 @@ def data_public_proxy(
     from privret.synth.public_proxy import build_public_proxy
 
     manifest = build_public_proxy(synthetic, corpus, out_dir, train_documents=train,
-                                  validation_documents=validation, seed=seed, first_sentence_only=first_sentence)
+                                  validation_documents=validation, seed=seed)
     splits = ", ".join(f"{name}: {s['documents']} documents, {s['queries']} queries"
                        for name, s in manifest["splits"].items())
     out.print(f"{manifest['documents']} documents; {splits}; written to {out_dir}")

@@ -18,10 +18,6 @@ Rules (deterministic; the file is read and validated by :func:`privret.data.fed_
   ``sha256("validation:<article index>")`` (the article's position in the file, as in its document ids); the
   first K are validation articles, whose questions form the ``validation`` qrels (searched over the whole corpus,
   like test). They leave the private log: settings are chosen on them, never on test.
-* **A smaller log** (``train_queries``, optional): only the first ``train_queries`` training questions
-  in ``sha256(seed:question id)`` order stay in ``train``; the others are left out of both splits
-  (counted in the manifest). A log the size of another dataset's, e.g. a public proxy for SciFact's
-  807 training queries, keeps the same sample rate and noise-to-signal ratio in DP training.
 
 The output directory is written atomically, with a ``manifest.json`` (source hash, parameters,
 the articles of each split, counts). Privacy assumption: the paragraphs are public documents; the
@@ -62,17 +58,8 @@ def carve_validation(split_of: dict[str, str], articles: list[dict], validation_
         split_of[articles[int(i)]["title"]] = "validation"
 
 
-def sample_questions(question_ids: list[str], n: int, seed: int) -> set[str]:
-    """The first ``n`` of ``question_ids`` in ``sha256(seed:id)`` order (independent of the given order)."""
-    if not 1 <= n <= len(question_ids):
-        raise InputError(f"must be between 1 and {len(question_ids)} (the training articles' questions)",
-                         field="train_queries")
-    order = seeded_order(question_ids, seed)
-    return set(order[:n])
-
-
 def build_squad_beir(squad_json: str | Path, out_dir: str | Path, *, test_articles: int = 8,
-                     seed: int = 0, train_queries: int | None = None, validation_articles: int = 0) -> dict:
+                     seed: int = 0, validation_articles: int = 0) -> dict:
     """Convert a SQuAD-format file into a BEIR directory ``out_dir`` (atomic); returns the manifest."""
     squad_json, out_dir = Path(squad_json), Path(out_dir)
     if out_dir.exists():
@@ -95,26 +82,15 @@ def build_squad_beir(squad_json: str | Path, out_dir: str | Path, *, test_articl
                     continue
                 queries[qa["id"]] = qa["question"]
                 qrels[split_of[art["title"]]][qa["id"]] = {doc_id: 1}
-    left_out = 0
-    if train_queries is not None:
-        kept = sample_questions(list(qrels["train"]), train_queries, seed)
-        left_out = len(qrels["train"]) - len(kept)
-        qrels["train"] = {q: rel for q, rel in qrels["train"].items() if q in kept}
-        queries = {q: text for q, text in queries.items()
-                   if q in kept or any(q in qrels[name] for name in names if name != "train")}
     manifest = {
         "format_version": FORMAT_VERSION, "source": str(squad_json), "source_sha256": file_sha256(squad_json),
         "seed": seed, "test_articles": test_articles, "validation_articles": validation_articles,
-        "train_queries": train_queries,
         "rules": {"corpus": "every paragraph; id <article index>-<paragraph index> in file order",
                   "split": "articles in sha256(seed:title) order; the first test_articles are test",
                   "validation": "training articles in sha256('validation:<article index>') order; the first "
                                 "validation_articles are validation",
-                  "qrels": "question -> its own paragraph, score 1; is_impossible questions left out",
-                  "train_queries": "when set, the first train_queries training questions in sha256(seed:id) "
-                                   "order; the others left out"},
+                  "qrels": "question -> its own paragraph, score 1; is_impossible questions left out"},
         "documents": len(corpus), "impossible_questions_left_out": impossible,
-        "training_questions_left_out": left_out,
         "splits": {name: {"articles": sorted(t for t, s in split_of.items() if s == name),
                           "queries": len(qrels[name])} for name in names},
     }

@@ -12,10 +12,6 @@ seeded sample of the public corpus, becomes a BEIR dataset whose ``train`` split
   so a choice made on the proxy spends no budget. The ledger is copied into the proxy dataset.
 * **Corpus.** The whole public corpus (``corpus.jsonl`` of ``corpus_dir``): negatives are mined and validation
   queries are searched over all of it, as on the real dataset. Every synthetic document must be in it.
-* **One sentence a query** (``first_sentence_only``, optional): a small prompted model often runs on past the query
-  (a claim, a question) into text that reads like the abstract; each query is then cut after its first sentence
-  end (``.``, ``?`` or ``!`` followed by white space; an abbreviation such as "e.g." cuts early). Post-processing of
-  public text: the ledger is unchanged.
 * **Split by document.** The synthetic set's documents in ``sha256("<seed>:<doc id>")`` order: the first
   ``train_documents`` give the ``train`` qrels, the next ``validation_documents`` the ``validation`` qrels, the
   rest are left out (counted). All queries of one document stay in one split, so no validation document was
@@ -27,7 +23,6 @@ counts) and the synthetic set's ledger.
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 from privret.data.beir import BeirDataset, load_beir, load_corpus, write_beir
@@ -37,17 +32,10 @@ from privret.io import atomic_path, file_sha256
 from privret.privacy.ledger import PrivacyLedger, has_ledger
 
 FORMAT_VERSION = 1
-SENTENCE_END = re.compile(r"(?<=[.?!])\s")
-
-
-def first_sentence(text: str) -> str:
-    """``text`` up to and including its first sentence end (``.``, ``?`` or ``!`` followed by white space)."""
-    return SENTENCE_END.split(text.strip(), maxsplit=1)[0]
 
 
 def build_public_proxy(synthetic_dir: str | Path, corpus_dir: str | Path, out_dir: str | Path, *,
-                       train_documents: int, validation_documents: int, seed: int = 0,
-                       first_sentence_only: bool = False) -> dict:
+                       train_documents: int, validation_documents: int, seed: int = 0) -> dict:
     """Write the proxy dataset ``out_dir`` (atomic) from an epsilon-0 synthetic set; returns its manifest."""
     synthetic_dir, corpus_dir, out_dir = Path(synthetic_dir), Path(corpus_dir), Path(out_dir)
     if out_dir.exists():
@@ -79,14 +67,12 @@ def build_public_proxy(synthetic_dir: str | Path, corpus_dir: str | Path, out_di
     order = seeded_order(queries_of, seed)
     parts = {"train": order[:train_documents], "validation": order[train_documents:wanted]}
     qrels = {split: {q: {d: 1} for d in docs for q in queries_of[d]} for split, docs in parts.items()}
-    queries = {q: first_sentence(synthetic.queries[q]) if first_sentence_only else synthetic.queries[q]
-               for split in qrels.values() for q in split}
+    queries = {q: synthetic.queries[q] for split in qrels.values() for q in split}
     manifest = {
         "format_version": FORMAT_VERSION,
         "synthetic": str(synthetic_dir), "synthetic_sha256": file_sha256(synthetic_dir / "queries.jsonl",
                                                                          synthetic_dir / "qrels" / "train.tsv"),
         "corpus": str(corpus_file), "corpus_sha256": file_sha256(corpus_file), "seed": seed,
-        "first_sentence": first_sentence_only,
         "rule": "the synthetic set's documents in sha256('<seed>:<doc id>') order: the first train_documents are "
                 "train, the next validation_documents validation, the rest left out; the whole corpus is kept",
         "documents": len(corpus), "documents_left_out": len(order) - wanted,
