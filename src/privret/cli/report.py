@@ -24,7 +24,8 @@ def report(
     examples: Annotated[int, typer.Option(help="documents in the example-queries table")] = 3,
     utility_json: Annotated[Optional[Path], typer.Option(
         "--utility-json", help="also write NDCG@10, retention and the CI against zero-shot per row as JSON "
-        "(the layout of bench/results/privacy_utility.json); needs the zero-shot and original rows",
+        "({dataset, zero_shot, original, rows: [{name, epsilon, ndcg10_mean, ndcg10_sd, seeds, delta_ci95, "
+        "retention}]}); needs the zero-shot and original rows",
         callback=output_file)] = None,
 ) -> None:
     """One self-contained HTML report (plot, tables, examples, ledgers) + a Markdown summary; --utility-json adds

@@ -381,14 +381,14 @@ def render_markdown(run: RunData) -> str:
 
 
 def privacy_utility(run: RunData) -> dict:
-    """The run as one dataset's object of ``bench/results/privacy_utility.json``::
+    """The run as one dataset's privacy-utility object (what ``privret report --utility-json`` writes)::
 
         {"dataset": name, "zero_shot": {"ndcg10": float}, "original": {"ndcg10": float},
          "rows": [{"name", "epsilon", "ndcg10_mean", "ndcg10_sd", "seeds", "delta_ci95": [lo, hi], "retention"}]}
 
     One row per trained row other than the references, named by its directory (``eps-8``,
     ``direct-logit-dp-eps-8``); ``epsilon`` is its ledger's (``Infinity`` when non-private). A run
-    directory holds one training seed per row, so for now every row has ``seeds`` 1 and
+    directory holds one training seed per row, so every row has ``seeds`` 1 and
     ``ndcg10_sd`` 0.0 (:func:`~privret.evaluate.statistics.mean_sd` of one value). ``delta_ci95`` is
     the paired bootstrap interval of its NDCG@10 minus zero-shot's (null without per-query scores);
     ``retention`` is null where undefined. ``dataset`` is the name of the run's dataset directory.

@@ -15,7 +15,7 @@ Embeddings are L2-normalised, so every index scores by inner product (= cosine).
   k-means is seeded (fixed seed), so the index is the same on every run.
 
 An approximate index can miss some of the true top k, with no bound on how many; its measured
-recall against exact search is in ``bench/results/ann.json`` (``docs/scaling.md``). Metrics are
+recall against exact search is in ``docs/scaling.md``. Metrics are
 therefore comparable only between runs searched with the same index.
 """
 

@@ -1,10 +1,10 @@
 """Release a fine-tuned retriever interpolated with its public base (WiSE-FT): post-processing, no privacy cost.
 
 ``theta = (1 - weight) theta_base + weight theta_tuned`` (:func:`privret.models.interpolation.interpolate`).
-The base is public and ``weight`` must be fixed without the private log (a priori, or on a public proxy as
-``bench/direct_proxy.sh`` does), so the output is a function of the tuned model alone and carries its
-ledger unchanged. Choosing ``weight`` *with* the private log is a different release: that is
-``privret retriever select`` (:mod:`privret.train.private_selection`), which spends epsilon on the choice.
+The base is public and ``weight`` must be fixed without the private log (a priori, or on a public proxy), so
+the output is a function of the tuned model alone and carries its ledger unchanged. Choosing ``weight`` *with*
+the private log is a different release: that is ``privret retriever select``
+(:mod:`privret.train.private_selection`), which spends epsilon on the choice.
 
 The output directory holds the model, the tuned model's ``privacy_ledger.json`` and training settings,
 ``interpolation.json`` (base, source, weight) and a model card.
