@@ -507,8 +507,8 @@ def test_training_loop_divides_the_clipped_sum_by_the_expected_batch(tmp_path, t
 
 def test_records_holding_retired_settings_at_the_value_every_run_has_still_match(tmp_path):
     """A checkpoint's settings, a finished output's train_config.json and a pipeline stage's fingerprint that hold
-    the retired settings (optimizer adam, no public subspace, no learning-rate scales) match a run of today's
-    settings; one that holds another value is refused: this privret cannot make that run."""
+    the retired settings at the value every run has (optimizer adam, no public subspace, no learning-rate scales)
+    match; one that holds another value is refused: this privret cannot make that run."""
     from types import SimpleNamespace
 
     from privret.pipeline.stages import direct_dp_fingerprint, first_difference
