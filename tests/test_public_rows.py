@@ -106,7 +106,7 @@ def test_few_shot_prompt_shows_the_examples_and_the_zero_shot_prompt_is_unchange
     cut = generator.truncate_doc  # what the prompt shows of a document (the tiny vocabulary lacks some words)
     doc = TOY_DOCS[0][2]
     (d1, q1), (d2, q2) = [(cut(d), q) for d, q in EXAMPLES]
-    # the prompt DP fine-tuning uses, byte for byte as before few-shot examples existed
+    # the zero-shot prompt, the one DP fine-tuning uses: the instruction and the document, no example
     assert generator.prompt(doc) == f"{INSTRUCTION}\nDocument: {cut(doc)}\nQuery:"
     generator.tokenizer.chat_template = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
                                          "{% if add_generation_prompt %}<assistant>{% endif %}")
