@@ -11,6 +11,7 @@ from helpers import GENERATOR_DOCS, GENERATOR_QUERIES, generator_pairs, record_f
 from privret.errors import InputError
 from privret.models.generator import load_generator
 from privret.privacy.accounting import calibrate_noise, default_delta
+from privret.privacy.clipping import NORM_MARGIN
 from privret.privacy.ledger import PrivacyLedger
 from privret.privacy.sampling import PoissonUnitSampler
 from privret.train import generator as gtrain
@@ -43,7 +44,8 @@ def test_top_layer_loss_matches_full_model(tiny_llama_dir):
 
 
 def brute_force_clipped_sum(gen, pairs, items, units, chosen, clip_norm):
-    """Per-unit gradients by plain autograd, one unit at a time, clipped and summed."""
+    """Per-unit gradients by plain autograd, one unit at a time, clipped as the mechanism states
+    (``min(1, C / ((1 + NORM_MARGIN) ||G||))``) and summed."""
     params = gen.trainable_parameters()
     module = gen.loss_module()
     total = {n: torch.zeros_like(p) for n, p in params.items()}
@@ -55,7 +57,7 @@ def brute_force_clipped_sum(gen, pairs, items, units, chosen, clip_norm):
         loss.backward()
         norm = math.sqrt(sum(float(p.grad.pow(2).sum()) for p in params.values()))
         norms.append(norm)
-        factor = min(1.0, clip_norm / norm)
+        factor = min(1.0, clip_norm / ((1 + NORM_MARGIN) * norm))
         for n, p in params.items():
             total[n] += factor * p.grad
     for p in params.values():
@@ -129,7 +131,7 @@ def test_a_unit_at_or_just_above_the_clip_norm_contributes_at_most_c():
     e_u from 0 to 1e-6, sit where a factor computed from a rounded norm can leave a clipped unit a hair above C.
     Each unit's contribution, its norm taken in float64, stays within C; the clipped sum is brute force's
     sum_u f_u G_u in float64 with f_u = min(1, C / ((1 + NORM_MARGIN) ||G_u||))."""
-    from privret.privacy.clipping import NORM_MARGIN, clip_units
+    from privret.privacy.clipping import clip_units
 
     gen = torch.Generator().manual_seed(0)
     clip, n_units, per_unit = 0.7, 64, 3
