@@ -1,4 +1,4 @@
-"""`privret evaluate --datasets a,b`: one table in the seed's Table 5 layout; `--data` still works."""
+"""`privret evaluate --datasets a,b`: one table in the Table 5 layout of Carranza et al.; `--data` still works."""
 
 from __future__ import annotations
 

@@ -68,13 +68,13 @@ def test_closed_form_loss_gradient_matches_autograd():
 
 @pytest.mark.parametrize("a", [1.0, 2.0, 0.5])
 def test_lemma45_holds_for_one_shared_logit_vector(a):
-    """Theorem 4.2 as written: the same z for every row; the seed's constant bounds G1 + G2 + (n-1) L."""
+    """Theorem 4.2 as written: the same z for every row; the paper's constant bounds G1 + G2 + (n-1) L."""
     gen = torch.Generator().manual_seed(1)
     for n in (2, 3, 5, 9, 17):
         for _ in range(40):
             z = ((torch.rand(n, generator=gen) * 2 - 1) * a)
             Z = z.expand(n, n).clone()
-            # the seed's proof uses G1 of row n, G2 over column n and L over rows < n, all at z
+            # the paper's proof uses G1 of row n, G2 over column n and L over rows < n, all at z
             g1, g2, lip = _theorem_terms(Z)
             assert g1 + g2 + (n - 1) * lip <= lemma45_constant(n, a) + 1e-6
 
@@ -95,7 +95,7 @@ def test_uniform_constant_is_attained_and_the_shared_vector_constant_is_not_enou
         g1, g2, lip = _theorem_terms(_worst_batch(n, a))
         total = g1 + g2 + (n - 1) * lip
         assert total == pytest.approx(contrastive_factor(a, n), rel=1e-5)
-        assert total > lemma45_constant(n, a)  # per-row logits exceed the seed's Lemma 4.5 value
+        assert total > lemma45_constant(n, a)  # per-row logits exceed the paper's Lemma 4.5 value
     # bounded in n (Theorem 4.2's point): increasing, with limit 2 (1 + e^{2a})
     values = [contrastive_factor(1.0, n) for n in (2, 8, 64, 1024, 10**6)]
     assert values == sorted(values) and values[-1] < contrastive_factor(1.0) == pytest.approx(2 * (1 + math.e ** 2))

@@ -1,5 +1,5 @@
 """The canaries of an exposure audit: made-up private pairs whose queries carry random secrets, and the
-training pairs with them inserted (seed ``dp-synthetic-queries-retrieval``, 6.3).
+training pairs with them inserted (Carranza et al., section 6.3).
 
 Protocol
 --------

@@ -11,7 +11,7 @@ A canary inserted ``k`` times with the same query text is **one** unit under the
 row gradients to norm C, so the ledger's (epsilon, delta) covers the canary *as a whole*, and
 the bound above is directly comparable to the ledger's epsilon. With ``unit = pair`` each copy
 is its own unit, the canary is a group of ``k`` units, and DP protects it only through group
-privacy, (k eps, k e^{(k-1) eps} delta); that is the harder setting (and closer to the seed's
+privacy, (k eps, k e^{(k-1) eps} delta); that is the harder setting (and closer to Carranza et al.'s
 example-level training). The bound is then a bound for the group, not comparable to the
 ledger for ``k > 1`` (``comparable_to_ledger`` says which).
 """
@@ -221,7 +221,7 @@ def run_canary_audit(pairs: TrainingPairs, out_dir: str | Path, cfg: CanaryAudit
 
 
 def canary_table_markdown(report: dict) -> str:
-    """The seed's Table 7 layout, one line per (epsilon, repetitions)."""
+    """The Table 7 layout of Carranza et al., one line per (epsilon, repetitions)."""
     lines = ["| epsilon | repetitions | canaries | rank (mean ± sd) | exposure (bits) | extracted | leaked "
              "| epsilon lower bound |", "|---:|---:|---:|---:|---:|---:|---:|---:|"]
     m = report["candidates"]

@@ -13,7 +13,7 @@ candidates is the secret (the secret is a uniform choice among them), so for eve
 "rank <= t" obeys ``TPR <= e^epsilon * t/m + delta``, and on the complement
 ``1 - t/m <= e^epsilon * (1 - TPR) + delta`` (the hypothesis-testing view of DP: Kairouz et
 al. 2015; as used for audits by Jagielski et al. 2020, and for reconstruction among candidates
-by Stock et al. 2022, whom the seed cites). Hence
+by Stock et al. 2022, whom Carranza et al. cite). Hence
 
     epsilon >= max( ln((TPR - delta) / (t/m)),  ln((1 - t/m - delta) / (1 - TPR)) ).
 

@@ -1,4 +1,4 @@
-"""Was the public model trained on the private data? Two checks (seed section 5.2.3).
+"""Was the public model trained on the private data? Two checks (Carranza et al., section 5.2.3).
 
 The DP guarantee of the synthetic queries is about the fine-tuning data. If the *public* pretrained
 generator had already seen the private queries during pretraining, it could reproduce them whatever

@@ -50,7 +50,7 @@ def audit_overlap(
     json_out: JsonResultOpt = None,
     allow_private_output_in_run: AllowPrivateOutputOpt = False,
 ) -> None:
-    """Private queries/documents found verbatim in a public corpus, and the public LM's loss gap (seed 5.2.3).
+    """Private queries/documents found verbatim in a public corpus, and the public LM's loss gap (Carranza et al., section 5.2.3).
 
     The terminal shows counts and statistics; --json also writes the id and text of every private query found."""
     from rich.table import Table
@@ -130,7 +130,7 @@ def audit_canaries(
     dataset_name: DatasetNameOpt = None,
     allow_private_output_in_run: AllowPrivateOutputOpt = False,
 ) -> None:
-    """Canary exposure audit of the DP generator (seed 6.3): rank, exposure, leaks, epsilon lower bound.
+    """Canary exposure audit of the DP generator (Carranza et al., section 6.3): rank, exposure, leaks, epsilon lower bound.
 
     Every DP trial counts in the data's privacy-budget registry, like any DP training on it."""
     from privret.audit.canary_audit import CanaryAuditConfig, canary_table_markdown, run_canary_audit

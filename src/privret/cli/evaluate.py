@@ -51,7 +51,7 @@ def evaluate(
     """FAISS search over the corpus (exact by default); NDCG@10, Recall@10/100, MRR@10 (pytrec_eval).
 
     `--data D` scores one dataset. `--datasets a,b,c` scores each --model on every dataset and prints
-    the seed's Table 5 layout (NDCG@10 and Recall@10; a row per retriever, a column per dataset).
+    the Table 5 layout of Carranza et al. (NDCG@10 and Recall@10; a row per retriever, a column per dataset).
     """
     if ctx.invoked_subcommand is not None:
         return
@@ -129,7 +129,7 @@ def evaluate_similarity(
     seed: Annotated[int, typer.Option(help="subsampling seed (MAUVE's k-means seed stays 25)")] = 0,
     json_out: JsonResultOpt = None,
 ) -> None:
-    """Corpus BLEU (sacrebleu) and MAUVE between synthetic and original queries (seed section 6.2)."""
+    """Corpus BLEU (sacrebleu) and MAUVE between synthetic and original queries (Carranza et al., section 6.2)."""
     from rich.table import Table
 
     from privret.evaluate.similarity import MauveSettings, evaluate_similarity as run

@@ -1,6 +1,6 @@
 """Fed-SQuAD: a multi-client open-domain answer-sentence-selection (OD-AS2) benchmark.
 
-The thesis (seed ``federated-answer-sentence-selection-thesis.txt``, section 3.4.1) builds Fed-NewsQA
+Wang's thesis (*Distributed Open-Domain Answer Sentence Selection by Federated Learning*, section 3.4.1) builds Fed-NewsQA
 by giving each client one news genre; clients differ in size to mimic data scarcity. Fed-SQuAD does
 the same with the articles of a SQuAD v1.1 file (e.g. ``shared/data/squad/squad-v1.1-dev-40.json``).
 

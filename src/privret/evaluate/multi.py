@@ -1,4 +1,4 @@
-"""Zero-shot evaluation of retrievers on several BEIR datasets, in the layout of the seed's Table 5.
+"""Zero-shot evaluation of retrievers on several BEIR datasets, in the layout of Table 5 of Carranza et al.
 
 Each dataset is searched exactly (see :mod:`privret.retrieval.search`) and scored with NDCG@10 and
 Recall@10 (plus Recall@100 and MRR@10 in the JSON). A dataset given as a name is looked up under

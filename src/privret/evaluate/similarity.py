@@ -1,4 +1,4 @@
-"""How close synthetic queries are to the original ones: corpus BLEU and MAUVE (seed section 6.2).
+"""How close synthetic queries are to the original ones: corpus BLEU and MAUVE (Carranza et al., section 6.2).
 
 Both measurements compare a synthetic BEIR dataset (as written by
 :func:`privret.synth.generate.generate_synthetic`: queries ``syn-<docid>-<k>``, ``qrels/train.tsv``
@@ -17,7 +17,7 @@ query in the split are left out and counted (``skipped_no_reference``).
 
 where ``p_n`` is the clipped n-gram precision of all hypotheses against their references pooled over
 the corpus, ``c`` the total hypothesis length and ``r`` the effective reference length. sacrebleu
-reports 0-100; ``bleu`` in the output is that divided by 100, the scale of the seed's Table 6.
+reports 0-100; ``bleu`` in the output is that divided by 100, the scale of Table 6 of Carranza et al.
 
 **MAUVE** (Pillutla et al. 2021, the ``mauve-text`` package): P = the original queries that are a
 reference of at least one evaluated synthetic query, Q = the evaluated synthetic queries. Each text

@@ -1,6 +1,6 @@
 """Federated dense retrieval for open-domain answer sentence selection (PDD-AS2) on Flower.
 
-Seed: ``federated-answer-sentence-selection-thesis.txt`` (chapters 3 and 4).
+From W. Wang, *Distributed Open-Domain Answer Sentence Selection by Federated Learning* (thesis, chapters 3 and 4).
 
 * :mod:`~privret.federated.config`: :class:`FedConfig`, every knob of a run.
 * :mod:`~privret.federated.negatives`: BM25, static hard negatives (query hubness), Fed-Negative.

@@ -1,7 +1,7 @@
 """The dual encoder: one shared transformer for queries and documents, mean pooling, cosine.
 
 It is a ``sentence_transformers.SentenceTransformer`` so that what privret saves loads anywhere
-sentence-transformers does. Scores are ``cos(q, d) / temperature`` (seed eq. 1).
+sentence-transformers does. Scores are ``cos(q, d) / temperature`` (Carranza et al., eq. 1).
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def embed(model, texts: list[str], *, max_length: int | None = None) -> torch.Te
 
 def in_batch_softmax_loss(q: torch.Tensor, d: torch.Tensor, temperature: float,
                           same_target: torch.Tensor | None = None) -> torch.Tensor:
-    """Mean over i of -log softmax_j(cos(q_i, d_j) / temperature)[i] (seed eq. 1).
+    """Mean over i of -log softmax_j(cos(q_i, d_j) / temperature)[i] (Carranza et al., eq. 1).
 
     ``same_target[i, j]`` (bool) marks off-diagonal pairs that are not true negatives (the same
     document, or the same query, appearing twice in the batch); they are masked out.

@@ -5,7 +5,7 @@ Two model families sit behind one interface, :class:`QueryGenerator`:
 * causal LMs (Llama-style decoders such as SmolLM2, or any ``AutoModelForCausalLM``): the
   document is put in a prompt (the model's chat template when it has one) and the loss is the
   mean cross-entropy of the *query tokens only*;
-* seq2seq models (T5 family; :mod:`privret.models.seq2seq_generator`): document in, query out (seed 4.1).
+* seq2seq models (T5 family; :mod:`privret.models.seq2seq_generator`): document in, query out (Carranza et al., section 4.1).
 
 A causal generator may carry *few-shot examples* (``examples``: public (document, query) pairs)
 that are put in every prompt before the document: earlier user/assistant turns under a chat

@@ -1,4 +1,4 @@
-"""The seq2seq query generator (T5 family): input ``generate_query: <document>``, target the query (seed 4.1).
+"""The seq2seq query generator (T5 family): input ``generate_query: <document>``, target the query (Carranza et al., section 4.1).
 
 The interface and its training contract are :class:`privret.models.generator.QueryGenerator`'s;
 :func:`privret.models.generator.load_generator` picks this class for encoder-decoder models.

@@ -27,7 +27,7 @@ Layout of ``RUN_DIR``::
     direct-<method>-eps-<e>/metrics.json
     <row>/per_query.json           (beside each metrics.json: each test query's metrics, for the CI)
     <stage output>/stage.json, <row>/metrics.stage.json   (each stage's fingerprint)
-    summary.json, summary.md       (the seed's Table 3 layout, with retention and the CI against zero-shot)
+    summary.json, summary.md       (Table 3 layout of Carranza et al., with retention and the CI against zero-shot)
     budget.json                    (what releasing every DP model of the run together costs)
     cache/embeddings/<key>.npy     (the public zero-shot encoder's corpus embeddings)
 """

@@ -1,4 +1,4 @@
-"""The summary of a pipeline run: ``summary.json``, ``summary.md`` (the seed's Table 3 layout, with
+"""The summary of a pipeline run: ``summary.json``, ``summary.md`` (Table 3 layout of Carranza et al., with
 retention and the CI against zero-shot, and, when the run has rows made without private data, the CI
 against the best of them: the epsilon = 0 bar a DP row must clear) and ``budget.json`` (what releasing
 every row together costs)."""
@@ -74,7 +74,7 @@ def summary_table(rows: list[dict]) -> Table:
     (the labels wrap instead)."""
     compared = _Comparisons.of(rows)
     sentence = compared.note(rows)
-    table = Table(title="Retrieval on the evaluation split (seed Table 3 layout)",
+    table = Table(title="Retrieval on the evaluation split (Table 3 layout of Carranza et al.)",
                   caption=EXPLANATION + (f" {sentence}" if sentence else "") + " Every metric: summary.md.")
     columns = compared.columns()
     shown = [i for i, column in enumerate(columns) if column in TERMINAL_COLUMNS]

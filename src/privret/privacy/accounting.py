@@ -23,7 +23,7 @@ MAX_STEPS = 100_000
 
 
 def default_delta(n_units: int) -> float:
-    """The seed's choice, delta = 1 / (2 n), with n the number of privacy units."""
+    """Carranza et al.'s choice, delta = 1 / (2 n), with n the number of privacy units."""
     return 1.0 / (2 * n_units)
 
 

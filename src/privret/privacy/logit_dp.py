@@ -1,6 +1,7 @@
-"""Logit-DP (seed ``logit-dp-non-decomposable-losses.txt``): sensitivity constants, per-pair reweighting.
+"""Logit-DP: sensitivity constants and per-pair reweighting (Kong, Muñoz Medina and Ribero, *Differentially
+private optimization for non-decomposable objective functions*).
 
-Notation (seed section 2). A batch holds ``n`` pairs (x_i, x'_i); ``Z_ij = S(Phi(x_i), Phi(x'_j))`` is the
+Notation (the paper's section 2). A batch holds ``n`` pairs (x_i, x'_i); ``Z_ij = S(Phi(x_i), Phi(x'_j))`` is the
 similarity of query i and document j, here ``Z_ij = cos(e_i, e'_j) / temperature`` so every logit lies in
 ``[-a, a]`` with ``a = 1 / temperature``. Row i's loss is ``l^(i,n)(Z_i)`` and ``L = sum_i l^(i,n)(Z_i)``.
 
@@ -21,7 +22,7 @@ normalised embedding), and ``||g_ij|| <= ||J_i^T e'_j / t|| + ||J'_j^T e_i / t||
 exactly with per-sequence gradient norms (:class:`~privret.privacy.ghost_norms.GhostNorms`): one backward pass per batch column k
 gives ``||J_i^T e'_k / t||`` for every query i and ``||J'_k^T ... ||`` for every document at once.
 
-The per-row constants. Lemma 4.5 of the seed states ``G1 + G2 + (n-1) L <= 2 (1 + (n-2) e^2 / (e^2 + n-1))``
+The per-row constants. Lemma 4.5 of the paper states ``G1 + G2 + (n-1) L <= 2 (1 + (n-2) e^2 / (e^2 + n-1))``
 for logits in [-1, 1]; its proof evaluates G1, G2 and L at one and the same logit vector. In a batch
 every row has its *own* logits (row n's positive can be small while every other row puts its mass on
 column n), and the constants that hold uniformly over such batches are, with ``E = e^{2a}``:
@@ -30,8 +31,8 @@ column n), and the constants that hold uniformly over such batches are, with ``E
 
 so ``G1 + G2 + (n-1) L`` increases with n towards ``2 (1 + E)``: bounded, whatever the batch size. We
 use this uniform bound (``contrastive_factor``); tests check it on random per-row logits and show
-batches on which the seed's same-vector constant is exceeded. Spreadout (Lemma 4.6): with logits in
-[-c, c], ``G1 + G2 + (n-1) L <= 6 c`` (the seed's 6 is c = 1), which already holds per row.
+batches on which the paper's same-vector constant is exceeded. Spreadout (Lemma 4.6): with logits in
+[-c, c], ``G1 + G2 + (n-1) L <= 6 c`` (the paper's 6 is c = 1), which already holds per row.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ from privret.privacy.ghost_norms import GhostNorms
 
 
 def lemma45_constant(n: int, a: float = 1.0) -> float:
-    """The seed's Lemma 4.5 value ``2 (1 + (n-2) e^{2a} / (e^{2a} + n - 1))`` (a = 1 in the seed).
+    """The paper's Lemma 4.5 value ``2 (1 + (n-2) e^{2a} / (e^{2a} + n - 1))`` (a = 1 in the paper).
 
     Valid when G1, G2 and L are evaluated on one shared logit vector (Theorem 4.2 as written); see the
     module docstring for why a batch needs :func:`contrastive_factor` instead.

@@ -311,7 +311,7 @@ def render_html(run: RunData) -> str:
     else:
         sections.append("<p>No rows to plot.</p>")
     headers = _retrieval_headers(run)
-    sections += ["<h2 id='retrieval'>Retrieval (seed Table 3 layout)</h2>",
+    sections += ["<h2 id='retrieval'>Retrieval (Table 3 layout of Carranza et al.)</h2>",
                  _table(headers, _retrieval_rows(run), set(range(1, len(headers))) - {3}),
                  f"<p class='muted'>{_e(EXPLANATION)} {_e(_precision_note(run))}</p>"]
     if (note := _bar_note(run)) is not None:
@@ -321,16 +321,16 @@ def render_html(run: RunData) -> str:
         sections += ["<h2 id='wall-time'>Wall time</h2>", _table(headers, cells, set(range(1, len(headers)))),
                      *(f"<p>{_e(n)}</p>" for n in notes), f"<p class='muted'>{_e(WALL_TIME_NOTE)}</p>"]
     if run.zero_shot_datasets:
-        sections += ["<h2 id='zero-shot'>Zero-shot across datasets (seed Table 5 layout)</h2>",
+        sections += ["<h2 id='zero-shot'>Zero-shot across datasets (Table 5 layout of Carranza et al.)</h2>",
                      _zero_shot_section(run)]
     if run.similarity:
-        sections += ["<h2 id='similarity'>Similarity of synthetic to original queries (seed Table 6)</h2>",
+        sections += ["<h2 id='similarity'>Similarity of synthetic to original queries (Table 6 of Carranza et al.)</h2>",
                      "<p class='muted'>Computed from the private queries: the scores themselves are not "
                      "covered by the DP guarantee.</p>", _similarity_section(run)]
     if run.canaries:
-        sections += ["<h2 id='leakage'>Privacy leakage (seed Table 7)</h2>", _canary_section(run)]
+        sections += ["<h2 id='leakage'>Privacy leakage (Table 7 of Carranza et al.)</h2>", _canary_section(run)]
     if run.examples is not None:
-        sections += ["<h2 id='examples'>Example synthetic queries (seed Table 2)</h2>", _examples_section(run)]
+        sections += ["<h2 id='examples'>Example synthetic queries (Table 2 of Carranza et al.)</h2>", _examples_section(run)]
     sections += ["<h2 id='ledgers'>Privacy ledgers</h2>", _ledger_section(run)]
     if run.notes:
         sections += ["<h2>Notes</h2><ul>" + "".join(f"<li>{_e(n)}</li>" for n in run.notes) + "</ul>"]

@@ -8,7 +8,7 @@ its L2 sensitivity to adding or removing one unit (stated below, proven in
 steps. The noisy sum, divided by the expected batch q N, goes to Adam (post-processing). Logits are
 ``cos(q_i, d_j) / temperature``.
 
-* ``naive`` (seed ``dp-synthetic-queries-retrieval.txt`` 3.3.2, 5.3.2): unit u's gradient is the
+* ``naive`` (Carranza et al., sections 3.3.2 and 5.3.2): unit u's gradient is the
   gradient of its own rows' in-batch softmax losses, G_u = grad sum_{i in u} l_i(batch), clipped to C.
   Its pair is a negative of every other unit, so adding a unit changes *every* clipped term: each by
   at most 2C. The batch is capped at K units (a uniformly random K of the sampled units; K =

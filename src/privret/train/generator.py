@@ -1,4 +1,4 @@
-"""DP fine-tuning of a query generator (seed 4.1): DP-Adam over Poisson-sampled privacy units.
+"""DP fine-tuning of a query generator (Carranza et al., section 4.1): DP-Adam over Poisson-sampled privacy units.
 
 One step, for a private run with target (epsilon, delta):
 

@@ -1,4 +1,4 @@
-"""Non-private training of the dual encoder with the in-batch softmax loss (seed eq. 1).
+"""Non-private training of the dual encoder with the in-batch softmax loss (Carranza et al., eq. 1).
 
 Trains on original pairs (the non-private reference) or on a synthetic dataset (whose DP
 guarantee carries over by post-processing; its ledger is copied beside the model).
