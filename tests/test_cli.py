@@ -12,14 +12,16 @@ import pytest
 from helpers import run_cli
 
 
-def test_the_installed_entry_point_in_a_subprocess(toy_beir):
-    """The one real process: `python -m privret.cli` exits 2 with one line on bad input, 0 on good."""
+@pytest.mark.parametrize("module", ["privret", "privret.cli"])
+def test_the_installed_entry_point_in_a_subprocess(toy_beir, module):
+    """The real process: `python -m privret` (and `python -m privret.cli`) exits 2 with one line on bad input, 0 on
+    good."""
     (toy_beir / "queries.jsonl").write_text('{"_id": "q1"}\n')
-    result = subprocess.run([sys.executable, "-m", "privret.cli", "data", "validate", str(toy_beir)],
+    result = subprocess.run([sys.executable, "-m", module, "data", "validate", str(toy_beir)],
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 2 and "queries.jsonl:1, field 'text': missing" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
-    result = subprocess.run([sys.executable, "-m", "privret.cli", "--help"], capture_output=True, text=True, timeout=300)
+    result = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0 and "Usage" in result.stdout
 
 
