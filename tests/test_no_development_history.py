@@ -1,6 +1,5 @@
 """README.md, CONTRIBUTING.md, docs/, configs/, src/privret/, bench/ (not bench/results/) and tests/ say what the
-project does now, never how it was developed: no work sessions, no issue numbers, no dates of work, no lent
-machines, no paths of a development machine, no goal bookkeeping and no "it used to" narratives.
+project does now; the story of its making belongs in commit messages. The rules below name what is refused.
 
 Each rule is a regular expression over one line; a few legitimate phrases are allowed explicitly (pytest's session
 scope, a process session, a date inside a URL). This file is left out of the scan: it has to spell the patterns."""

@@ -68,7 +68,11 @@ def _ordered(value: Any) -> Any:
 
 def write_json_atomic(path: str | Path, obj: Any) -> None:
     """``obj`` as indented JSON, keys sorted (a :data:`PRIVATE_DATA_KEY` warning first)."""
-    write_text_atomic(path, json.dumps(_ordered(obj), indent=2, default=str) + "\n")
+    if isinstance(obj, dict) and PRIVATE_DATA_KEY in obj:
+        text = json.dumps(_ordered(obj), indent=2, default=str)
+    else:  # the common case: json's own sort, no walk over the object
+        text = json.dumps(obj, indent=2, sort_keys=True, default=str)
+    write_text_atomic(path, text + "\n")
 
 
 def write_jsonl(path: Path, rows: list[dict]) -> None:
