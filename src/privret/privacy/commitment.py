@@ -1,29 +1,17 @@
 """What a published artefact may say about which private data it came from: a keyed commitment.
 
-privret identifies the private data it reads by digests of it: ``data_hash`` (SHA-256 of the files
-read) and the budget registry's ``dataset_id`` (SHA-256 of the set of records). Both are exact,
-deterministic functions of every record of the log. Written beside a DP model, either would break
-the guarantee the model's ledger states: someone who knows all records but one, and has a short
-list of candidates for the last (a neighbouring log in the DP sense), hashes each candidate log and
-finds the true one with certainty. No noise protects a hash.
+A digest of the private log (``data_hash``, the budget registry's ``dataset_id``) is an exact function of every
+record: written beside a DP model, it would let anyone who knows all records but one test each candidate for the
+last. A file meant to leave the operator's machine (a ledger, a synthetic set's manifest, a stage fingerprint)
+carries instead ``commit(v) = "hmac-sha256:" + HMAC-SHA256(k, v)``, with ``k`` a 32-byte secret of this
+installation drawn from ``os.urandom`` on first use and kept in ``<PRIVRET_CACHE>/ledger.key`` (default
+``~/.cache/privret``; mode 0600; ``$PRIVRET_LEDGER_KEY`` names another file).
 
-So a file meant to leave the operator's machine (the ledger beside a model, a synthetic set's
-manifest, a pipeline stage's fingerprint) carries instead::
-
-    commit(v) = "hmac-sha256:" + HMAC-SHA256(k, v)
-
-with ``k`` a 32-byte secret of this installation, drawn from ``os.urandom`` the first time it is
-needed and kept in ``<PRIVRET_CACHE>/ledger.key`` (default ``~/.cache/privret``; file mode 0600;
-``$PRIVRET_LEDGER_KEY`` names another file). HMAC with a secret key is a pseudorandom function
-(Bellare 2006), so without ``k`` the commitment is computationally independent of the data: it
-adds nothing to what the (epsilon, delta) guarantee already allows. With ``k`` the operator's
-privret still compares two artefacts' data exactly (resume, re-run of a finished output, stage
-fingerprints): the commitments of equal values are equal.
-
-The raw digests stay on the operator's side: in memory and in
-the budget registry (whose files are named by them, so that releases on one log compose whatever
-key is in use). Losing the key never under-counts the budget; it only makes artefacts made with the
-old key look like other data, and privret then refuses to resume or reuse them (conservative).
+HMAC with a secret key is a pseudorandom function (Bellare 2006), so without ``k`` the commitment is computationally
+independent of the data, while privret still compares equal values exactly (resume, stage fingerprints). The raw
+digests stay in memory and in the budget registry (whose files they name, so releases compose whatever the key).
+Losing the key never under-counts the budget: artefacts made with the old key are refused for resume or reuse.
+See docs/privacy.md, section "What a ledger says about the data: a commitment, not a hash".
 """
 
 from __future__ import annotations

@@ -1,24 +1,17 @@
 """A private log split into a fit part and a held-out part, and what mechanisms on the two parts cost together.
 
-**The split.** A :class:`UnitPartition` is a public ``salt`` (any text, fixed without looking at the log) and a
-``heldout_fraction``. A unit's key is its query text (unit ``query``), its user id (``user``) or its query and
-document id (``pair``); the unit is *held out* when sha256(salt, key), read as a number in [0, 1), is below the
-fraction, and *fit* otherwise. Every row of a unit goes with its unit. A unit's side depends on its own key and
-the partition only, never on the other units.
+A :class:`UnitPartition` is a public ``salt`` (fixed without looking at the log) and a ``heldout_fraction``. A unit's
+key is its query text (unit ``query``), its user id (``user``) or its query and document id (``pair``); the unit,
+with every row of it, is *held out* when sha256(salt, key), read as a number in [0, 1), is below the fraction, and
+*fit* otherwise, whatever the other units.
 
-**Parallel composition.** Two logs are neighbours when one has a whole unit the other lacks (add/remove, the
-relation of the DP-SGD accountant). The added or removed unit lies in exactly one part, and the other part is the
-same in both logs. So mechanisms that read only the fit part, followed (even adaptively, given their outputs) by
-mechanisms that read only the held-out part, are together (max(eps_fit, eps_held), max(delta_fit, delta_held))-DP,
-where each side's (eps, delta) composes that side's mechanisms (McSherry, "Privacy integrated queries", SIGMOD
-2009, Theorem 4; the adaptive case: the side that did not change contributes the same distribution given any
-output of the other). Under *replacement* neighbours a unit could leave one part and join the other, and the
-parts would add; privret's ledgers and registry state add/remove.
-
-:func:`compose_parts` applies this to any list of releases on one log: releases on the whole log compose with
-the caller's rule; the releases on the sides of one partition compose side by side, then the larger side counts;
-the groups then add (basic composition, Dwork and Roth 2014, Theorem 3.16). Two different partitions (another
-salt or another fraction) are different groups and add.
+Under add/remove neighbours, mechanisms that read only the fit part followed, even adaptively, by mechanisms that
+read only the held-out part are together (max(eps_fit, eps_held), max(delta_fit, delta_held))-DP (parallel
+composition; McSherry, "Privacy integrated queries", SIGMOD 2009); under replacement the parts would add. Proof:
+docs/privacy.md, section "A held-out choice, at no epsilon beyond the run's". :func:`compose_parts` composes the
+releases on one log: whole-log releases by the caller's rule; the two sides of one partition side by side, the
+larger side counting; then the groups add (basic composition, Dwork and Roth 2014, Theorem 3.16), and so do two
+different partitions (another salt or fraction).
 """
 
 from __future__ import annotations

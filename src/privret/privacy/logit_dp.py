@@ -1,38 +1,18 @@
 """Logit-DP: sensitivity constants and per-pair reweighting (Kong, Muñoz Medina and Ribero, *Differentially
 private optimization for non-decomposable objective functions*).
 
-Notation (the paper's section 2). A batch holds ``n`` pairs (x_i, x'_i); ``Z_ij = S(Phi(x_i), Phi(x'_j))`` is the
-similarity of query i and document j, here ``Z_ij = cos(e_i, e'_j) / temperature`` so every logit lies in
-``[-a, a]`` with ``a = 1 / temperature``. Row i's loss is ``l^(i,n)(Z_i)`` and ``L = sum_i l^(i,n)(Z_i)``.
+A batch of n pairs has logits ``Z_ij = cos(e_i, e'_j) / t`` in [-a, a], ``a = 1 / t``. Algorithm 1 releases
+``sum_ij tau_ij Clip_B(g_ij) + N(0, (sigma Delta)^2)``, ``tau_ij = d l_i / d Z_ij``, ``g_ij = grad_w Z_ij``, and
+Theorem 4.2 gives ``Delta = (G1 + G2 + (n - 1) L) B``. The constants that hold when every row has its own logits,
+with ``E = e^{2a}``: ``G1 = 2 (1 - 1 / (1 + (n - 1) E))``, ``L = E / (E + n - 1)``, ``G2 = (n - 1) L``; their sum
+increases with n towards ``2 (1 + E)`` (``contrastive_factor``), whatever the batch size. Spreadout (Lemma 4.6)
+adds ``6 c`` for logits in [-c, c]. Why the paper's Lemma 4.5 constant is not used: docs/direct-dp.md, section
+"What every method releases".
 
-Lemma 4.1: ``grad L = sum_ij tau_ij g_ij`` with ``tau_ij = d l^(i,n) / d Z_ij`` and ``g_ij = grad_w Z_ij``.
-Algorithm 1 clips every ``g_ij`` to norm ``B`` and releases ``sum_ij tau_ij Clip_B(g_ij) + N(0, (sigma Delta)^2)``.
-Theorem 4.2 bounds the L2 sensitivity of that sum by ``(G1 + G2 + (n - 1) L) B`` whenever
-
-    sum_j |d l^(i,n)/d z_j - d l^(i,n-1)/d z_j| <= L,   sum_j |d l^(i,n)/d z_j| <= G1,
-    sum_i |d l^(i,n)/d z_n| <= G2.
-
-Section 5.3: with the weights ``lambda_ij = tau_ij min(1, B / ||g_ij||)`` held fixed, the clipped sum is
-the gradient of ``F = sum_ij lambda_ij Z_ij``: one backward pass, never n^2 parameter-sized gradients.
-Using an *upper bound* ``u_ij >= ||g_ij||`` in place of ``||g_ij||`` keeps every clipped term within
-norm B (``min(1, B/u) ||g|| <= B``), so the sensitivity bound still holds; an estimate that could
-undershoot would not. :func:`pair_norm_bounds` gives such a bound, exact per side:
-``g_ij = J_i^T (e'_j / t) + J'_j^T (e_i / t)`` (query side plus document side, J the Jacobian of the
-normalised embedding), and ``||g_ij|| <= ||J_i^T e'_j / t|| + ||J'_j^T e_i / t||``. Each side is computed
-exactly with per-sequence gradient norms (:class:`~privret.privacy.ghost_norms.GhostNorms`): one backward pass per batch column k
-gives ``||J_i^T e'_k / t||`` for every query i and ``||J'_k^T ... ||`` for every document at once.
-
-The per-row constants. Lemma 4.5 of the paper states ``G1 + G2 + (n-1) L <= 2 (1 + (n-2) e^2 / (e^2 + n-1))``
-for logits in [-1, 1]; its proof evaluates G1, G2 and L at one and the same logit vector. In a batch
-every row has its *own* logits (row n's positive can be small while every other row puts its mass on
-column n), and the constants that hold uniformly over such batches are, with ``E = e^{2a}``:
-
-    G1 = 2 (1 - 1 / (1 + (n-1) E)),   L = E / (E + n - 1),   G2 = (n - 1) L,
-
-so ``G1 + G2 + (n-1) L`` increases with n towards ``2 (1 + E)``: bounded, whatever the batch size. We
-use this uniform bound (``contrastive_factor``); tests check it on random per-row logits and show
-batches on which the paper's same-vector constant is exceeded. Spreadout (Lemma 4.6): with logits in
-[-c, c], ``G1 + G2 + (n-1) L <= 6 c`` (the paper's 6 is c = 1), which already holds per row.
+Reweighting (section 5.3): with ``lambda_ij = tau_ij min(1, B / u_ij)`` held fixed, the clipped sum is the gradient
+of ``sum_ij lambda_ij Z_ij``, one backward pass. ``u_ij`` must be a proven upper bound of ``||g_ij||``, never an
+estimate: :func:`pair_norm_bounds` adds the exact query-side and document-side norms (triangle inequality), both from
+per-sequence ghost norms (:class:`~privret.privacy.ghost_norms.GhostNorms`), one backward pass per batch column.
 """
 
 from __future__ import annotations
@@ -52,8 +32,8 @@ from privret.privacy.ghost_norms import GhostNorms
 def lemma45_constant(n: int, a: float = 1.0) -> float:
     """The paper's Lemma 4.5 value ``2 (1 + (n-2) e^{2a} / (e^{2a} + n - 1))`` (a = 1 in the paper).
 
-    Valid when G1, G2 and L are evaluated on one shared logit vector (Theorem 4.2 as written); see the
-    module docstring for why a batch needs :func:`contrastive_factor` instead.
+    Valid when G1, G2 and L are evaluated on one shared logit vector (Theorem 4.2 as written); why a batch needs
+    :func:`contrastive_factor` instead: docs/direct-dp.md, section "What every method releases".
     """
     big = math.exp(2 * a)
     return 2.0 * (1.0 + (n - 2) * big / (big + n - 1))

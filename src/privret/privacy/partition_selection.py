@@ -1,47 +1,32 @@
-"""DP choice of documents from a private log: Laplace partition selection.
+"""DP choice of documents from a private log: Laplace partition selection (Korolova, Kenthapadi, Mishra and
+Ntoulas 2009; Desfontaines, Voss, Gipson and Mandayam 2022, section 3).
 
-Which documents carry private queries is private: a document with a single private query reveals
-that query's unit. Writing synthetic queries only for "the documents of the log" therefore
-releases the log outside the generator's mechanism. This module offers a DP alternative to a
-public document list (Korolova, Kenthapadi, Mishra and Ntoulas 2009; the thresholded-Laplace
-partition selection of Desfontaines, Voss, Gipson and Mandayam 2022, section 3):
+Which documents carry private queries is private, so a synthetic set's documents come from the log only through
+this mechanism:
 
-1. **Bounded contribution.** Each unit keeps at most ``m = max_docs_per_unit`` of its distinct
-   documents (a uniform random subset when it has more), and counts 1 for each.
-2. **Noisy counts.** ``c_d + Lap(b)`` with ``b = m / epsilon`` for every document with c_d >= 1.
-3. **Threshold.** Release the set of documents whose noisy count exceeds
-   ``tau = 1 + b ln(m / (2 delta))``; counts are not released.
+1. each unit counts 1 for at most ``m = max_docs_per_unit`` of its distinct documents (a uniform random subset);
+2. every document with count ``c_d >= 1`` gets ``c_d + Lap(b)``, ``b = m / epsilon``;
+3. the documents whose noisy count exceeds ``tau = 1 + b ln(m / (2 delta))`` are released; counts are not.
 
-Guarantee (add/remove one unit u, which touches at most m documents). On the documents that
-other units also carry, the count vectors differ by at most m in L1, so their noisy counts are
-epsilon-DP (Laplace mechanism) and thresholding them is post-processing. A document that only u
-carries has count 1 with u and is absent without it; it is released with probability
-``P[1 + Lap(b) > tau] = exp(-(tau - 1) / b) / 2``, so one of at most m such documents with
-probability at most ``m exp(-(tau - 1) / b) / 2 = delta``. Hence, with u present,
-``P[S in E] <= e^epsilon P'[S in E] + delta``. With u removed, the event "none of u's own
-documents is released" has probability >= 1 - delta under the larger log and is independent of
-the shared documents' noise, so ``P'[S in E] <= e^epsilon P[S in E] / (1 - delta)``. The ledger
-therefore charges ``epsilon + ln(1 / (1 - delta))`` (at delta = 1e-4 that adds 1e-4), and the
-release is (that, delta)-DP. Randomness (the subset of step 1 and the noise) comes from the OS
-CSPRNG (:class:`~privret.privacy.secure_rng.SecureRandom`); floating-point attacks on the Laplace
-sampler are out of scope, as for the Gaussian noise of DP-SGD.
-
-The threshold grows like ``ln(1/delta) / epsilon``: on a log where most documents have one or
-two queries (SciFact: 919 pairs over 565 documents) almost nothing passes it. The selection
-pays only where many units share a document.
+Under add/remove of one unit the release is ``(epsilon + ln(1 / (1 - delta)), delta)``-DP, which the ledger
+charges; proof: docs/privacy.md, section "Which documents get synthetic queries". The random subsets and the noise
+come from the OS CSPRNG (:class:`~privret.privacy.secure_rng.SecureRandom`). The threshold grows like
+``ln(1 / delta) / epsilon``, so only documents that many units share pass it.
 """
 
 from __future__ import annotations
 
 import math
 from collections import Counter
-
+from typing import TYPE_CHECKING
 
 from privret.data.pairs import UNIT_DEFINITIONS, PrivacyUnit, TrainingPairs
 from privret.errors import InputError
 from privret.privacy.ledger import PrivacyLedger
-from privret.privacy.partition_selection_config import PartitionSelectionConfig
 from privret.privacy.secure_rng import CSPRNG, SecureRandom
+
+if TYPE_CHECKING:
+    from privret.settings.partition_selection import PartitionSelectionConfig
 
 MECHANISM = "laplace-partition-selection"
 

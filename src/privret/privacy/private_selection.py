@@ -1,31 +1,17 @@
-"""DP choice of one candidate model by its quality on the private log: the exponential mechanism.
+"""DP choice of one candidate model by its quality on the private log: the exponential mechanism (McSherry and
+Talwar 2007; Dwork and Roth 2014, section 3.4).
 
-A model trained on DP synthetic queries can be *worse* than the public model it started from
-(negative transfer), and nothing that reads only the synthetic data can tell. The private log can,
-but reading it must be paid for. This module pays for it once, with a small epsilon:
+The ``k`` candidates are fixed before scoring: public models, or models derived from the log only through DP
+releases composed with this one. Each privacy unit ``u`` gives candidate ``j`` a score ``s_uj`` in [0, 1] that depends
+only on ``u``'s rows, ``j`` and public data (:mod:`privret.train.private_selection`), so ``U_j = sum_u s_uj`` moves by
+at most ``Delta = 1`` when a unit is added, removed or replaced. Candidate ``j`` is released with probability
+proportional to ``exp(epsilon U_j / (2 Delta))``: epsilon-DP, delta = 0, sampled exactly as the Gumbel-max
+``argmax_j epsilon U_j / (2 Delta) + G_j``, ``G_j = -ln(-ln v)`` with v uniform in (0, 1) from the OS CSPRNG
+(:class:`~privret.privacy.secure_rng.SecureRandom`). Only the index is released; the utilities are never written.
 
-**Setting.** ``k`` candidate models, fixed before the scores are computed: public models, and models
-derived from the log only through DP releases that are composed with this one (adaptive
-composition lets the candidates depend on those releases). Each privacy unit ``u`` of the log gives
-each candidate ``j`` a score ``s_uj`` in [0, 1] that depends only on ``u``'s own rows, on candidate
-``j`` and on public data (for retrievers: NDCG@10 of the unit's query over the public corpus,
-:mod:`privret.train.private_selection`). The utility of ``j`` is ``U_j = sum_u s_uj``.
-
-**Sensitivity.** Adding, removing or replacing one unit changes each ``U_j`` by at most
-``Delta = 1`` (one term in [0, 1] appears, disappears or changes).
-
-**Mechanism** (McSherry and Talwar 2007; Dwork and Roth 2014, section 3.4). Release ``j`` with
-probability proportional to ``exp(epsilon U_j / (2 Delta))``: epsilon-DP (pure, delta = 0) under
-either neighbouring relation. It is sampled as a Gumbel-max, ``argmax_j epsilon U_j / (2 Delta) + G_j``
-with ``G_j`` independent standard Gumbel draws ``-ln(-ln v)``, v uniform in (0, 1), which has exactly
-that distribution. The uniforms come from the OS CSPRNG
-(:class:`~privret.privacy.secure_rng.SecureRandom`). Only the index is released: the utilities are
-not DP and are never written. (Under add/remove alone the utilities are monotone and
-``exp(epsilon U_j / Delta)`` would do; the factor 2 keeps the guarantee under replacement too.)
-
-**Utility.** With probability at least 1 - beta the chosen candidate's mean score is within
-``2 Delta (ln k + ln(1/beta)) / (epsilon n)`` of the best one's (n units): at SciFact's 807 units,
-epsilon = 1 and 5 candidates, within 0.011 with probability 0.95. Fewer candidates cost less.
+With probability at least 1 - beta the chosen candidate's mean score is within
+``2 Delta (ln k + ln(1 / beta)) / (epsilon n)`` of the best one's (n units). Composition with the candidates' own
+releases: docs/privacy.md, section "Choosing a retriever with the private log".
 """
 
 from __future__ import annotations
@@ -37,7 +23,7 @@ import numpy as np
 from privret.data.pairs import UNIT_DEFINITIONS, PrivacyUnit
 from privret.errors import InputError
 from privret.privacy.ledger import PrivacyLedger
-from privret.privacy.partition import LogPart
+from privret.privacy.hold_out import LogPart
 from privret.privacy.secure_rng import CSPRNG, SecureRandom
 
 MECHANISM = "exponential-mechanism"

@@ -1,21 +1,16 @@
 """DP randomness from the operating system's CSPRNG (``--secure-rng``).
 
-The default noise source, a ``torch.Generator`` (Mersenne Twister) seeded from ``os.urandom``,
-is statistically fine but not cryptographic: whoever sees enough of its outputs can predict the
-rest, and DP-SGD's proof assumes the noise (and the Poisson sampling) is secret. Opacus's
-"secure mode" used ``torchcsprng`` for this, which is not built for current torch (it does not
-install here), so this module draws every random bit from ``os.urandom`` (``getrandom(2)`` on
-Linux, a CSPRNG) and shapes it in float64:
+DP-SGD's proof assumes that its noise and its Poisson sampling are secret. A ``torch.Generator`` (Mersenne Twister)
+is not cryptographic: whoever sees enough of its outputs can predict the rest. This module draws every random bit
+from ``os.urandom`` (``getrandom(2)`` on Linux) and shapes it in float64:
 
-* uniforms ``u = (b >> 11 + 1) 2^-53`` in (0, 1] from 64 random bits ``b`` (53 significant bits);
-* Gaussians by Box-Muller: ``z1 = sqrt(-2 ln u1) cos(2 pi u2)``, ``z2 = sqrt(-2 ln u1) sin(2 pi u2)``
-  are independent N(0, 1) for independent uniforms u1, u2; then scaled by ``std`` and cast to
-  float32;
+* uniforms ``u = ((b >> 11) + 1) 2^-53`` in (0, 1] from 64 random bits ``b`` (53 significant bits);
+* Gaussians by Box-Muller, ``z1, z2 = sqrt(-2 ln u1) (cos, sin)(2 pi u2)``, independent N(0, 1) for independent
+  uniforms u1, u2, then scaled by ``std`` and cast to float32;
 * Poisson sampling: unit i joins the batch iff ``u_i < q``.
 
-Limitation (stated, not solved): a floating-point Gaussian is not exactly Gaussian; Mironov
-(CCS 2012) and Jin et al. (S&P 2022) show that the low-order bits of float noise can leak. A
-CSPRNG removes the seed-prediction attack, not that one.
+Not covered: float noise is not exactly Gaussian and its low-order bits can leak (Mironov, CCS 2012; Jin et al.,
+S&P 2022); a CSPRNG removes the seed-prediction attack, not that one.
 """
 
 from __future__ import annotations
