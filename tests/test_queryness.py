@@ -1,0 +1,81 @@
+"""Query-ness of a synthetic set (privret.synth.queryness): planted good and degenerate outputs."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import pytest
+
+from privret.errors import InputError
+from privret.synth.queryness import (MAX_QUERY_WORDS, degeneracy, first_sentence, is_query_like, measure,
+                                     synthetic_queryness)
+from tests.helpers import write_beir_dir
+
+TITLE = "Cannot log in to the Travel and Expense Claims Portal"
+BODY = "The portal signs you in with your normal network account. Locked accounts are reset by support."
+
+GOOD = ["how do I reset my portal password", "Why is the expense portal showing a blank page?",
+        "claims portal locked account"]
+DEGENERATE = {
+    "": "empty",
+    "   ": "empty",
+    "Therapisticious": "one-word",
+    "hNEGBBCBOCCOBBBCBCCCCCCCC": "one-word",
+    "cannot log in to the travel and expense claims portal!": "copy-of-document",
+    "The portal signs you in with your normal network account.": "copy-of-document",
+    "reset password reset password reset password": "repeated-run",
+    "portal login hNEGBBCBOCCCCCCCC": "repeated-run",
+    "what what what is the portal": "repeated-run",
+}
+RAMBLING = ("Although the aforementioned service was not confirmed yet, as of January 2023, you may still download "
+            "news and stories about purchasing from this website.")
+
+
+@pytest.mark.parametrize("text", GOOD)
+def test_a_short_query_is_query_like_and_not_degenerate(text):
+    assert degeneracy(text, TITLE, BODY) is None
+    assert is_query_like(text)
+
+
+@pytest.mark.parametrize("text,reason", DEGENERATE.items())
+def test_planted_degenerate_outputs_are_named(text, reason):
+    assert degeneracy(text, TITLE, BODY) == reason
+
+
+def test_a_second_sentence_or_a_long_sentence_is_not_query_like():
+    assert not is_query_like("how do I log in? It says my account is locked.")
+    assert len(RAMBLING.split()) > MAX_QUERY_WORDS and not is_query_like(RAMBLING)
+    assert is_query_like(RAMBLING, max_words=40)
+
+
+def test_first_sentence_cuts_at_the_first_sentence_end_followed_by_text():
+    assert first_sentence("Where is the portal? It moved. Then") == "Where is the portal?"
+    assert first_sentence('Is it "down?" yes') == 'Is it "down?"'
+    assert first_sentence("  version 2.5 of the app  ") == "version 2.5 of the app"
+    assert first_sentence("no end at all") == "no end at all"
+
+
+def test_measure_counts_shares_and_the_outputs_generation_dropped():
+    outputs = [(t, TITLE, BODY) for t in GOOD + ["Therapisticious", RAMBLING]]
+    result = measure(outputs, dropped=Counter({"empty": 1}))
+    assert result.outputs == 6
+    assert result.query_like == pytest.approx(3 / 6)
+    assert result.degenerate == pytest.approx(2 / 6)
+    assert result.reasons == {"one-word": 1, "empty": 1}
+    assert "50% query-like" in result.text() and "33% degenerate" in result.text()
+    assert measure([]).outputs == 0 and measure([]).query_like == 0.0
+
+
+def test_synthetic_queryness_reads_a_synthetic_set_and_its_manifest(tmp_path):
+    root = write_beir_dir(tmp_path / "syn", [{"_id": "d1", "title": TITLE, "text": BODY}],
+                          [{"_id": "syn-d1-0", "text": GOOD[0]}, {"_id": "syn-d1-1", "text": "Therapisticious"}],
+                          {"train": [("syn-d1-0", "d1", 1), ("syn-d1-1", "d1", 1)]})
+    (root / "manifest.json").write_text(json.dumps({"dropped_empty": 1, "dropped_degenerate_repeated-run": 2}))
+    result = synthetic_queryness(root)
+    assert result.outputs == 5
+    assert result.query_like == pytest.approx(1 / 5)
+    assert result.reasons == {"empty": 1, "repeated-run": 2, "one-word": 1}
+    (root / "manifest.json").write_text("[1]")
+    with pytest.raises(InputError, match="JSON object"):
+        synthetic_queryness(root)
