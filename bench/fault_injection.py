@@ -82,7 +82,7 @@ class Setup:
         build_fed_squad(work / "squad.json", self.fed_data, n_clients=2, seed=0)
 
     def federated_cfg(self, dp: bool):
-        from privret.federated.config import FedConfig
+        from privret.settings.federated import FedConfig
 
         private = {"dp": "server", "dp_noise_multiplier": 1.0, "dp_clip_norm": 0.5} if dp else {}
         return FedConfig(model=self.fed_encoder, rounds=4, warmup_rounds=1, remine_every=1, eval_every=2,
@@ -90,13 +90,13 @@ class Setup:
                          personal_hard_k=3, fed_negatives=2, bf16=False, learning_rate=1e-2, **private)
 
     def generator_cfg(self, epsilon: float):
-        from privret.train.settings import GeneratorTrainConfig
+        from privret.settings.training import GeneratorTrainConfig
 
         return GeneratorTrainConfig(model=str(self.llama), epsilon=epsilon, batch_size=8, epochs=4, trained_layers=1,
                                     lora_rank=4, bf16=False, checkpoint_every=1, physical_batch=8, accountant="rdp")
 
     def retriever_dp_cfg(self):
-        from privret.train.settings import DPRetrieverConfig
+        from privret.settings.training import DPRetrieverConfig
 
         # 29 units, q = 4/29, 2 epochs: 15 steps, a checkpoint every 2 (a kill often loses announced steps)
         return DPRetrieverConfig(method="batch-clip", model=str(self.bert), epsilon=4.0, batch_size=4, epochs=2,
@@ -123,7 +123,7 @@ class Setup:
                                 budget=OVER_BUDGET)
         elif command == "generate":
             from privret.synth.generate import generate_synthetic
-            from privret.synth.settings import GenerateConfig
+            from privret.settings.synthesis import GenerateConfig
 
             if not out.exists():
                 generate_synthetic(self.work / "plain-generator", self.docs, out,
@@ -133,7 +133,7 @@ class Setup:
             from privret.train.retriever import non_private_ledger
             from privret.runlock import RunLock, recover_directory
             from privret.train.retriever import train_retriever
-            from privret.train.settings import RetrieverTrainConfig
+            from privret.settings.training import RetrieverTrainConfig
 
             with RunLock(out):
                 recover_directory(out)
@@ -142,10 +142,10 @@ class Setup:
                                                                           bf16=False, seed=2),
                                     ledger=non_private_ledger(self.pairs, "tiny", "fault-injection", "query"))
         elif command == "pipeline":
-            from privret.config import BudgetSettings, GeneratorStage, PipelineConfig
+            from privret.settings.pipeline import BudgetSettings, GeneratorStage, PipelineConfig
             from privret.pipeline.run import run_pipeline
-            from privret.synth.settings import GenerateConfig
-            from privret.train.settings import RetrieverTrainConfig
+            from privret.settings.synthesis import GenerateConfig
+            from privret.settings.training import RetrieverTrainConfig
 
             cfg = PipelineConfig(
                 name="fi", dataset=self.data, epsilons=[math.inf, 4.0], synthetic_documents="corpus",
@@ -165,7 +165,7 @@ def install_truth_hooks(truth_file: Path) -> None:
     import safetensors.torch as st_torch
     from sentence_transformers import SentenceTransformer
 
-    from privret.models import generator as genmod
+    from privret.models import query_generator as genmod
     from privret.train import dp_retriever as rtrain
     from privret.train import generator as gtrain
 

@@ -38,7 +38,7 @@ from privret import distributed
 from privret.data.beir import Document
 from privret.privacy.budget import BudgetPolicy
 from privret.train import generator as gtrain
-from privret.train.settings import GeneratorTrainConfig
+from privret.settings.training import GeneratorTrainConfig
 
 torch.set_num_threads(1)
 
@@ -48,7 +48,7 @@ GENERATION_TEXTS = ["aspirin heart risk", "gene memory mice", "vitamin blood", "
 
 
 def generation_config():
-    from privret.synth.settings import GenerateConfig
+    from privret.settings.synthesis import GenerateConfig
 
     return GenerateConfig(num_queries=2, max_new_tokens=5, batch_size=2, seed=3)
 
@@ -112,7 +112,7 @@ def retriever_step(bert_dir: str, out_dir: str, public_negatives: str = "5") -> 
     from privret.data.pairs import QueryDocPair, TrainingPairs
     from privret.models.encoder import load_encoder
     from privret.train import dp_retriever as dptrain
-    from privret.train.settings import DPRetrieverConfig
+    from privret.settings.training import DPRetrieverConfig
     from privret.models.trainable import make_trainable
 
     group = distributed.current()
@@ -170,7 +170,7 @@ def dp_retriever_train(bert_dir: str, out_dir: str) -> None:
     from privret.data.pairs import QueryDocPair, TrainingPairs
     from privret.train import dp_run
     from privret.train.dp_retriever import train_dp_retriever
-    from privret.train.settings import DPRetrieverConfig
+    from privret.settings.training import DPRetrieverConfig
 
     dp_run.os = SimpleNamespace(urandom=lambda n: bytes(range(n)))  # the same "fresh" entropy in every run
     corpus = {f"d{i}": Document(f"d{i}", "", f"document {w}") for i, w in enumerate(WORDS[:14])}
@@ -188,7 +188,7 @@ def secure_hard_negatives(bert_dir: str, out_dir: str) -> None:
     from helpers import WORDS
     from privret.data.pairs import QueryDocPair, TrainingPairs
     from privret.train import dp_retriever as dptrain
-    from privret.train.settings import DPRetrieverConfig
+    from privret.settings.training import DPRetrieverConfig
 
     sources, draw_hard = [], dptrain._draw_hard
 
@@ -220,7 +220,7 @@ def retrieval_pairs():
 
 
 def retriever_config(bert_dir: str):
-    from privret.train.settings import RetrieverTrainConfig
+    from privret.settings.training import RetrieverTrainConfig
 
     return RetrieverTrainConfig(model=bert_dir, epochs=2, batch_size=5, learning_rate=1e-3, max_query_tokens=16,
                                 max_doc_tokens=16, bf16=False, seed=1)
@@ -235,7 +235,7 @@ def fit_retriever(bert_dir: str, out_file: str) -> None:
 
 
 def generate(generator_dir: str, out_dir: str, die_on_call: str = "0") -> None:
-    from privret.models import generator as genmod
+    from privret.models import causal_generator as genmod
     from privret.synth.generate import generate_synthetic
 
     if int(die_on_call) and distributed.launched().main:

@@ -13,10 +13,10 @@ from privret.models.generator import load_generator
 from privret.privacy.accounting import calibrate_noise, default_delta
 from privret.privacy.clipping import NORM_MARGIN
 from privret.privacy.ledger import PrivacyLedger
-from privret.privacy.sampling import PoissonUnitSampler
+from privret.privacy.poisson import PoissonUnitSampler
 from privret.train import generator as gtrain
 from privret.train.generator import micro_batches, train_generator
-from privret.train.settings import GeneratorTrainConfig
+from privret.settings.training import GeneratorTrainConfig
 
 torch.set_num_threads(1)
 
@@ -334,7 +334,7 @@ def test_generator_never_replaces_a_directory_it_did_not_write(tiny_llama_dir, t
 def test_non_private_steps_forward_at_most_physical_batch_rows(tiny_llama_dir, tmp_path, monkeypatch):
     """``physical_batch`` bounds the rows of every forward pass of a non-private run too (memory): q = 1 puts all
     11 rows in each of the 2 steps, and no forward pass may take more than 4 of them."""
-    from privret.models.generator import CausalQueryGenerator
+    from privret.models.causal_generator import CausalQueryGenerator
 
     forwarded: list[int] = []
     collate = CausalQueryGenerator.collate
@@ -357,7 +357,7 @@ def test_hold_out_trains_the_generator_on_the_fit_part_only(tiny_llama_dir, tmp_
     ledger records the part, and the release is charged to the whole log's dataset. A non-private generator
     cannot hold units out (there is no guarantee to keep)."""
     from privret.privacy import budget
-    from privret.privacy.partition import FIT, UnitPartition
+    from privret.privacy.hold_out import FIT, UnitPartition
 
     pairs = generator_pairs()
     partition = UnitPartition(salt="held", heldout_fraction=0.4)

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from privret.config import DirectDPGrid, GeneratorStage, PipelineConfig
+from privret.settings.pipeline import DirectDPGrid, GeneratorStage, PipelineConfig
 from privret.data.beir import load_beir
 from privret.data.pairs import pairs_from_beir
 from privret.errors import InputError
-from privret.synth.settings import DocumentChoice, GenerateConfig, RoundTripFilterConfig
-from privret.train.settings import RetrieverTrainConfig
+from privret.settings.synthesis import DocumentChoice, GenerateConfig, RoundTripFilterConfig
+from privret.settings.training import RetrieverTrainConfig
 
 
 def _tiny_config(dataset, tiny_llama_dir, tiny_bert_dir) -> PipelineConfig:
@@ -137,7 +137,7 @@ def test_pipeline_rows_ledgers_and_resume(tiny_config, tmp_path, monkeypatch):
 
 def _echo_private_queries(monkeypatch, private):
     """Make every generator write, per document, an upper-cased private query and a fresh one."""
-    from privret.models import generator as genmod
+    from privret.models import causal_generator as genmod
 
     def echo(self, docs, *, num_queries=1, **_kw):
         return [[private[i % len(private)].upper() + "  ", f"fresh query {i}"] for i in range(len(docs))]
@@ -360,7 +360,7 @@ def test_direct_dp_rows_take_the_grid_s_method_and_epsilon_and_per_method_sets_o
 
 def test_generation_resumes_after_a_torn_write(tiny_config, tmp_path, monkeypatch):
     from privret.data.pairs import pairs_from_beir
-    from privret.models import generator as genmod
+    from privret.models import causal_generator as genmod
     from privret.synth.generate import generate_synthetic
     from privret.train.generator import train_generator
 
@@ -594,7 +594,7 @@ def test_interrupted_direct_dp_stage_resumes_with_its_settings_only(small_config
     from privret.privacy import budget
     from privret.privacy.ledger import PrivacyLedger
     from privret.train import dp_retriever, dp_run
-    from privret.train.settings import DPRetrieverSettings
+    from privret.settings.training import DPRetrieverSettings
 
     cfg = small_config.model_copy(update={"direct_dp": small_config.direct_dp.model_copy(update={
         "methods": ["batch-clip"], "epsilons": [4.0],
@@ -723,7 +723,7 @@ def test_summary_compares_every_row_with_the_best_epsilon_0_row(tmp_path):
 
 def test_direct_dp_fingerprint_leaves_out_only_what_changes_nothing_trained():
     from privret.pipeline.stages import direct_dp_fingerprint
-    from privret.train.settings import DPRetrieverConfig
+    from privret.settings.training import DPRetrieverConfig
 
     base = DPRetrieverConfig(method="batch-clip", epsilon=8.0)
     plain = direct_dp_fingerprint(base)
@@ -744,7 +744,7 @@ def test_selected_row_composes_one_generator_ledger_with_the_choice(tiny_config,
     from privret.pipeline import run as pipeline
     from privret.privacy import budget
     from privret.report.collect import collect
-    from privret.train.settings import SelectionSettings
+    from privret.settings.training import SelectionSettings
 
     cfg = tiny_config.model_copy(update={"epsilons": [4.0], "direct_dp": DirectDPGrid(),
                                          "private_selection": SelectionSettings(epsilon=0.5, weights=[0.5, 1])})
@@ -794,9 +794,9 @@ def test_a_direct_row_that_holds_units_out_is_followed_by_a_free_choice_on_them(
     the held-out units only, at the row's epsilon, among the public encoder and the row's retriever interpolated
     with it. Its ledger and the run's joint release cost the row's epsilon, not twice it (parallel composition);
     a config with a choice but no held-out units is refused; a re-run skips the finished choice."""
-    from privret.config import load_config
+    from privret.settings.pipeline import load_config
     from privret.pipeline import run as pipeline
-    from privret.privacy.partition import UnitPartition
+    from privret.privacy.hold_out import UnitPartition
     from privret.report.collect import collect
 
     partition = UnitPartition(salt="held", heldout_fraction=0.4)
@@ -844,9 +844,9 @@ def test_a_generator_that_holds_units_out_makes_the_choice_of_its_retrievers_fre
     units, so the chosen retriever costs the larger epsilon, not the sum; the non-private row (epsilon inf) trains
     on the whole log."""
     from privret.pipeline import run as pipeline
-    from privret.privacy.partition import UnitPartition
-    from privret.config import load_config
-    from privret.train.settings import SelectionSettings
+    from privret.privacy.hold_out import UnitPartition
+    from privret.settings.pipeline import load_config
+    from privret.settings.training import SelectionSettings
 
     partition = UnitPartition(salt="held", heldout_fraction=0.4)
     fit, held = partition.split(pairs_from_beir(load_beir(tiny_config.dataset), "train"), "query")

@@ -16,12 +16,13 @@ from pydantic import ValidationError
 from transformers import DynamicCache
 
 from helpers import TOY_DOCS, load_script, run_cli
-from privret.config import PipelineConfig
+from privret.settings.pipeline import PipelineConfig
 from privret.errors import InputError
-from privret.models.generator import INSTRUCTION, load_generator, load_trained_generator
+from privret.models.causal_generator import INSTRUCTION
+from privret.models.generator import load_generator, load_trained_generator
 from privret.privacy.ledger import PrivacyLedger
-from privret.synth.settings import GenerateConfig
-from privret.train.settings import GeneratorTrainConfig
+from privret.settings.synthesis import GenerateConfig
+from privret.settings.training import GeneratorTrainConfig
 from privret.train.public import examples_hash, train_public_generator, write_prompted_generator
 
 
@@ -169,7 +170,7 @@ def test_public_row_settings_are_validated(section, value, field):
 
 
 def test_a_public_example_may_name_a_corpus_document_by_id():
-    from privret.config import PublicRows
+    from privret.settings.pipeline import PublicRows
     from privret.data.beir import Document
 
     corpus = {"d1": Document("d1", "Aspirin", "aspirin lowers risk"), "d2": Document("d2", "", "no title here")}
@@ -211,10 +212,10 @@ def test_prompted_and_public_pairs_rows_never_open_the_private_files(toy_beir, t
                                                                      public_pairs, tmp_path, monkeypatch):
     """The pipeline with both public rows and a warm start, on a private dataset whose queries and qrels raise
     if opened while the pipeline builds either public row (:func:`privret.pipeline.run._public_row`)."""
-    from privret.config import GeneratorStage
+    from privret.settings.pipeline import GeneratorStage
     from privret.pipeline import run as pipeline
     from privret.pipeline.run import run_pipeline
-    from privret.train.settings import RetrieverTrainConfig
+    from privret.settings.training import RetrieverTrainConfig
 
     cfg = PipelineConfig(
         name="toy", dataset=toy_beir, epsilons=[math.inf], synthetic_documents="corpus",
@@ -254,7 +255,7 @@ def test_prompted_and_public_pairs_rows_never_open_the_private_files(toy_beir, t
 
 
 def test_prompt_batch_layout_shares_the_prefix_and_pads_after_it():
-    from privret.models.generator import left_pad_after_prefix, shared_prefix_length
+    from privret.models.prompt_batch import left_pad_after_prefix, shared_prefix_length
 
     prompts = [[5, 6, 7, 8, 9], [5, 6, 7, 1], [5, 6, 2, 3, 4, 4]]
     assert shared_prefix_length(prompts) == 2
@@ -272,7 +273,7 @@ def test_generation_reading_each_prompt_once_writes_what_the_whole_prompts_write
     prefix's once for the batch) give the queries that sampling from every row's whole prompt gives: the same
     draws from the same distributions (float noise aside: the layouts compute in other shapes); a cache given to
     the wrong rows, or a wrong position or mask, would change the distributions."""
-    from privret.models.generator import shared_prefix_length
+    from privret.models.prompt_batch import shared_prefix_length
 
     whole_prompts = load_script("bench/bench_generator.py").whole_prompts_generate  # the obvious implementation
     generator = load_generator(str(tiny_llama_dir), bf16=False)

@@ -27,7 +27,7 @@ from privret.privacy.ledger import PrivacyLedger
 from privret.runlock import RunLock, recover_directory, recover_tree
 from privret.train import checkpointing, dp_run
 from privret.train.generator import train_generator
-from privret.train.settings import GeneratorTrainConfig
+from privret.settings.training import GeneratorTrainConfig
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 
@@ -72,7 +72,7 @@ def test_second_lock_fails_at_once_and_a_killed_holder_frees_it(tmp_path):
 
 
 def test_pipeline_and_generator_refuse_a_locked_directory(tmp_path, tiny_llama_dir):
-    from privret.config import PipelineConfig
+    from privret.settings.pipeline import PipelineConfig
     from privret.pipeline.run import run_pipeline
 
     with RunLock(tmp_path / "gen"):
@@ -421,9 +421,9 @@ def test_offline_mode_never_opens_a_socket(tmp_path, tiny_bert_dir, monkeypatch)
 
 def test_generation_resumed_equals_uninterrupted_and_settings_are_pinned(tiny_llama_dir, tmp_path, monkeypatch):
     from privret.data.beir import Document, load_beir
-    from privret.models import generator as genmod
+    from privret.models import causal_generator as genmod
     from privret.synth.generate import generate_synthetic
-    from privret.synth.settings import GenerateConfig
+    from privret.settings.synthesis import GenerateConfig
 
     train_generator(generator_pairs(), tmp_path / "gen", cfg_for(tiny_llama_dir, epsilon=math.inf, epochs=1),
                     data_hash="h")
@@ -456,7 +456,7 @@ def test_generation_resumed_equals_uninterrupted_and_settings_are_pinned(tiny_ll
 
 def test_same_seed_same_retriever(tiny_bert_dir, tmp_path):
     from privret.train.retriever import train_retriever
-    from privret.train.settings import RetrieverTrainConfig
+    from privret.settings.training import RetrieverTrainConfig
 
     pairs = generator_pairs()
     ledger = PrivacyLedger(mechanism="none", epsilon=math.inf, delta=0.0, noise_multiplier=0.0, sample_rate=1.0,

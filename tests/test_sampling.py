@@ -1,4 +1,4 @@
-"""Sampling that drops settled rows from the batch (privret.models.sampling), the first-line rule it stops on, and
+"""Sampling that drops settled rows from the batch (privret.models.decoding), the first-line rule it stops on, and
 the attention over a few-shot prefix held once (privret.models.shared_prefix)."""
 
 from __future__ import annotations
@@ -9,8 +9,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from helpers import TOY_DOCS
-from privret.models.generator import first_line, first_line_settled, load_generator
-from privret.models.sampling import sample_rows
+from privret.models.generator import load_generator
+from privret.models.query_generator import first_line, first_line_settled
+from privret.models.decoding import sample_rows
 from privret.models.shared_prefix import NAME, shared_prefix_attention
 
 TEXT = st.text(alphabet="ab .\n\r\t\x0b\u2028", max_size=12)

@@ -1,6 +1,6 @@
 """The seq2seq query generator (T5 family): input ``generate_query: <document>``, target the query (Carranza et al., section 4.1).
 
-The interface and its training contract are :class:`privret.models.generator.QueryGenerator`'s;
+The interface and its training contract are :class:`privret.models.query_generator.QueryGenerator`'s;
 :func:`privret.models.generator.load_generator` picks this class for encoder-decoder models.
 """
 
@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from privret.models.generator import Example, QueryGenerator, right_pad, without_dropout
+from privret.models.query_generator import Example, QueryGenerator, right_pad, without_dropout
 
 
 class _Seq2SeqLoss(nn.Module):

@@ -30,10 +30,10 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from privret.config import PipelineConfig
+from privret.settings.pipeline import PipelineConfig
 from privret.errors import InputError
 from privret.io import file_sha256, write_json_atomic
-from privret.models.generator import GENERATOR_FILE
+from privret.models.query_generator import GENERATOR_FILE
 from privret.run_layout import (DIRECT_ROW_PREFIX, DOCUMENTS, DP_ROW_PREFIX, FILTERED_SUFFIX, GENERATOR, METRICS_FILE,
                                      ORIGINAL, PUBLIC_PAIRS, PUBLIC_PROMPTED, PUBLIC_ROWS, RETRIEVER, SELECTED_SUFFIX,
                                      SYNTHETIC, ZERO_SHOT)
@@ -41,7 +41,7 @@ from privret.privacy.commitment import commit
 from privret.privacy.ledger import format_epsilon
 from privret.synth.documents import SELECTED_IDS_FILE
 from privret.train.dp_retriever import MECHANISM_FILE
-from privret.train.settings import DPRetrieverConfig
+from privret.settings.training import DPRetrieverConfig
 from privret.train.dp_run import RETIRED_SETTINGS, STAGE_FILE, resume_settings
 from privret.train.private_selection import SELECTION_FILE
 from privret.train.public import examples_hash
@@ -147,7 +147,7 @@ class StagePlan:
 def plan_stages(cfg: PipelineConfig, run_dir: Path, *, data_hash: str, evaluation: str, corpus: str,
                 few_shot: list[tuple[str, str]] | None) -> StagePlan:
     """Every stage of ``cfg``'s grid, in the order the pipeline runs them, with its fingerprint. ``few_shot``:
-    the prompted row's examples as read (:meth:`~privret.config.PublicRows.few_shot`, with the dataset's corpus);
+    the prompted row's examples as read (:meth:`~privret.settings.pipeline.PublicRows.few_shot`, with the dataset's corpus);
     None when ``cfg`` has no prompted row."""
     if cfg.public_rows.prompted and few_shot is None:
         raise ValueError("the prompted row's examples must be read (PublicRows.few_shot) before planning")

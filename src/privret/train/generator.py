@@ -47,18 +47,18 @@ from privret import distributed
 from privret.data.pairs import UNIT_DEFINITIONS, TrainingPairs
 from privret.errors import InputError
 from privret.models.device import precision_label, resolve_device
-from privret.models.generator import (GENERATOR_FILE, WARM_START_DIR, QueryGenerator, load_generator,
-                                      load_trained_generator)
+from privret.models.generator import WARM_START_DIR, load_generator, load_trained_generator
+from privret.models.query_generator import GENERATOR_FILE, QueryGenerator
 from privret.privacy import budget as budget_registry
 from privret.privacy.clipping import clip_units
 from privret.privacy.ledger import PrivacyLedger, require_public
-from privret.privacy.partition import LogPart, fit_part
+from privret.privacy.hold_out import LogPart, fit_part
 from privret.distributed import SINGLE, Group
 from privret.privacy.secure_rng import SecureRandom
 from privret.progress import Progress
 from privret.train.dp_parallel import set_noisy_mean, sum_gradients
 from privret.train.dp_run import DPRun, RunPlan, plan_run, resume_settings, run_training
-from privret.train.settings import GeneratorTrainConfig
+from privret.settings.training import GeneratorTrainConfig
 
 
 def _plan(cfg: GeneratorTrainConfig, n_units: int) -> tuple[float, int, float, float]:
@@ -193,7 +193,7 @@ class _GeneratorTrainer:
         # a DP run's pair count is not released (only its unit count is public): no count in a log line
         task = progress.add_task("caching frozen layers", total=len(examples), private_counts=self.plan.private)
         self.items = dict(zip(rows, self.generator.prepare(examples, progress=lambda k: progress.advance(task, k))))
-        loss_module = self.generator.loss_module()  # without dropout (privret.models.generator.without_dropout)
+        loss_module = self.generator.loss_module()  # without dropout (privret.models.query_generator.without_dropout)
         if self.plan.private:
             loss_module = GradSampleModule(loss_module, batch_first=True, loss_reduction="sum")
         self.loss_module = loss_module

@@ -1,7 +1,7 @@
 """Generators made without any private data: the epsilon = 0 rows that every DP row must beat.
 
 * **prompted**: the public pretrained generator, untrained, with a few public (document, query)
-  examples in its prompt (few-shot; :meth:`privret.models.generator.CausalQueryGenerator.prompt`);
+  examples in its prompt (few-shot; :meth:`privret.models.causal_generator.CausalQueryGenerator.prompt`);
 * **public pairs**: the generator fine-tuned *without* DP on a public pairs file (for SciFact,
   SQuAD questions -> paragraphs; docs/privacy.md shows how to make one).
 
@@ -26,7 +26,7 @@ from privret.io import atomic_path, file_sha256
 from privret.models.generator import load_generator
 from privret.privacy.ledger import PrivacyLedger
 from privret.train.generator import train_generator
-from privret.train.settings import GeneratorTrainConfig
+from privret.settings.training import GeneratorTrainConfig
 
 
 def examples_hash(examples: list[tuple[str, str]]) -> str:
