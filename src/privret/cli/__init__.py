@@ -1,11 +1,11 @@
-"""The ``privret`` command line: one command per stage, ``pipeline`` for a grid, ``demo``.
+"""The ``privret`` command line: a group per stage with its verbs, ``pipeline`` for a grid, ``demo``.
 
-A module per command group (``data``, ``generator``, ``retriever``, ``evaluate``, ``audit``,
-``federated``) or top-level command (``generate``, ``filter`` in ``filtering``, ``report``, ``pipeline``, which
-also holds the ``demo`` command, whose config is in ``demo``); options
-that several commands take are defined once in :mod:`privret.cli.options`, the helpers they share
-live in :mod:`privret.cli.common`. Commands import their heavy dependencies when they run, so
-``--help`` stays fast.
+A module per command group (``data``, ``generator``, ``synth``, ``retriever``, ``evaluate``, ``audit``,
+``federated``), whose commands may live in modules of their own (``synth generate`` in ``generate``, ``synth
+filter`` in ``filtering``), or top-level command (``report``, ``pipeline``, which also holds the ``demo`` command,
+whose config is in ``demo``); options that several commands take are defined once in :mod:`privret.cli.options`,
+the helpers they share live in :mod:`privret.cli.common`, the renamed spellings in :mod:`privret.cli.moved`.
+Commands import their heavy dependencies when they run, so ``--help`` stays fast.
 """
 
 from __future__ import annotations
@@ -22,8 +22,9 @@ from rich.console import Console
 from rich.markup import escape
 
 from privret.chatter import route_library_output
-from privret.cli import audit, data, evaluate, federated, filtering, generate, generator, pipeline, report, retriever
+from privret.cli import audit, data, evaluate, federated, generator, pipeline, report, retriever, synth
 from privret.cli.common import as_flags, flags_in
+from privret.cli.moved import moved_spelling
 from privret.distributed import launched
 from privret.errors import EXIT_BAD_INPUT, InputError
 from privret.runtime import keep_freed_memory
@@ -32,13 +33,12 @@ app = typer.Typer(help="Dense retrieval on private query logs with differential 
                   no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False)
 
 # --help lists the top-level commands, then the groups, each in this order
-app.command("generate")(generate.generate)
-app.command("filter")(filtering.filter_synthetic)
 app.command("report")(report.report)
 app.command("pipeline")(pipeline.pipeline)
 app.command("demo")(pipeline.demo)
 app.add_typer(data.app, name="data")
 app.add_typer(generator.app, name="generator")
+app.add_typer(synth.app, name="synth")
 app.add_typer(retriever.app, name="retriever")
 app.add_typer(evaluate.app, name="evaluate")
 app.add_typer(audit.app, name="audit")
@@ -77,10 +77,14 @@ def _fail(text: str, code: int = EXIT_BAD_INPUT) -> NoReturn:
 
 def main() -> None:
     """The ``privret`` entry point: bad input ends in a one-line message and exit code 2 (a usage error too: an
-    unknown flag, a value of the wrong type, a missing option; Click's own form of these is a boxed usage text).
+    unknown flag, a value of the wrong type, a missing option, a renamed command or flag; Click's own form of these
+    is a boxed usage text).
     Under torchrun (:mod:`privret.distributed`) every rank runs the command and only rank 0 prints: the others'
     standard output goes nowhere, so all they can show is an error (on standard error)."""
     keep_freed_memory()
+    moved = moved_spelling(sys.argv[1:])
+    if moved is not None:  # an old spelling of a command or flag: the new one, before Click reads the line
+        _fail(moved)
     try:
         if not launched().main:
             sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (for the life of the process)
