@@ -1,39 +1,18 @@
-"""Crash-safe checkpoints and step accounting for DP training loops (generator and direct DP retriever).
+"""Crash-safe checkpoints and step accounting for the DP training run (:mod:`privret.train.dp_run`, both DP trainers).
 
-A DP training run releases one noisy update per step. A crash must never let the privacy ledger
-report fewer noisy updates than could have reached disk, and a resumed run must never replay
-noise. This module holds the machinery of the one DP training run (:mod:`privret.train.dp_run`, used by both DP trainers), which
-decides *when* to persist.
-
-**Layout** (inside the output directory, until the final atomic rename replaces it):
-``<out>/checkpoint/`` (parameters, optimizer state, ledger, see :func:`save_checkpoint`) and
-``<out>/steps.jsonl`` (the step log).
-
-**The step log.** Every process that trains (a *branch*, id ``branch``, started at step ``start``
-from a checkpoint, or 0) appends and fsyncs a record ``{release, branch, start, to}`` to the step
-log *before* any write that may put parameters updated by steps ``start+1 .. to`` on disk (a
-checkpoint of step ``to``, or the final model). ``release`` is the run's budget-registry release
-id, the same in every branch.
-
-**The accounting invariant.** The distinct noisy updates that could have reached disk number
+A crash must never let a ledger report fewer noisy updates than could have reached disk, and a resume must never
+replay noise. Inside the output directory, until the final model replaces it: ``<out>/checkpoint/`` (parameters,
+optimizer state, ledger; :func:`save_checkpoint`) and ``<out>/steps.jsonl``, the step log. Every process that trains
+(a *branch*, started at step ``start`` from a checkpoint or 0) appends and fsyncs ``{release, branch, start, to}``
+*before* any write that may put parameters updated by steps ``start+1 .. to`` on disk. So, whenever a kill lands,
+the updates that could have reached disk number at most
 
     S = sum over branches of (largest ``to`` of the branch - its ``start``)
 
-(:func:`distinct_steps`). Since a record precedes the write it announces, S is never below the true
-number of updates on disk, whatever instant a kill lands on; a branch killed after announcing step
-30 and resumed from the checkpoint of step 20 charges its steps 21..30 as well as the new
-branch's. Every ledger a trainer writes (checkpoint and final) reports ``steps = S`` at that point
-(:meth:`StepAccount.total`), so it never under-counts, and over-counts only after such a loss.
-
-**Refusals.** A checkpoint the step log cannot account for (log missing, unreadable but for a torn
-last line, or naming no record whose ``to`` is the checkpoint's step) is refused: the run cannot
-prove what it spent. A checkpoint made under another privacy plan (mechanism, noise multiplier, sample
-rate, clip norm, data, ...) is refused. Noise is never replayed: the caller draws fresh entropy on
-every resume; only non-private runs store and restore the sampler's RNG state.
-
-The budget registry (:mod:`privret.privacy.budget`) is told about the release (status
-``planned``, steps ``total(planned steps)``, id :attr:`StepAccount.release_id`) before the first
-record is appended, and again (``final``) once the final model is in place.
+(:func:`distinct_steps`), and every ledger reports ``steps = S`` (:meth:`StepAccount.total`). A checkpoint the log
+cannot account for (log missing, unreadable but for a torn last line, or naming no record of its step) or made under
+another privacy plan is refused; only non-private runs store the sampler's RNG state. The budget registry hears of
+the release (``planned``) before the first record and (``final``) once the model is in place (docs/reliability.md).
 """
 
 from __future__ import annotations

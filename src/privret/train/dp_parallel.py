@@ -1,36 +1,18 @@
 """One DP-SGD step over several processes (``torchrun``), with exactly the guarantee of one process.
 
-The mechanism of a step (:mod:`privret.train.dp_run`) releases ``(s(B) + N(0, (sigma Delta)^2 I)) / (q N)``
-where B is a Poisson sample of the N units at rate q and ``s`` the trainer's clipped sum. Across W
-processes (:class:`privret.distributed.Group`) the same release is computed as follows:
+A step of :mod:`privret.train.dp_run` releases ``(s(B) + N(0, (sigma Delta)^2 I)) / (q N)`` for a Poisson sample B
+of the N units at rate q. Across W processes (:class:`privret.distributed.Group`):
 
-1. **Sampling** (:mod:`privret.train.dp_run`): rank 0 draws B from the run's one random source (the OS
-   CSPRNG with ``secure_rng``), exactly as a single process does, and sends the unit indices to every
-   rank. The other ranks draw neither the sample nor the noise, so nothing the accountant analyses is
-   drawn twice and no rank's stream can differ from the one it assumes; a rank draws only what belongs to
-   its own shard's rows (the retriever's hard negatives), from the CSPRNG too with ``secure_rng``.
-2. **Clipping** on the rank that owns the unit: rank r of W takes the units of B with index ``u mod W =
-   r`` (:meth:`~privret.distributed.Group.shard`) and computes the clipped sum ``s_r`` of those units,
-   per unit, with the trainer's own engine. The shards partition B, and clipping is per unit, so
-   ``sum_r s_r = s(B)``: adding or removing one unit changes one rank's ``s_r`` by at most Delta and the
-   sum by at most Delta, the sensitivity of one process.
-3. **Noise once** (:func:`set_noisy_mean`): rank 0 alone adds ``N(0, (sigma Delta)^2 I)`` from its random
-   source to ``s_0``; then one all-reduce (SUM) gives every rank ``s(B) + noise``, whose noise std is
-   sigma Delta (not sigma Delta sqrt(W): the other ranks add none), divided by the expected batch q N as
-   in one process. Every rank then applies the same update to the same parameters (all start from rank
-   0's: :func:`sync_from_main`), so they stay identical.
+1. rank 0 draws B from the run's one random source and sends the unit indices; no other rank draws the sample or
+   the noise (a rank draws only its own rows' hard negatives);
+2. rank r clips, per unit, the units of B with ``u mod W = r`` (:meth:`~privret.distributed.Group.shard`); the
+   shards partition B, so ``sum_r s_r = s(B)`` and one unit moves the sum by at most Delta;
+3. rank 0 alone adds the noise (:func:`set_noisy_mean`) before one all-reduce (SUM), so its std is sigma Delta,
+   not sigma Delta sqrt(W); every rank applies the same update to rank 0's parameters (:func:`sync_from_main`).
 
-Hence the accountant sees the same (q, sigma, T) and the ledger is that of one process.
-
-**Why not Opacus's distributed classes.** Opacus (1.6, ``opacus/optimizers/ddpoptimizer.py``)
-``DistributedDPOptimizer`` clips the per-sample gradients Opacus's hooks store in ``p.grad_sample`` (one
-row = one sample), adds noise on rank 0 only (``add_noise`` is skipped on the other ranks) and then
-all-reduces ``p.grad``; ``DifferentiallyPrivateDistributedDataParallel`` (``opacus/distributed.py``) only
-broadcasts rank 0's parameters at the start. privret clips per privacy *unit* (all rows of a unit summed,
-one joint norm over every parameter, :mod:`privret.privacy.clipping`) and, for the retriever, from ghost
-norms without per-sample gradients (:mod:`privret.privacy.logit_dp`), which that optimizer cannot
-express. So this module keeps privret's engines and implements the same design by hand: noise on rank 0
-only, before one all-reduce of the clipped sums, and rank 0's parameters broadcast at the start.
+The accountant sees the same (q, sigma, T): the ledger is that of one process (docs/scaling.md, section "What
+changes in the guarantee: nothing"). Opacus's ``DistributedDPOptimizer`` orders noise and all-reduce the same way
+but clips per sample; privret clips per privacy unit, from ghost norms for the retriever, so the step is written here.
 """
 
 from __future__ import annotations

@@ -1,68 +1,18 @@
-"""Direct DP training of the dual encoder on the private pairs: four honest mechanisms side by side.
+"""Direct DP training of the dual encoder on the private pairs: DP-SGD over Poisson-sampled privacy units, four
+mechanisms (Carranza et al., section 3.3.2; Kong, Muñoz Medina and Ribero, Algorithm 1).
 
-Every method is DP-SGD over Poisson-sampled privacy units (each of the N units joins a step
-independently with probability q = batch_size / N, as the accountant assumes); a step releases
-``s(batch) + N(0, (sigma * Delta)^2 I)`` where ``s`` is the method's clipped gradient sum, ``Delta``
-its L2 sensitivity to adding or removing one unit (stated below, proven in
-``tests/test_dp_retriever.py``) and sigma is calibrated by the accountant for T = ceil(epochs / q)
-steps. The noisy sum, divided by the expected batch q N, goes to Adam (post-processing). Logits are
-``cos(q_i, d_j) / temperature``.
+A step releases ``s(batch) + N(0, (sigma Delta)^2 I)``: ``s`` is the method's clipped gradient sum, ``Delta`` its L2
+sensitivity to adding or removing one unit, sigma calibrated for T = ceil(epochs / q) steps; Adam gets the noisy sum
+divided by the expected batch q N. Logits are ``cos(q_i, d_j) / temperature``.
 
-* ``naive`` (Carranza et al., sections 3.3.2 and 5.3.2): unit u's gradient is the
-  gradient of its own rows' in-batch softmax losses, G_u = grad sum_{i in u} l_i(batch), clipped to C.
-  Its pair is a negative of every other unit, so adding a unit changes *every* clipped term: each by
-  at most 2C. The batch is capped at K units (a uniformly random K of the sampled units; K =
-  ``max_batch_units``, default ``batch_size + ceil(4 sqrt(batch_size))``) and, since the cap can make an
-  added unit evict another one, **Delta = 2 K C** (add: C + 2C (K-1); swap: 2C + 2C (K-1)).
-  Cost: one backward pass per unit (exact norms) plus one reweighted pass.
-* ``batch-clip`` ("Naive-DP" of the Logit-DP seed, 2.3): the whole batch gradient clipped to C. Any
-  two batches give outputs of norm <= C, so **Delta = 2 C**, whatever the batch size. One backward.
-* ``logit-dp`` (Logit-DP seed, Algorithm 1, Theorem 4.2, section 5.3): one row per sampled unit, every
-  similarity gradient g_ij clipped to B = ``clip_norm`` through the reweighting lambda_ij, **Delta =
-  B * f** with f = :func:`privret.privacy.logit_dp.logit_dp_factor` (f = 2 (1 + e^{2/t}) for the
-  contrastive loss with temperature t, + 6/t per unit of spreadout weight; with the cap, 2 f(K) if that
-  is smaller). No false-negative masking: masking would shrink rows and break the constants.
-  Cost: n backward passes without weight gradients (per-side pair norms, exact) plus one backward of F.
-* ``public-negatives``: unit u's loss is its own pairs against ``public_negatives`` documents drawn
-  uniformly from the public corpus (``public_corpus``, required; documents that came inline with the
-  private pairs, ``TrainingPairs.inline_doc_ids``, are never in the pool), independently of the
-  private data, embedded without gradient (constants for the step). In a row's softmax a sampled
-  negative that is one of the positive documents of the row's unit (same id or identical text) is
-  masked out (:func:`privret.train.clipped_sums.false_negative_mask`), a function of u's own pairs and the public
-  sample only.
-  The loss decomposes per unit, so ordinary per-unit clipping applies: **Delta = C**, independent of
-  the batch. It protects the same unit as the others (a query with all its clicked documents, a pair,
-  or a user); the public documents themselves are not protected (they are public by assumption).
-  Cost: one backward pass to the layer outputs (per-unit ghost norms), then the clipped sum by
-  book-keeping (one weighted contraction per layer from the same output gradients,
-  :meth:`privret.privacy.ghost_norms.GhostNorms.weighted_grads`; no second backward), plus a no-grad forward of
-  the negatives.
-  With ``hard_negatives`` K > 0 each row also meets K *hard* public negatives of its own, with gradient:
-  drawn from the top ``hard_negative_depth`` documents of the pool that the initial (public) encoder ranks
-  for the row's query, its unit's positives left out (:mod:`privret.train.hard_negatives`). They are a
-  function of the unit's own pairs and public data, and their gradient is part of the unit's clipped term,
-  so **Delta = C** still; cost: K more document forward/backward passes per row.
+* ``naive``: each unit's in-batch softmax gradient clipped to C, the batch capped at K units: ``Delta = 2 K C``;
+* ``batch-clip``: the whole batch's gradient clipped to C: ``Delta = 2 C``;
+* ``logit-dp``: each pair's similarity gradient clipped to B, reweighted: ``Delta = B f`` (:func:`logit_dp_factor`);
+* ``public-negatives``: each unit's own pairs against public (and hard public) negatives: ``Delta = C``.
 
-Trainable parameters (``trainable``: ``all``, ``top:K``, ``layers``, ``bias``, ``bias-top:K`` or ``lora``):
-:mod:`privret.models.trainable`. The clipped sums themselves: :mod:`privret.train.clipped_sums`.
-
-Crash safety and resumption (``docs/reliability.md``) are those of every DP run, with the same code
-(:mod:`privret.train.dp_run`): one process per output directory; every ``checkpoint_every`` steps an
-atomic checkpoint (trainable parameters + Adam state + ledger + the settings of
-:func:`~privret.train.dp_run.resume_settings`), each announced first in ``<out>/steps.jsonl``, so every ledger
-counts every noisy update that could have reached disk, lost ones included. ``resume=True`` continues from the last
-checkpoint with fresh noise and sampling (never replayed); a checkpoint the step log does not account
-for, or one made with other settings, is refused. The final SentenceTransformer replaces the directory
-atomically. The release is recorded in the budget registry before any update can reach disk (one
-release id across resumes) and again when done. ``secure_rng`` draws the noise, the Poisson sampling,
-the batch truncation / row choice and the public and hard negatives from the OS CSPRNG
-(:mod:`privret.privacy.secure_rng`), on every rank. Dropout is off unless ``dropout`` asks for it (each unit's
-term is clipped under the masks it drew, so Delta holds for any masks; they come from torch's global generator
-seeded from os.urandom, never the CSPRNG). The ledger's ``random_sources`` names the source of every draw.
-
-Under ``torchrun`` (:mod:`privret.train.dp_parallel`) only the methods of :data:`PARALLEL_METHODS` run: each
-rank clips the units of its shard and rank 0 draws the step's public negatives for all; the other methods'
-clipped sums couple the units of a batch and are refused.
+Why these bounds hold: docs/direct-dp.md, section "What every method releases". The sums:
+:mod:`privret.train.clipped_sums`; the run, checkpoints and ledger: :mod:`privret.train.dp_run`. Under ``torchrun``
+only :data:`PARALLEL_METHODS` run (:mod:`privret.train.dp_parallel`).
 """
 
 from __future__ import annotations
@@ -82,14 +32,14 @@ from privret.models.model_card import write_model_card
 from privret.privacy import budget as budget_registry
 from privret.privacy.ledger import PrivacyLedger, require_public
 from privret.privacy.logit_dp import logit_dp_factor
-from privret.privacy.partition import LogPart, fit_part
+from privret.privacy.hold_out import LogPart, fit_part
 from privret.privacy.secure_rng import SecureRandom
 from privret.progress import Progress
 from privret.train.clipped_sums import StepBatch, clipped_sum
 from privret.train.dp_parallel import set_noisy_mean
 from privret.train.dp_run import DPRun, plan_run, resume_settings, run_training
 from privret.train.hard_negatives import mine_candidates
-from privret.train.settings import DPRetrieverConfig
+from privret.settings.training import DPRetrieverConfig
 from privret.models.trainable import make_trainable, merge_adapters
 
 MECHANISM_FILE = "dp_mechanism.json"  # only a finished output holds it (with the model and ledger)
@@ -241,7 +191,7 @@ def train_dp_retriever(pairs: TrainingPairs, out_dir: str | Path, cfg: DPRetriev
     ``embedding_cache``: where the hard-negative mining keeps the public encoder's embeddings of the public pool
     (:func:`~privret.train.hard_negatives.mine_candidates`); changes nothing trained. ``cfg.model`` must be public:
     one with a privacy ledger that is not an epsilon = 0 one is refused. ``cfg.hold_out``: train on that partition's
-    fit part only (its ledger records the part; :mod:`privret.privacy.partition`), keeping the held-out part for a
+    fit part only (its ledger records the part; :mod:`privret.privacy.hold_out`), keeping the held-out part for a
     DP choice (``retriever select`` with the same partition) that composes with this run in parallel.
     """
     dataset_id = dataset_id or budget_registry.dataset_id(pairs)  # the whole log's: its budget, also with hold_out

@@ -1,51 +1,18 @@
-"""One crash-safe DP-SGD training run, for both DP trainers: the query generator
-(:mod:`privret.train.generator`) and the direct DP retriever (:mod:`privret.train.dp_retriever`).
+"""One crash-safe DP-SGD training run for both DP trainers, the query generator (:mod:`privret.train.generator`) and
+the direct DP retriever (:mod:`privret.train.dp_retriever`); a :class:`Trainer` supplies its model, its step and
+its artefact, this module the rest.
 
-A trainer supplies what differs (a :class:`Trainer`: its model, one step given the sampled units, the
-saved artefact; and how its ledger is described); this module owns the rest: the plan, the refusals,
-the ledger's accounting, the budget registry, the random source and sampler, the step log,
-checkpoints and resumption, and the atomic save.
+Plan (:func:`plan_run`): ``q = min(1, B / N)``, ``T = max(1, ceil(epochs / q))`` steps, ``delta = 1 / (2N)`` unless
+given, sigma calibrated so that T Poisson-subsampled Gaussian steps spend at most epsilon. A step samples every unit
+independently with probability q (an empty batch is a step too) and applies ``(s(batch) + N(0, (sigma Delta)^2 I))
+/ (q N)``, the division by a constant. Every ledger charges the accountant's epsilon for S steps, S counting every
+noisy update that may have reached disk, in every process (:mod:`privret.train.checkpointing`): a crash never
+under-counts. A resume draws fresh randomness, keeps the run's one release id in the budget registry, and refuses a
+checkpoint the step log does not account for or one made under another plan or :func:`resume_settings`.
 
-**The contract of a private run** (target (epsilon, delta), N privacy units, expected batch B units):
-
-* **Plan** (:func:`plan_run`): sample rate q = min(1, B / N), T = max(1, ceil(epochs / q)) steps,
-  delta = 1 / (2N) unless given, and sigma the noise multiplier the accountant calibrates so that T
-  Poisson-subsampled Gaussian steps at (q, delta) spend at most epsilon.
-* **One step**: every unit joins the batch independently with probability q (Poisson sampling, the
-  accountant's assumption; an empty batch is a step too). The trainer's step sets the gradient Adam
-  applies to ``(s(batch) + N(0, (sigma * Delta)^2 I)) / (q N)``: ``s`` its clipped sum, ``Delta`` the
-  sum's L2 sensitivity to adding or removing one unit, noise drawn once per step, and the division by
-  the expected batch q N, a constant (the realised batch size depends on the data).
-* **Accounting**: T steps are planned; every ledger (checkpoint and final) charges the accountant's
-  epsilon for S steps at (sigma, q, delta) (:meth:`RunPlan.spent`), where S counts the noisy updates
-  that may have been released.
-* **Crash and resume never spend budget twice nor under-count**: a step is in the ledger if its noisy
-  update may have been released. Before every write of updated parameters (a checkpoint or the final
-  model) the step log durably announces it (:mod:`privret.train.checkpointing`), and S counts every
-  announced update of every process, including updates lost to a kill after their announcement. A
-  resume continues from the last checkpoint with fresh randomness (noise, sampling and dropout are never
-  replayed) under the run's one release id, so the budget registry holds one release: recorded
-  ``planned`` (its steps: S at the end of the plan) before the first noisy update and ``final`` once
-  the model is in place. A checkpoint the step log does not account for, or one made under another
-  plan (the ledger's plan fields and mechanism, and the trainer's ``settings``: :func:`resume_settings`), is
-  refused.
-
-**Directories.** One process per output directory (the trainers hold a :class:`~privret.runlock.RunLock`).
-Without ``resume`` an existing directory is refused; with it, a directory holding anything but an
-interrupted run's files (:data:`RUN_FILES`) is refused rather than replaced, and a finished one (its
-``finished_marker`` present) is returned as it is, spending nothing more, if its ledger and its saved
-``train_config.json`` match this run's plan and settings (else refused).
-
-A non-private run (epsilon = inf: sigma = 0, nothing recorded in the budget registry) goes through the
-same loop; its sampler is seeded and checkpointed, so a resumed run equals an uninterrupted one.
-
-**Several processes** (``torchrun``, :mod:`privret.distributed`): the run is rank 0's. It alone holds the
-lock, recovers and checks the directory, keeps the step log, writes checkpoints and the artefact, records
-the release and owns the random source of the sample and the noise; the other ranks get its parameters and
-Adam state (fresh or resumed), each step's sampled units and the final ledger. How a step is split so that
-the mechanism, and hence the ledger, stays that of one process is :mod:`privret.train.dp_parallel`'s
-docstring. A kill of any rank stops the run (torchrun ends the others); ``--resume`` continues it with the
-same rules.
+One process per output directory; an existing one is refused without ``resume``, and a finished one is returned
+as it is if its plan and settings match. Under ``torchrun`` the run is rank 0's: it alone samples, draws the noise,
+logs, checkpoints and records (:mod:`privret.train.dp_parallel`). Crash safety: docs/reliability.md, section 1.
 """
 
 from __future__ import annotations
@@ -66,7 +33,7 @@ from privret.io import atomic_path, write_json_atomic
 from privret.privacy import budget as budget_registry
 from privret.privacy.accounting import calibrate_noise, check_budget, default_delta, spent_epsilon
 from privret.privacy.ledger import PrivacyLedger
-from privret.privacy.sampling import PoissonUnitSampler
+from privret.privacy.poisson import PoissonUnitSampler
 from privret.privacy.secure_rng import CSPRNG, SEEDED_FROM_OS, SecurePoissonUnitSampler, SecureRandom
 from privret.progress import Progress
 from privret.runlock import recover_directory

@@ -1,37 +1,18 @@
 """DP fine-tuning of a query generator (Carranza et al., section 4.1): DP-Adam over Poisson-sampled privacy units.
 
-One step, for a private run with target (epsilon, delta):
+A private step, target (epsilon, delta): every unit joins the batch with probability q = batch_size / n; per-row
+gradients from Opacus's ``GradSampleModule`` hooks are summed per unit and each unit gradient is clipped to norm C
+(:mod:`privret.privacy.clipping`), micro-batching whole units; the sum gets N(0, sigma^2 C^2) noise, is divided by
+the expected batch q n, and Adam steps. One unit moves the clipped sum by at most C, and sigma is calibrated for
+T = ceil(epochs / q) steps (docs/privacy.md, section "DP fine-tuning of the generator"). ``epsilon = inf`` trains
+the non-private reference with the same sampler and no clip or noise.
 
-1. every unit joins the batch with probability q = batch_size / n (Poisson sampling);
-2. per-row gradients of the per-example loss come from Opacus's ``GradSampleModule`` hooks;
-   rows are summed per unit and each unit gradient is clipped to norm C (see
-   :mod:`privret.privacy.clipping`), micro-batching whole units so memory stays bounded;
-3. the sum gets N(0, sigma^2 C^2) noise, is divided by the expected batch size q n, and Adam
-   takes a step. sigma is calibrated by the accountant for T = ceil(epochs / q) steps.
-
-``epsilon = inf`` trains the non-private reference with the same sampler and no clip/noise (mean loss
-over the sampled rows, ``physical_batch`` rows per forward pass).
-
-The run itself (plan, refusals, ledger, budget registry, random source and sampler, step log,
-checkpoints every ``checkpoint_every`` steps, resumption with fresh noise, atomic save) is the one
-every DP trainer shares, :mod:`privret.train.dp_run`, whose docstring states its contract; see also
-``docs/reliability.md``. Every ledger (checkpoint and final) counts every noisy update that could have
-reached disk. Non-private runs store the sampler's RNG state with the checkpoint, so a resumed run
-equals an uninterrupted one. Each private run is recorded in the dataset's budget registry
-(:mod:`privret.privacy.budget`) before its first update can reach disk, with a cap check. Under
-``torchrun`` each rank caches and clips the units of its shard (:mod:`privret.train.dp_parallel`).
-
-``public=True`` marks ``pairs`` as public data (``data_hash`` is then its hash): the run is
-non-private training on data that holds nothing of the private log, so its ledger is a public
-one (epsilon = 0, mechanism ``public-pairs``; :meth:`PrivacyLedger.public`) and nothing is
-recorded in the budget registry.
-
-**Warm start.** ``warm_start`` (a saved generator) replaces the pretrained ``cfg.model`` as the
-starting point. DP-SGD's guarantee holds for any starting point that does not depend on the
-private log, so only a public warm start (a public ledger) is accepted; one trained on private
-data would make the released model depend on the log outside the accounted mechanism. The
-ledger records its provenance (mechanism, model, public data hash) and a copy of it is saved in
-``warm_start/`` of the output (see :mod:`privret.models.generator`).
+The run (plan, ledger, budget registry, step log, checkpoints, resumption with fresh noise, atomic save) is
+:mod:`privret.train.dp_run`'s; under ``torchrun`` each rank clips its shard's units (:mod:`privret.train.dp_parallel`).
+``public=True`` marks ``pairs`` as public: non-private training with a public ledger (epsilon 0, ``public-pairs``),
+nothing in the budget registry. ``warm_start`` replaces the pretrained ``cfg.model`` as the starting point; DP-SGD
+holds for any start chosen without the log, so only a public warm start is accepted, and the ledger records its
+provenance (a copy is saved in ``warm_start/``).
 """
 
 from __future__ import annotations

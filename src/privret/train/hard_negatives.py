@@ -1,20 +1,16 @@
 """Hard public negatives of one privacy unit (``public-negatives`` with ``hard_negatives`` K > 0).
 
-Before the first step, the *initial* encoder (the public model training starts from) ranks the public pool
-(:func:`privret.train.dp_retriever.negative_pool`) for every training row's query; a row's candidates are the
-top ``depth`` documents, every positive document of the row's unit left out (same id or identical text). At each
-step a sampled row gets K of its candidates, drawn uniformly with replacement, as extra negatives *with*
-gradient (:func:`privret.train.clipped_sums.public_negative_losses`).
+Before the first step the *initial*, public encoder ranks the public pool
+(:func:`privret.train.dp_retriever.negative_pool`) for every training row's query; a row's candidates are the top
+``depth`` documents, its unit's positive documents (same id or identical text) left out. Each step, a sampled row
+draws K of its candidates uniformly with replacement as extra negatives *with* gradient
+(:func:`privret.train.clipped_sums.public_negative_losses`).
 
-Privacy: a row's candidates are a function of its own unit's pairs (its query; the positives left out), the
-public pool and the public initial encoder, nothing else; the draw uses randomness independent of the data. The
-hard negatives' gradient flows through the encoder only in the unit's own rows, so it is part of the unit's
-clipped term and the loss still decomposes per unit: Delta = C, as without them. The candidates are computed in
-memory on every (re)start from the same public model, never written to disk (they are derived from private
-queries). Only the public encoder's embeddings of the public pool may be kept, in a corpus-embedding cache
-(``cache_dir``, :func:`privret.retrieval.embedding.corpus_embeddings`): they depend on no private query and on
-no inline private document (those are never in the pool), and a later run or a resume reads them instead of
-encoding the pool again.
+Privacy: a row's candidates depend only on its own unit's pairs, the public pool and the public encoder, and the
+draw on randomness independent of the data; their gradient is part of the unit's clipped term, so Delta = C still.
+The candidates derive from private queries: computed in memory on every (re)start, never written. Only the public
+encoder's embeddings of the public pool may be cached (``cache_dir``,
+:func:`privret.retrieval.embedding.corpus_embeddings`).
 """
 
 from __future__ import annotations

@@ -1,21 +1,16 @@
 """Choose a retriever with the private log, under DP: zero-shot, fine-tuned, or in between.
 
-A retriever trained on DP synthetic queries may be worse than the public encoder it started from,
-and only real queries can show it (:mod:`privret.privacy.private_selection`). This run:
-
-1. builds the candidates: the public ``base`` encoder, each fine-tuned retriever in ``candidates``, and
-   its weight-space interpolations with the base at ``weights``
-   (:func:`privret.models.interpolation.interpolate`);
-2. scores each candidate on every privacy unit of the private log (with ``hold_out``: of its held-out part
-   only, :mod:`privret.privacy.partition`): the unit's queries (one per
-   distinct query text of the unit, its documents relevant) search the *public* corpus (documents
-   given inline with private pairs are left out: they are not public), and the unit's score is the
-   mean NDCG@10 of its queries, in [0, 1], a function of that unit's rows alone;
-3. draws the choice with the exponential mechanism (recorded in the budget registry before step 2);
-4. writes the chosen model with a ledger that composes the choice with every distinct ledger of the
-   candidates (the choice depends on all of them; a candidate trained on the fit part of the partition
-   the choice held out composes with it in parallel), ``private_selection.json`` (the candidates and the
-   one chosen; never their scores, which are not DP) and a model card.
+1. The candidates: the public ``base`` encoder, each fine-tuned retriever in ``candidates``, and its weight-space
+   interpolations with the base at ``weights`` (:func:`privret.models.wise_ft.interpolate`).
+2. Each privacy unit of the log (with ``hold_out``, of its held-out part: :mod:`privret.privacy.hold_out`) scores
+   each candidate by the mean NDCG@10, in [0, 1], of its queries (one per distinct query text, its documents
+   relevant) over the *public* corpus (documents given inline with private pairs left out): a function of that
+   unit's rows alone.
+3. The exponential mechanism draws the choice (:mod:`privret.privacy.private_selection`), recorded in the budget
+   registry before step 2.
+4. The chosen model is written with a ledger that composes the choice with every distinct ledger of the
+   candidates (in parallel with a candidate trained on the fit part of the same partition),
+   ``private_selection.json`` (candidates and choice, never the scores, which are not DP) and a model card.
 """
 
 from __future__ import annotations
@@ -30,16 +25,16 @@ from privret.data.pairs import TrainingPairs
 from privret.errors import InputError
 from privret.io import atomic_path, write_json_atomic
 from privret.models.encoder import load_encoder
-from privret.models.interpolation import load_interpolated
+from privret.models.wise_ft import load_interpolated
 from privret.models.model_card import write_model_card
 from privret.privacy import budget as budget_registry
 from privret.privacy import private_selection as mechanism
 from privret.privacy.ledger import PrivacyLedger, has_ledger, require_public
-from privret.privacy.partition import HELDOUT
+from privret.privacy.hold_out import HELDOUT
 from privret.retrieval.metrics import per_query_metrics
 from privret.retrieval.search import search
 from privret.runlock import RunLock
-from privret.train.settings import PrivateSelectionConfig
+from privret.settings.training import PrivateSelectionConfig
 
 SELECTION_FILE = "private_selection.json"
 
@@ -126,7 +121,7 @@ def select_retriever(pairs: TrainingPairs, out_dir: str | Path, cfg: PrivateSele
 
     ``cfg.hold_out``: score on that partition's held-out part only. Candidates trained with DP on its fit part
     (``retriever train --dp`` with the same partition) then compose with the choice in parallel: the chosen
-    model's ledger costs the larger of the two epsilons, not their sum (:mod:`privret.privacy.partition`).
+    model's ledger costs the larger of the two epsilons, not their sum (:mod:`privret.privacy.hold_out`).
 
     Returns the record written to ``private_selection.json``. The release is recorded in the budget
     registry (``budget``: a :class:`~privret.privacy.budget.BudgetPolicy`) first, so a run past the cap is

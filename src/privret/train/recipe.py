@@ -1,28 +1,18 @@
-"""Choosing the retriever's training recipe on a validation split of its own training pairs.
+"""Choosing the retriever's training recipe on a validation split of its own training pairs, never on test.
 
-The rule (never choose on test), the same for every row that trains a retriever
-non-privately, on original or on synthetic pairs:
+1. The distinct query texts of the pairs (the query unit) are shuffled with ``seed``; the first
+   ``validation_fraction`` of them, with all their pairs, form the validation split.
+2. Each combination of the grid trains on the rest for ``max_epochs`` and is scored after every epoch by the mean
+   NDCG@10 of the validation queries, each searching its relevant documents plus ``validation_pool`` other corpus
+   documents drawn with ``seed`` (the same pool for every candidate).
+3. The best (combination, epochs) wins, ties to the earlier candidate (smaller values, fewer epochs), and is
+   retrained on all the pairs.
 
-1. The distinct query texts of the pairs (the query privacy unit) are shuffled with ``seed``; the
-   first ``validation_fraction`` of them, with all their pairs, form the validation split. A query
-   text is never on both sides.
-2. Each combination of the grid is trained on the rest for ``max_epochs`` and scored after every
-   whole epoch by mean NDCG@10 of the validation queries, each searching its relevant documents
-   plus ``validation_pool`` other corpus documents drawn with ``seed`` (the same pool for every
-   candidate; a smaller pool than the corpus only makes the task easier for all of them alike).
-3. The best (combination, epochs) wins, ties going to the earlier candidate (smaller grid values
-   first, fewer epochs first), and is retrained on all the pairs.
-
-Privacy: on synthetic pairs every step reads only the synthetic set and the public corpus, so the
-chosen model is post-processing of the synthetic set and keeps its ledger. On the original pairs
-the selection reads private queries, like the non-private training it tunes. Direct DP training
-never uses this: a validation split of private queries would need a budget of its own.
-
-Scoring epochs inside one longer run is early stopping: the model scored at epoch e of a
-``max_epochs`` run has not finished its learning-rate decay, while the retrained one has.
-
-The work directory keeps one record per finished candidate (``candidates.json``, written
-atomically), so an interrupted selection resumes where it stopped.
+Privacy: on synthetic pairs the choice reads only the synthetic set and the public corpus, so the model keeps the
+synthetic set's ledger; on the original pairs it reads private queries, like the non-private training it tunes.
+Direct DP training never uses it (a private validation split would need a budget of its own). One record per
+finished candidate (``candidates.json``, atomic) lets an interrupted selection resume. See docs/concepts.md,
+section "Choosing the recipe without the test split".
 """
 
 from __future__ import annotations
@@ -75,14 +65,16 @@ def candidate_grid(grid: dict[str, list[int | float]]) -> list[dict[str, int | f
     return [dict(zip(names, values)) for values in itertools.product(*(sorted(grid[n]) for n in names))]
 
 
-def select_recipe(pairs: TrainingPairs, cfg, *, work_dir: Path) -> dict:
+def select_recipe(pairs: TrainingPairs, cfg, *, work_dir: Path, fit) -> dict:
     """Run the rule of the module docstring for ``cfg.selection``; returns the selection record.
+
+    ``fit(pairs, cfg, after_epoch=...)`` trains one candidate and calls ``after_epoch(epoch, model)`` after
+    every epoch (:func:`privret.train.retriever.fit_retriever`).
 
     The record: the split's sizes, every candidate's NDCG@10 per epoch, and ``chosen`` (the winning
     settings, ``epochs`` included) to apply to ``cfg`` before the final training.
     """
     from privret.retrieval.metrics import evaluate_retriever
-    from privret.train.retriever import fit_retriever
 
     rule = cfg.selection
     train, queries, qrels = validation_split(pairs, rule.validation_fraction, rule.seed)
@@ -98,7 +90,7 @@ def select_recipe(pairs: TrainingPairs, cfg, *, work_dir: Path) -> dict:
     for candidate in candidate_grid(rule.grid)[len(done["candidates"]):]:
         scores: list[float] = []
         trial = type(cfg).model_validate({**settings["base"], **candidate, "epochs": rule.max_epochs})
-        fit_retriever(train, trial, after_epoch=lambda epoch, model: scores.append(
+        fit(train, trial, after_epoch=lambda epoch, model: scores.append(
             evaluate_retriever(model, corpus, queries, qrels)["ndcg@10"]))
         done["candidates"].append({"settings": candidate, "ndcg10_by_epoch": scores})
         write_json_atomic(record_path, done)

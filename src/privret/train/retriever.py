@@ -1,21 +1,15 @@
 """Non-private training of the dual encoder with the in-batch softmax loss (Carranza et al., eq. 1).
 
-Trains on original pairs (the non-private reference) or on a synthetic dataset (whose DP
-guarantee carries over by post-processing; its ledger is copied beside the model).
+Trains on original pairs (the non-private reference) or on a synthetic dataset, whose DP guarantee carries over by
+post-processing (its ledger is copied beside the model).
 
-**Several processes** (``torchrun``, :mod:`privret.distributed`): every rank draws the same batches (the
-same seed) and embeds its share of each batch (positions p with ``p mod W = r``); the embeddings are
-all-gathered, so every rank computes the loss of the whole batch, the one one process computes, with the
-gradient flowing only into its own rows (the others' are constants); the parameter gradients are then
-summed over the ranks, which is the whole batch's gradient, and every rank takes the same AdamW step from
-rank 0's initial parameters. torch's ``DistributedDataParallel`` is not used: it reduces once per
-forward-backward of one module call, while a step here makes two calls (queries, documents) whose
-outputs meet in the loss; the all-gather plus summed gradients is the same reduction by hand (a sum, not
-DDP's mean, because each rank's gradient is already a part of the batch mean). Up to the order of
-floating-point sums the result is that of one process when the encoder has no dropout; with dropout
-the ranks draw their own masks, so the runs are two draws of the same random training (see
-``docs/scaling.md`` for the tolerance measured). Only rank 0 writes the model; recipe selection
-(``selection``) runs in one process.
+Under ``torchrun`` (:mod:`privret.distributed`) every rank draws the same batches and embeds its share of each
+(positions ``p mod W = r``); the embeddings are all-gathered, so each rank computes the whole batch's loss with
+gradient only into its own rows, and the summed gradients over the ranks are the whole batch's gradient. Every rank
+takes the same AdamW step from rank 0's parameters, so the result is one process's up to float rounding (without
+dropout; with it, each rank draws its own masks). ``DistributedDataParallel`` is not used: a step makes two module
+calls (queries, documents) whose outputs meet in the loss. Only rank 0 writes the model; recipe selection runs in
+one process. See docs/scaling.md, section "Several processes (torchrun)".
 """
 
 from __future__ import annotations
@@ -37,7 +31,8 @@ from privret.models.model_card import write_model_card
 from privret.privacy.ledger import PrivacyLedger, require_public
 from privret.progress import Progress
 from privret.train.dp_parallel import sum_gradients
-from privret.train.settings import RetrieverTrainConfig
+from privret.train.recipe import select_recipe
+from privret.settings.training import RetrieverTrainConfig
 
 
 def non_private_ledger(pairs: TrainingPairs, model: str, data_hash: str, unit: str) -> PrivacyLedger:
@@ -156,9 +151,8 @@ def train_retriever(pairs: TrainingPairs, out_dir: str | Path, cfg: RetrieverTra
         raise InputError("recipe selection runs in one process; run it without torchrun",
                          field="selection")
     if cfg.selection is not None:
-        from privret.train.recipe import select_recipe
-
-        selection = select_recipe(pairs, cfg, work_dir=out_dir.with_name(out_dir.name + ".selection"))
+        selection = select_recipe(pairs, cfg, work_dir=out_dir.with_name(out_dir.name + ".selection"),
+                                  fit=fit_retriever)
         cfg = RetrieverTrainConfig.model_validate({**cfg.model_dump(), **selection["chosen"], "selection": None})
     model = fit_retriever(pairs, cfg)
     if not distributed.launched().main:  # rank 0 writes the model
