@@ -52,35 +52,69 @@ def given_flags(*names: str) -> list[str]:
     """The flags of the command's parameters ``names`` that its command line gave rather than left at their
     defaults, in that order (none outside a command line)."""
     import click
+
+    ctx = click.get_current_context(silent=True)
+    params = {p.name: p for p in ctx.command.params} if ctx is not None else {}
+    return [params[n].opts[0] for n in given_parameters(*names)]
+
+
+def given_values(**values) -> dict:
+    """Those of ``values`` (each keyed by the command's parameter of that name) that the command line gave rather
+    than left at their defaults: what overrides a ``--config`` file's fields (none outside a command line)."""
+    given = given_parameters(*values)
+    return {name: value for name, value in values.items() if name in given}
+
+
+def given_parameters(*names: str) -> list[str]:
+    """Those of the command's parameters ``names`` that its command line gave (none outside a command line)."""
+    import click
     from click.core import ParameterSource
 
     ctx = click.get_current_context(silent=True)
     if ctx is None:
         return []
-    params = {p.name: p for p in ctx.command.params}
-    return [params[n].opts[0] for n in names if ctx.get_parameter_source(n) not in (None, ParameterSource.DEFAULT)]
+    return [n for n in names if ctx.get_parameter_source(n) not in (None, ParameterSource.DEFAULT)]
 
 
-def build_config(cls, *, flag_of: dict[str, str] | None = None, **values):
-    """``cls(**values)``; a pydantic validation error becomes an :class:`InputError` naming the flag (an error of
-    the whole config, with no location, names its fields in backquotes: those are shown as flags too).
-    ``flag_of`` names this command's flags that differ from :data:`FLAG_OF_FIELD`'s."""
+def build_config(cls, *, config_file: Path | None = None, flag_of: dict[str, str] | None = None, **values):
+    """``cls`` with the fields of the YAML ``config_file`` (when given) and ``values`` over them (a mapping field
+    given in both is merged, ``values``' keys winning). A pydantic validation error becomes an
+    :class:`InputError`: a field the file set (and ``values`` did not) is named with the file, any other by its
+    flag; an error of the whole config, with no location, names its fields in backquotes, shown as flags unless
+    they came from the file. ``flag_of`` names this command's flags that differ from :data:`FLAG_OF_FIELD`'s."""
     from pydantic import ValidationError
+
+    from privret.io import read_yaml_mapping
+
+    from_file = read_yaml_mapping(config_file) if config_file is not None else {}
+    merged = {**from_file, **{k: {**from_file[k], **v} if isinstance(v, dict) and isinstance(from_file.get(k), dict)
+                              else v for k, v in values.items()}}
+    file_only = {k for k in from_file if k not in values}
 
     def name(location: tuple) -> str | None:
         field = "_".join(str(p) for p in location)
         return (flag_of or {}).get(field) or flag(field) if location else None
 
     try:
-        return cls(**values)
+        return cls(**merged)
     except ValidationError as err:
-        error = invalid_input(err, name=name)
-        error.message = flags_in(error.message, cls.model_fields)
+        first = err.errors()[0]
+        location = tuple(first["loc"])
+        named = re.findall(r"`([a-z_]+)`", first["msg"]) if not location else [str(location[0])]
+        in_file = [n for n in named if n in file_only]
+        if in_file:
+            error = invalid_input(err, path=config_file)
+            error.field = error.field or in_file[0]
+            if first["type"] == "extra_forbidden":
+                error.message = f"unknown field (not a setting of {cls.__name__})"
+        else:
+            error = invalid_input(err, name=name)
+        error.message = flags_in(error.message, set(cls.model_fields) - file_only)
         raise error from None
 
 
 def hold_out_partition(fraction: float | None, salt: str | None) -> dict | None:
-    """The ``hold_out`` field (a :class:`~privret.privacy.partition.UnitPartition`'s values) that ``--hold-out`` and
+    """The ``hold_out`` field (a :class:`~privret.privacy.hold_out.UnitPartition`'s values) that ``--hold-out`` and
     ``--hold-out-salt`` give, or None (the whole log); :func:`build_config` checks it and names the flag."""
     if fraction is None:
         if salt is not None:

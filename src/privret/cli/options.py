@@ -40,7 +40,7 @@ DatasetNameOpt = Annotated[Optional[str], typer.Option(
     help="charge DP releases to this name in the budget registry (default: the content of the private pairs, "
          "so an edited copy of a log is another dataset unless both are given one name)")]
 
-# a public partition of the log's units (privret.privacy.partition): DP training on the fit part, a DP choice on
+# a public partition of the log's units (privret.privacy.hold_out): DP training on the fit part, a DP choice on
 # the held-out part, composed in parallel
 HoldOutOpt = Annotated[Optional[float], typer.Option(
     "--hold-out", help="the expected share of privacy units held out of the log, in (0, 1), by a public salted hash "
@@ -64,6 +64,15 @@ SecureRngOpt = Annotated[bool, typer.Option(help="every draw of the DP mechanism
                                                  "random_sources names each draw's source)")]
 CheckpointEveryOpt = Annotated[int, typer.Option(
     min=1, help="DP training: write a resumable checkpoint every N steps (one write of the trained weights)")]
+
+
+def config_file_option(settings: str):
+    """The ``--config FILE`` option of a command whose settings are the pydantic model named ``settings`` (in
+    :mod:`privret.settings`): the file's fields set what the flags do not (:func:`privret.cli.common.build_config`)."""
+    return Annotated[Optional[Path], typer.Option(
+        "--config", help=f"YAML file of settings: any field of {settings} (the rarely changed ones have no flag); "
+                         "the flags given on the command line override its fields")]
+
 
 # where models run (privret.models.device)
 DEVICE_HELP = "where models run: auto (CUDA when available, else CPU), cpu, cuda or cuda:N"
@@ -145,7 +154,7 @@ def generator_training_options(*, clip_norm: float, batch_size: int, epochs: flo
     """Decorator: the command's ``fine_tuning`` parameter becomes the generator fine-tuning options
     (``--clip-norm`` ... ``--max-doc-tokens``, at its place in ``--help``) with these defaults.
 
-    The command receives them as one dict of :class:`~privret.train.settings.GeneratorTrainConfig`
+    The command receives them as one dict of :class:`~privret.settings.training.GeneratorTrainConfig`
     fields, ``--trained-layers 0`` (all layers) given as ``trained_layers=None``.
     """
     defaults = dict(clip_norm=clip_norm, batch_size=batch_size, epochs=epochs, learning_rate=learning_rate,
