@@ -13,7 +13,7 @@ from privret.errors import InputError
 from privret.train.retriever import non_private_ledger
 from privret.train import recipe
 from privret.train import retriever as rtrain
-from privret.train.settings import RecipeSelection, RetrieverTrainConfig
+from privret.settings.training import RecipeSelection, RetrieverTrainConfig
 
 
 def _pairs(n_queries: int = 20, docs: int = 60) -> TrainingPairs:
@@ -92,10 +92,10 @@ def test_selection_takes_the_best_epoch_of_the_best_candidate_and_resumes(monkey
                                                          validation_pool=None))
     fits = _scripted(monkeypatch, table, fail_at=2)
     with pytest.raises(KeyboardInterrupt):
-        recipe.select_recipe(_pairs(), cfg, work_dir=tmp_path)
+        recipe.select_recipe(_pairs(), cfg, work_dir=tmp_path, fit=rtrain.fit_retriever)
     assert len(json.loads((tmp_path / recipe.CANDIDATES_FILE).read_text())["candidates"]) == 1
     fits = _scripted(monkeypatch, table)
-    record = recipe.select_recipe(_pairs(), cfg, work_dir=tmp_path)
+    record = recipe.select_recipe(_pairs(), cfg, work_dir=tmp_path, fit=rtrain.fit_retriever)
     assert [f["max_doc_tokens"] for f in fits] == [16]  # the finished candidate is not trained again
     # 0.61 at (8, epoch 2) and at (16, epoch 3): the tie goes to the earlier candidate, fewer epochs
     assert record["chosen"] == {"max_doc_tokens": 8, "epochs": 2}
