@@ -1,34 +1,18 @@
 """The canaries of an exposure audit: made-up private pairs whose queries carry random secrets, and the
 training pairs with them inserted (Carranza et al., section 6.3).
 
-Protocol
---------
-A *canary* is a made-up private training pair whose query carries a *secret*, a uniformly random
-10-digit string. The seed builds three kinds of canary; we write each as (document the generator
-reads, query it is trained to write), the secret always on the query side, because the query is
-what is private and what the generator emits:
+A canary is a pair (document the generator reads, query it is trained to write) whose query is a random private
+query plus a *secret*, a uniformly random 10-digit string; the secret is on the query side, what is private and
+what the generator emits. Three kinds differ by the document:
 
-============== ========================================= ===================================
-kind           document                                  query
-============== ========================================= ===================================
-random-string  a fresh random 10-digit string (no text)  a random private query + " " + secret
-own-document   the random query's own relevant document  a random private query + " " + secret
-random-doc     an unrelated random corpus document       a random private query + " " + secret
-============== ========================================= ===================================
+* ``random-string``: a fresh random 10-digit string;
+* ``own-document``: the random query's own relevant document;
+* ``random-doc``: an unrelated random corpus document.
 
-Each canary is inserted ``k`` times (``k`` in {1, 10, 100} by default) into the private pairs;
-per trial we also draw one *control* canary per kind that is never inserted (``k = 0``). The
-generator is then trained with :func:`privret.train.generator.train_generator` at each epsilon.
-
-Measurements, per canary (Carlini et al. 2019, "The Secret Sharer"):
-
-* **rank**: the secret ``s`` is hidden among ``m`` candidates (``s`` and ``m - 1`` other random
-  10-digit strings). Each candidate ``c`` is scored by the trained generator's log-likelihood
-  ``log p(prefix + " " + c | document)``; ``rank = #{c : score(c) >= score(s)}`` (ties count
-  against the secret, so rank 1 means strictly most likely).
-* **exposure** ``= log2(m) - log2(rank)``, in [0, log2 m]; with m = 100 at most 6.64 bits.
-* **leaked**: the secret appears (whitespace removed) in any of ``samples`` queries sampled for the
-  canary's document with the synthesis settings (nucleus sampling, top-p).
+Each canary is inserted ``k`` times (``k`` in {1, 10, 100} by default) into the private pairs; each trial also
+draws one *control* canary per kind that is never inserted (``k = 0``). Rank, exposure and leaks
+(:mod:`privret.audit.canary_statistics`) follow Carlini et al. 2019, "The Secret Sharer". See
+docs/audits-canaries.md, section "Protocol".
 """
 
 from __future__ import annotations

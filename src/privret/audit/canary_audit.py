@@ -1,19 +1,13 @@
-"""The canary exposure audit of the DP query generator: train with canaries inserted at each epsilon,
-score the secrets, and summarise (:mod:`privret.audit.canaries` builds the canaries,
-:mod:`privret.audit.canary_scoring` scores them, :mod:`privret.audit.canary_statistics` turns ranks
-into exposure and an epsilon lower bound). The generator is trained with
-:func:`privret.train.generator.train_generator`.
+"""The canary exposure audit of the DP query generator: train with canaries inserted at each epsilon
+(:func:`privret.train.generator.train_generator`), score the secrets, and summarise (:mod:`privret.audit.canaries`
+builds the canaries, :mod:`privret.audit.canary_scoring` scores them, :mod:`privret.audit.canary_statistics`
+turns ranks into exposure and an epsilon lower bound).
 
-Privacy units: what the audit measures
---------------------------------------
-A canary inserted ``k`` times with the same query text is **one** unit under the default unit
-``query`` (all rows with the same query text form one unit; ids play no part): DP-SGD clips the sum of its ``k``
-row gradients to norm C, so the ledger's (epsilon, delta) covers the canary *as a whole*, and
-the bound above is directly comparable to the ledger's epsilon. With ``unit = pair`` each copy
-is its own unit, the canary is a group of ``k`` units, and DP protects it only through group
-privacy, (k eps, k e^{(k-1) eps} delta); that is the harder setting (and closer to Carranza et al.'s
-example-level training). The bound is then a bound for the group, not comparable to the
-ledger for ``k > 1`` (``comparable_to_ledger`` says which).
+Units: a canary inserted ``k`` times with one query text is **one** unit under the default unit ``query`` (its
+``k`` row gradients are clipped together), so the ledger's (epsilon, delta) covers it whole and the bound is
+comparable to the ledger's epsilon. Under ``unit = pair`` it is a group of ``k`` units, protected only by group
+privacy, ``(k eps, k e^{(k-1) eps} delta)``: not comparable for ``k > 1`` (``comparable_to_ledger`` says which).
+See docs/audits-canaries.md, section "Privacy units: what the audit measures".
 """
 
 from __future__ import annotations
@@ -39,7 +33,7 @@ from privret.privacy.commitment import commit
 from privret.privacy.ledger import PrivacyLedger
 from privret.progress import Progress
 from privret.train.generator import train_generator
-from privret.train.settings import GeneratorSettings, GeneratorTrainConfig
+from privret.settings.training import GeneratorSettings, GeneratorTrainConfig
 
 
 def eps_label(epsilon: float) -> str:

@@ -1,28 +1,18 @@
 """Statistics of a canary exposure audit (:mod:`privret.audit.canary_audit`): ranks, exposure, and a
 lower bound on epsilon from the canaries' ranks.
 
-* **rank**: the number of candidates scoring at least as high as the secret (ties count against it);
+* **rank**: the number of the ``m`` candidates scoring at least as high as the secret (ties count against it);
 * **exposure** ``= log2(m) - log2(rank)`` (Carlini et al. 2019, "The Secret Sharer").
 
-Lower bound on epsilon
-----------------------
-If the canary was *not* in the training data, the model is independent of which of the ``m``
-candidates is the secret (the secret is a uniform choice among them), so for every threshold
-``t``: ``P[rank <= t] = t / m`` exactly (ties broken against the secret). If the mechanism is
-(epsilon, delta)-indistinguishable for the datasets with and without the canary, the test
-"rank <= t" obeys ``TPR <= e^epsilon * t/m + delta``, and on the complement
-``1 - t/m <= e^epsilon * (1 - TPR) + delta`` (the hypothesis-testing view of DP: Kairouz et
-al. 2015; as used for audits by Jagielski et al. 2020, and for reconstruction among candidates
-by Stock et al. 2022, whom Carranza et al. cite). Hence
+Without the canary, ``P[rank <= t] = t / m`` exactly; (epsilon, delta)-DP then bounds the test "rank <= t"
+(hypothesis-testing view: Kairouz et al. 2015; Jagielski et al. 2020; Stock et al. 2022), so
 
-    epsilon >= max( ln((TPR - delta) / (t/m)),  ln((1 - t/m - delta) / (1 - TPR)) ).
+    epsilon >= max( ln((TPR - delta) / (t/m)),  ln((1 - t/m - delta) / (1 - TPR)) )
 
-We replace TPR by a one-sided Clopper-Pearson *lower* confidence bound. Only independent
-outcomes enter one interval: for a fixed (kind, k), the canaries of different trials come from
-independent training runs. The union over the 3 kinds and thresholds ``t`` in {1, 5, 10} is
-paid for with Bonferroni (level ``alpha / (3 * 3)``), so the reported bound holds with
-confidence ``1 - alpha`` (default 95%) and is conservative. ``delta`` is the ledger's delta
-(for the non-private run the default ``1/(2n)``, for reference).
+with TPR replaced by its one-sided Clopper-Pearson lower bound over independent trials of one (kind, k), and a
+Bonferroni correction over the 3 kinds and ``t`` in {1, 5, 10} (level ``alpha / 9``): the bound holds with
+confidence ``1 - alpha``. ``delta`` is the ledger's. Derivation: docs/audits-canaries.md, section "The epsilon
+lower bound".
 """
 
 from __future__ import annotations

@@ -1,24 +1,17 @@
-"""Embedding inversion check (thesis 4.3.3): how much of a sentence can be read back from its embedding?
+"""Embedding inversion check (Wang's thesis, section 4.3.3): how much of a sentence can be read back from its
+embedding?
 
-Fed-Negative sends sentence embeddings to other clients. The thesis feeds them to GPT-2 and finds
-that the generated text is unrelated to the sentence. We measure it with a stronger, trained attack:
+Fed-Negative sends sentence embeddings to other clients. The attack: a decoder (the default generator with LoRA
+adapters) is conditioned on an embedding ``e`` through ``k`` soft prompt vectors ``P(e) = reshape(W e + b)`` and
+trained to generate the sentence (teacher forcing) on one half of the sentences; on the other half it generates
+greedily from ``P(e)`` alone, scored by corpus BLEU (sacrebleu) and token recall. The control is the same decoder
+trained with ``e = 0``, what a language model of these sentences writes without the embedding; the gap between
+the two is what the embeddings leak.
 
-* a decoder (the default generator, SmolLM2-135M, with LoRA adapters) is conditioned on a sentence
-  embedding ``e`` through ``k`` soft prompt vectors ``P(e) = reshape(W e + b)`` (``W``, ``b``
-  trained), and trained to generate the sentence (teacher forcing, cross entropy on its tokens), on
-  one half of the sentences;
-* on the other half, it generates greedily from ``P(e)`` alone; we report corpus BLEU (sacrebleu)
-  and token recall (share of the reference's lower-cased word tokens, with multiplicity, that the
-  generation contains);
-* the control is the same decoder trained the same way with ``e = 0`` (so ``P`` is a learned
-  constant prompt): what a language model of these sentences produces without the embedding.
-
-The gap between the two rows is what the embeddings leak to an attacker who has public text of the
-same kind to train on. Privacy assumption: the attacker sees the exchanged embeddings and knows the
-encoder's output space (it trains on embeddings of its own public sentences).
-
-The result shows the first few test sentences (the clients' own text) beside what was generated from them, so it
-holds private data and says so first (:func:`privret.audit.private_output.mark_private`).
+Assumption: the attacker sees the exchanged embeddings and knows the encoder's output space (it trains on
+embeddings of its own public sentences). The result shows a few test sentences (the clients' own text), so it is
+marked private (:func:`privret.audit.private_output.mark_private`). See docs/federated.md, section "Embedding
+inversion check".
 """
 
 from __future__ import annotations

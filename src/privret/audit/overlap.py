@@ -1,45 +1,18 @@
-"""Was the public model trained on the private data? Two checks (Carranza et al., section 5.2.3).
+"""Was the public model trained on the private data? Two checks (Carranza et al., section 5.2.3). A public generator
+that saw the private queries in pretraining could reproduce them whatever epsilon fine-tuning spent.
 
-The DP guarantee of the synthetic queries is about the fine-tuning data. If the *public* pretrained
-generator had already seen the private queries during pretraining, it could reproduce them whatever
-epsilon the fine-tuning spent. The seed checks this by exact matching against the pretraining corpus
-(C4 for T5). Two measurements are provided:
+1. **Verbatim overlap** (:func:`corpus_overlap`): the fraction of the private queries, and of their documents,
+   found in a corpus standing for the pretraining data, streamed once. Texts are normalised (NFKC, case-folded,
+   non-alphanumeric runs to one space) into tokens; *found* means a contiguous run of whole tokens inside one
+   record. Queries under ``min_tokens`` tokens are counted apart. Texts are indexed by their first two tokens,
+   so the cost is linear in the corpus.
+2. **Likelihood gap** (:func:`likelihood_test`): the public LM's mean per-token NLL on the private queries (M)
+   against held-out queries of the same distribution (H); Mann-Whitney AUC ``A = P(L(m) < L(h)) + P(=) / 2``,
+   z-score ``(A - 1/2) / sqrt((|M| + |H| + 1) / (12 |M| |H|))``; flagged when ``z > z_threshold`` and
+   ``A >= auc_threshold``. A distribution shift between M and H also moves A: a flag is a reason to look.
 
-1. **Verbatim overlap with a text corpus** (:func:`corpus_overlap`): the fraction of the private
-   queries, and of their documents, found verbatim in a user-supplied corpus standing for the
-   pretraining data (plain text, or JSONL with a text field; ``.gz`` allowed), streamed once.
-
-   *Normalisation* ``norm(t)``: Unicode NFKC, case-folding, every run of characters that are not
-   letters or digits replaced by one space, trimmed; the result is a sequence of word tokens.
-   *Found* means: ``norm(query)`` occurs as a contiguous run of whole tokens inside ``norm(record)``
-   of some record (a line of a text file, or the field of a JSONL object). So "Vitamin-D, deficiency!"
-   is found in "... low vitamin D deficiency in ..." but "vitamin d" is not found in "vitamins d".
-   Matches never span two records. Queries shorter than ``min_tokens`` tokens are left out of the
-   denominator (reported separately): a one-word query is found almost anywhere.
-
-   *Method*: every query (and document) is indexed by its first two tokens (single-token texts by
-   their token). Each record is tokenised once; at each position whose (token, next token) starts
-   an indexed text, the candidate token tuples are compared. Cost is linear in the corpus size.
-
-2. **Likelihood gap** (:func:`likelihood_test`), which needs no corpus: the public causal LM's mean
-   per-token negative log-likelihood ``L(x) = -1/|x| sum_t log p(x_t | x_<t)`` (the text prefixed by
-   the BOS token, or EOS when there is none, as a document boundary) on the private queries (M)
-   against a matched held-out set of queries from the same distribution that were never private (H),
-   e.g. the test split. If the model memorised M, ``L`` is lower on M. Statistic: the Mann-Whitney
-   AUC ``A = P(L(m) < L(h)) + 1/2 P(L(m) = L(h))`` for m in M, h in H (A = 0.5 when both sets are
-   exchangeable under the model), with the one-sided z-score
-   ``z = (A - 1/2) / sqrt((|M| + |H| + 1) / (12 |M| |H|))`` (normal approximation, ties ignored in the
-   variance). The model is **flagged** when ``z > z_threshold`` (default 3.09, one-sided p < 0.001)
-   **and** ``A >= auc_threshold`` (default 0.6: a gap large enough to matter, not only significant
-   because the sets are large). Assumption: H is drawn from the same distribution as M; a
-   distribution shift between splits (other topics, other lengths) also moves A, so a flag is a
-   reason to investigate, not a proof, and no flag is not a proof of absence (weak memorisation may
-   not move the mean loss).
-
-Privacy: both reports are computed from the private queries, without DP. The overlap report holds the id and text
-of every query *found* in the public corpus: that a private query was found is not public (and a one-token query is
-found almost anywhere); the likelihood report holds aggregate statistics. ``privret audit overlap`` shows counts on
-the terminal and writes the reports only as JSON marked private (:mod:`privret.audit.private_output`).
+Privacy: both reports read the private queries without DP, and the JSON is marked private (docs/audits.md,
+section "Pretraining overlap audit").
 """
 
 from __future__ import annotations
