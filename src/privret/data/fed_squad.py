@@ -1,41 +1,18 @@
-"""Fed-SQuAD: a multi-client open-domain answer-sentence-selection (OD-AS2) benchmark.
+"""Fed-SQuAD: a multi-client answer-sentence-selection benchmark from a SQuAD v1.1 file, built like the Fed-NewsQA of
+Wang's thesis (*Distributed Open-Domain Answer Sentence Selection by Federated Learning*, 3.4.1); docs/federated.md:
 
-Wang's thesis (*Distributed Open-Domain Answer Sentence Selection by Federated Learning*, section 3.4.1) builds Fed-NewsQA
-by giving each client one news genre; clients differ in size to mimic data scarcity. Fed-SQuAD does
-the same with the articles of a SQuAD v1.1 file (e.g. ``shared/data/squad/squad-v1.1-dev-40.json``).
+* **Grouping.** Articles ordered by ``sha256(seed:title)`` are cut into ``n_clients`` consecutive groups of sizes
+  proportional to 1, 2, ..., n (largest remainder, at least one article each).
+* **Passages** are paragraphs; a client's collection is every sentence of its articles' paragraphs, split by a
+  rule-based splitter (:func:`split_sentences`) that keeps each sentence's character span.
+* **Answer sentences.** Every occurrence of every annotator answer (case-sensitive, else case-insensitive) votes for
+  every sentence it overlaps; the sentences with the most votes are relevant, the first is the training positive.
+  A question with no answer in its paragraph is dropped and counted.
+* **Splits.** Per client, a question is ``test`` when ``sha256(seed:question_id)`` maps below ``test_fraction``,
+  else ``train``; each client keeps one of each at least.
 
-Rules (all deterministic, documented in ``docs/federated.md``):
-
-* **Grouping.** Articles are ordered by ``sha256(seed:title)`` (independent of file order) and cut
-  into ``n_clients`` consecutive groups whose sizes are proportional to 1, 2, ..., n (largest
-  remainder rounding, at least one article each). With 40 articles and 10 clients the sizes are
-  1, 1, 2, 3, 4, 4, 5, 6, 7, 7: client 0 is the scarcest, client 9 the richest.
-* **Passages** are SQuAD paragraphs; a client's collection ``S^i`` is every sentence of every
-  paragraph of its articles (thesis 3.2.1).
-* **Sentences** come from a rule-based splitter (:func:`split_sentences`): a break after ``.``, ``!``
-  or ``?`` (plus closing quotes/brackets) followed by white space and an upper-case letter, digit,
-  quote or bracket, unless the word before the dot is a known abbreviation or a single letter
-  (an initial). Each sentence keeps its character span in the paragraph.
-* **Answer sentences.** SQuAD-dev answers here are bare strings (several annotators, no offsets).
-  Every occurrence of every annotator answer in the paragraph (case-sensitive; case-insensitive if
-  there is none) votes for the sentences it overlaps: an occurrence inside one sentence votes for that
-  sentence; **an occurrence that spans a sentence break votes for every sentence it overlaps**. The
-  answer sentences of the question are the sentences with the most votes (ties are all relevant);
-  the training positive is the first of them. A question none of whose answers occurs in its
-  paragraph is dropped (counted in the manifest).
-* **Splits.** Per client, a question goes to ``test`` when ``sha256(seed:question_id)`` maps below
-  ``test_fraction``, else to ``train``; a client keeps at least one question in each split.
-
-Directory format (written atomically)::
-
-    manifest.json                      source hash, rules, parameters, per-client counts and articles
-    client_XX/passages.jsonl           {"id", "title", "text", "sentence_ids"}
-    client_XX/sentences.jsonl          {"id", "passage_id", "text", "start", "end"}
-    client_XX/questions.jsonl          {"id", "question", "split", "passage_id", "positive",
-                                        "answer_sentences", "answers"}
-
-Privacy assumption: a client's questions, sentences and passages are that client's private data;
-the builder only re-shapes a public dataset to simulate that setting.
+Written atomically: ``manifest.json`` and ``client_XX/{passages,sentences,questions}.jsonl``. Privacy assumption: a
+client's questions, sentences and passages are its private data; this builder re-shapes a public dataset.
 """
 
 from __future__ import annotations

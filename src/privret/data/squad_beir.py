@@ -1,27 +1,18 @@
-"""SQuAD as a BEIR dataset: a larger private query log (question -> the paragraph it was asked on).
+"""SQuAD as a BEIR dataset: a larger private query log (question -> the paragraph it was asked on). Deterministic
+rules (the file is read and validated by :func:`privret.data.fed_squad.load_squad`):
 
-Rules (deterministic; the file is read and validated by :func:`privret.data.fed_squad.load_squad`):
+* **Corpus.** Every paragraph, id ``<article index>-<paragraph index>``, title the article's (``_`` as a space).
+* **Queries.** Every question, id its SQuAD id (unique, else an input error); ``is_impossible`` questions are left
+  out and counted. Each question has one judgement, its own paragraph.
+* **Split by article.** Articles ordered by ``sha256(seed:title)`` (:func:`~privret.data.seeded.seeded_order`):
+  the first ``test_articles`` give the ``test`` qrels, the others the ``train`` qrels, the private log.
+* **Validation** (``validation_articles`` K, default 0): the first K training articles in
+  ``sha256("validation:<article index>")`` order leave the log for a ``validation`` split, searched over the whole
+  corpus like test: settings are chosen on it, never on test.
 
-* **Corpus.** Every paragraph of every article, in file order. Its id is
-  ``<article index>-<paragraph index>`` (0-based positions in the file), its title the article
-  title with ``_`` read as a space, its text the paragraph.
-* **Queries.** Every question; its id is the SQuAD question id (unique, else an input error), its
-  text the question. A question marked ``is_impossible`` (SQuAD 2.0) has no answer in its
-  paragraph and is left out (counted in the manifest).
-* **Split by article.** Articles are ordered by ``sha256(seed:title)``
-  (:func:`~privret.data.seeded.seeded_order`, so the file's order does not matter); the first
-  ``test_articles`` of that order are the test articles, all others the training articles. The
-  questions of training articles form the ``train`` qrels (the private log), those of test
-  articles the ``test`` qrels: no article has questions in both. Each question has one judgement,
-  its own paragraph, score 1.
-* **A validation split** (``validation_articles`` K, optional, default 0): the training articles ordered by
-  ``sha256("validation:<article index>")`` (the article's position in the file, as in its document ids); the
-  first K are validation articles, whose questions form the ``validation`` qrels (searched over the whole corpus,
-  like test). They leave the private log: settings are chosen on them, never on test.
-
-The output directory is written atomically, with a ``manifest.json`` (source hash, parameters,
-the articles of each split, counts). Privacy assumption: the paragraphs are public documents; the
-questions of the training articles stand for a private query log.
+Written atomically with a ``manifest.json`` (source hash, parameters, articles of each split, counts). Privacy
+assumption: the paragraphs are public documents; the training articles' questions stand for a private log
+(docs/concepts.md, section "Private logs to experiment on").
 """
 
 from __future__ import annotations

@@ -1,22 +1,16 @@
-"""Public (question, paragraph) pairs from a SQuAD-format file: the input of the epsilon = 0 rows.
+"""Public (question, paragraph) pairs from a SQuAD-format file: the input of the epsilon = 0 rows (the public-pairs
+row and the public warm start, docs/privacy.md, section "Rows without private data").
 
-The public-pairs row and the public warm start (docs/privacy.md) fine-tune the generator without DP on a
-pairs file that holds no private query. For a log of claims such as SciFact's, SQuAD's questions on
-Wikipedia paragraphs are such a file. Rules (deterministic; the file is read and validated by
-:func:`privret.data.fed_squad.load_squad`):
+Deterministic rules (the file is read and validated by :func:`privret.data.fed_squad.load_squad`):
 
-* **Pool.** Every paragraph with at least one answerable question (``is_impossible`` questions of
-  SQuAD 2.0 are left out), in file order.
-* **Sample.** ``paragraphs`` N draws N of them without replacement with ``random.Random(seed)``
-  (all of them, in file order, when N is not given).
-* **One question per paragraph**, drawn with the same generator after the sample: a pairs file of N
-  distinct documents, so the fine-tune sees no paragraph twice.
+* **Pool.** Every paragraph with at least one answerable question, in file order.
+* **Sample.** ``paragraphs`` N draws N of them without replacement with ``random.Random(seed)`` (all, in file
+  order, when N is not given).
+* **One question per paragraph**, drawn with the same generator after the sample, so no paragraph is seen twice.
 
-Each row is ``{"query": question, "doc": paragraph}``, the inline-document form of
-:func:`privret.data.pairs.load_pairs_jsonl`; the file is written atomically.
-
-Privacy assumption: the SQuAD file is public and is not the private log; a file whose questions come
-from the log would make the epsilon = 0 rows leak it (privret cannot tell).
+Each row is ``{"query": question, "doc": paragraph}`` (:func:`privret.data.pairs.load_pairs_jsonl`'s inline
+form), written atomically. Privacy assumption: the SQuAD file is public and is not the private log; a file whose
+questions came from the log would make the epsilon = 0 rows leak it, which privret cannot tell.
 """
 
 from __future__ import annotations

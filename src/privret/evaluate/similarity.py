@@ -1,36 +1,18 @@
 """How close synthetic queries are to the original ones: corpus BLEU and MAUVE (Carranza et al., section 6.2).
 
-Both measurements compare a synthetic BEIR dataset (as written by
-:func:`privret.synth.generate.generate_synthetic`: queries ``syn-<docid>-<k>``, ``qrels/train.tsv``
-mapping each synthetic query to the document it was generated for) with the private dataset split
-whose pairs the generator was trained on.
+A synthetic BEIR dataset (:func:`privret.synth.generate.generate_synthetic`) is compared with the private split
+the generator trained on: a synthetic query for document ``d`` has the original queries of ``d`` as references,
+and one without any is left out and counted (``skipped_no_reference``).
 
-**Alignment.** The synthetic data is generated one-to-one from the original documents, so each
-synthetic query ``s`` with document ``d`` is paired with the original queries of ``d``:
-``R(s) = {q in split : qrels[q][d] > 0}``. A document with several original queries gives several
-references (sacrebleu's variable-reference mode); synthetic queries whose document has no original
-query in the split are left out and counted (``skipped_no_reference``).
+* **BLEU** (Papineni et al. 2002; sacrebleu, Post 2018): ``BP exp(sum_{n=1..4} log p_n / 4)``,
+  ``BP = min(1, exp(1 - r / c))``, over the pooled corpus; reported divided by 100, the scale of Carranza et al.
+* **MAUVE** (Pillutla et al. 2021, ``mauve-text``): P the referenced original queries, Q the evaluated synthetic
+  ones, embedded by a local sentence encoder (the *featuriser*, recorded: scores of different featurisers are not
+  comparable) and quantised by k-means into histograms ``p``, ``q``; with ``R_l = l p + (1 - l) q``, MAUVE is the
+  area under ``{(exp(-c KL(q || R_l)), exp(-c KL(p || R_l)))}``, ``c = 5``.
 
-**BLEU** (Papineni et al. 2002, as implemented by sacrebleu, Post 2018): corpus-level
-
-    BLEU = BP * exp( sum_{n=1..4} 1/4 * log p_n ),   BP = min(1, exp(1 - r / c)),
-
-where ``p_n`` is the clipped n-gram precision of all hypotheses against their references pooled over
-the corpus, ``c`` the total hypothesis length and ``r`` the effective reference length. sacrebleu
-reports 0-100; ``bleu`` in the output is that divided by 100, the scale of Table 6 of Carranza et al.
-
-**MAUVE** (Pillutla et al. 2021, the ``mauve-text`` package): P = the original queries that are a
-reference of at least one evaluated synthetic query, Q = the evaluated synthetic queries. Each text
-is embedded (here by a local sentence encoder, not GPT-2, which is not available offline: the
-*featuriser* is recorded with the score, and scores from different featurisers are not comparable);
-the joint embeddings are quantised by k-means into ``k`` buckets giving histograms ``p`` and ``q``;
-with ``R_l = l p + (1 - l) q`` the divergence curve is
-``{(exp(-c KL(q || R_l)), exp(-c KL(p || R_l))) : l in (0, 1)}`` and MAUVE is the area under it
-(1 = same distribution, near 0 = disjoint), ``c`` the scaling constant (5).
-
-Privacy: both numbers are computed from the private queries, so the *scores themselves* are not
-covered by the generator's DP guarantee; they are aggregate statistics meant for the data owner.
-The output records no query text.
+Privacy: both scores are computed from the private queries and are not covered by the generator's guarantee
+(aggregates for the data owner); the output records no query text (docs/audits.md).
 """
 
 from __future__ import annotations
