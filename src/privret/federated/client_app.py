@@ -1,31 +1,18 @@
-"""The Flower ClientApp of PDD-AS2 (thesis Algorithm 1, chapters 3 and 4): what a client does per message.
+"""The Flower ClientApp of PDD-AS2 (Wang's thesis, Algorithm 1, chapters 3 and 4): what a client does per message.
 
-Messages (all through the Flower SuperLink; the ServerApp, :mod:`privret.federated.server_app`, relays
-Fed-Negative traffic because Flower clients never talk to each other directly):
+* ``train`` (stage 1): ``local_epochs`` on the client's data from the global arrays; the reply is its weights
+  and ``num-examples = |D_i|``, or under DP ``dp-weight = 1`` only (:func:`_train_metrics`);
+* ``query.embed`` / ``query.fednegative``: Fed-Negative's exchange, relayed by the ServerApp (eqs. 4.1, 4.2);
+* ``train.personalize`` (stage 2): one epoch of the client's own query encoder, sentence encoder frozen; no
+  metrics in the reply under DP;
+* ``evaluate``: MRR@10 and Recall@1/20/100 at sentence and passage level on the test split (or the validation
+  questions, ``evaluation_split``), with the count of questions (not for validation questions under DP).
 
-* ``train`` (stage 1): global arrays + ``{stage: bm25|hard}``; the client trains ``local_epochs``
-  epochs on its data and answers with its weights and ``num-examples = |D_i|`` (under DP, ``dp-weight = 1``
-  only: :func:`_train_metrics`).
-* ``query.embed``: the client's training-query embeddings under its client-customized query encoder
-  of a variant (Fed-Negative, step 1: eq. 4.1's sending side).
-* ``query.fednegative``: another client's query embeddings; the answer is the top-``n`` sentence
-  embeddings and scores of this client's collection (eq. 4.2's inner ``N_{c_k}``).
-* ``train.personalize`` (stage 2): one epoch of the client's own query encoder with the sentence
-  encoder frozen; with Fed-Negative the message carries the answers for this client's queries and
-  the client keeps the top ``n`` overall (eq. 4.2). The reply carries no metrics under DP.
-* ``evaluate``: sentence- and passage-level MRR@10 and Recall@1/20/100 on the client's test split (or its
-  validation questions, ``evaluation_split``), with their count (not for validation questions under DP).
-
-Under DP-FedAvg nothing a client's own data size moves leaves it (no question count of its training log,
-no steps, no loss, no Fed-Negative: :class:`~privret.federated.config.FedConfig` refuses ``fed`` there).
-
-Node config of a SuperNode: ``data-dir`` (a Fed-SQuAD directory) and ``client`` (``client_03``) or
-``partition-id`` (3). Run config: the :class:`~privret.federated.config.FedConfig` fields (dashes).
-
-What a client keeps between messages: in Flower's per-node ``context.state``, its query encoders and
-the sentence embeddings of its collection (per global model version); in the :class:`FedClient`
-that its ClientApp owns (one per app, so two apps in one process share nothing), its loaded data,
-one encoder object per slot and the BM25 rankings of its training questions.
+Under DP-FedAvg nothing that a client's data size moves leaves it (no question count, steps, loss, or
+Fed-Negative: :class:`~privret.settings.federated.FedConfig` refuses ``fed``); docs/privacy.md, section "What a
+federated DP run writes". Node config: ``data-dir`` and ``client`` or ``partition-id``; run config: the
+``FedConfig`` fields (dashes). State between messages lives in ``context.state`` (encoders, sentence embeddings)
+and in the app's own :class:`FedClient` (data, encoders, BM25 rankings), so two apps in one process share nothing.
 """
 
 from __future__ import annotations
@@ -39,7 +26,7 @@ import torch
 from privret.data.fed_squad import ClientData, load_client
 from privret.federated import local, wire
 from privret.federated.arrays import load_weights, new_encoder, trainable_parameters, weights
-from privret.federated.config import FedConfig
+from privret.settings.federated import FedConfig
 from privret.federated.negatives import fed_negative_answer, fed_negative_merge, negative_hardness
 from privret.federated.strategy import DP_WEIGHT_KEY, WEIGHT_KEY
 

@@ -1,20 +1,16 @@
 """What one client computes: local training of the dual encoder, of its own query encoder, evaluation.
 
-Dual encoder (thesis eqs. 3.2-3.3): one shared encoder for queries and sentences (``Theta^(q)`` tied
-to ``Theta^(s)``, the core :func:`privret.models.encoder.load_encoder`), scores
-``<enc(q), enc(s)> / tau`` on L2-normalised embeddings. The loss of a batch ``B`` is the core
-in-batch softmax (:func:`~privret.models.encoder.in_batch_softmax_loss`) over the candidates
-``{s_j^+ : j in B} U N_B``, ``N_B`` the union of the batch's explicit negatives: each query is
-scored against every positive of the batch and every explicit negative. No candidate is a gold
-answer of any query in the batch (batches are built so, and negatives gold for a batch query are
+Dual encoder (Wang's thesis, eqs. 3.2-3.3): one shared encoder for queries and sentences, scores
+``<enc(q), enc(s)> / tau`` on L2-normalised embeddings; a batch's loss is the in-batch softmax
+(:func:`~privret.models.encoder.in_batch_softmax_loss`) over every positive of the batch and the union of its
+explicit negatives. No candidate is a gold answer of a batch query (batches are built so, and such negatives are
 dropped), so no false negative is pushed away.
 
-Client-customized query encoder (thesis 4.2.2): the sentence encoder is frozen (the global model),
-its embeddings of the collection are computed once without gradients, and only a client-owned copy
-of the encoder, used for queries, is trained; negatives need no backward pass, so there can be many.
+Client-customized query encoder (thesis 4.2.2): the sentence encoder (the global model) is frozen and embeds the
+collection once without gradients; only the client's own copy for queries trains, so negatives are cheap.
 
-Privacy assumption: everything here runs on the client's own data; nothing leaves the client
-except what the caller sends (model weights to the server, embeddings in Fed-Negative).
+Privacy assumption: everything here runs on the client's own data; nothing leaves the client except what the
+caller sends (model weights to the server, embeddings in Fed-Negative).
 """
 
 from __future__ import annotations
@@ -25,7 +21,7 @@ import numpy as np
 import torch
 
 from privret.data.fed_squad import ClientData, Question
-from privret.federated.config import FedConfig
+from privret.settings.federated import FedConfig
 from privret.federated.negatives import bm25_ranked, sample_excluding, top_k_excluding
 from privret.retrieval.embedding import encode
 from privret.retrieval.metrics import per_query_metrics

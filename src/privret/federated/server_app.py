@@ -1,20 +1,15 @@
-"""The Flower ServerApp of PDD-AS2 (thesis Algorithm 1, chapters 3 and 4): the rounds, the relay, the results.
+"""The Flower ServerApp of PDD-AS2 (Wang's thesis, Algorithm 1, chapters 3 and 4): the rounds, the relay, the results.
 
-Stage 1: FedAvg rounds (:func:`~privret.federated.strategy.make_strategy`, DP-FedAvg when configured),
-the global model checkpointed each round (``global.npz``, ``state.json``), so a killed server resumes.
-Then the global model is evaluated on every client, and each personalisation variant (client-customized
-query encoders, with or without Fed-Negative, whose traffic this server relays because Flower clients
-never talk to each other) is trained and evaluated; ``results.json`` is rewritten after each. The
-messages are those of :mod:`privret.federated.client_app`.
+Stage 1: FedAvg rounds (:func:`~privret.federated.strategy.make_strategy`, DP-FedAvg when configured), the global
+model checkpointed each round (``global.npz``, ``state.json``) so that a killed server resumes. Then the global
+model is evaluated on every client and each personalisation variant is trained and evaluated (the server relays
+Fed-Negative, since Flower clients never talk to each other); ``results.json`` is rewritten after each.
 
-A DP run is a release in the budget registry (:mod:`privret.privacy.budget`, unit ``client``), recorded
-``planned`` before its first noisy aggregate and ``final`` after its last, under a release id kept in
-``state.json`` (a resumed run is the same release); past the cap, or beside releases per another unit on
-its dataset, it is refused before any round.
-
-Run config: the :class:`~privret.federated.config.FedConfig` fields (dashes) plus ``out-dir``, where
-the ServerApp writes checkpoints and ``results.json``, ``num-clients``, ``data-hash``, and for the budget
-registry ``dataset-id``, ``budget-cap`` and ``allow-over-budget``.
+A DP run is one release in the budget registry (unit ``client``): ``planned`` before its first noisy aggregate,
+``final`` after its last, under a release id kept in ``state.json``; past the cap, or beside releases under another
+unit on its dataset, it is refused before any round. Run config: the
+:class:`~privret.settings.federated.FedConfig` fields (dashes) plus ``out-dir``, ``num-clients``, ``data-hash``,
+``dataset-id``, ``budget-cap`` and ``allow-over-budget``.
 """
 
 from __future__ import annotations
@@ -29,7 +24,7 @@ import numpy as np
 from privret.errors import InputError
 from privret.federated import local, wire
 from privret.federated.arrays import checkpoint_round, load_arrays, new_encoder, save_arrays, weights
-from privret.federated.config import RUNTIME_FIELDS, FedConfig, without_runtime
+from privret.settings.federated import RUNTIME_FIELDS, FedConfig, without_runtime
 from privret.federated.negatives import ExchangeLog, select_clients
 from privret.federated.strategy import WEIGHT_KEY, dp_ledger, make_strategy, record_bytes
 from privret.io import write_json_atomic

@@ -1,28 +1,22 @@
-"""The server side of PDD-AS2: FedAvg weighted by client data size (thesis eq. 3.6), DP wrappers, bytes.
+"""The server side of PDD-AS2: FedAvg weighted by client data size (Wang's thesis, eq. 3.6), DP wrappers, bytes.
 
-``Theta_global = sum_i |D_i| / sum_j |D_j| * Theta_i`` (eq. 3.6): Flower's message-based ``FedAvg``
-computes exactly this when every client reports ``num-examples = |D_i|`` (its number of training
-questions) in its reply's MetricRecord; :func:`weighted_mean` is the same formula in numpy, used by
-the tests as the reference.
+``Theta_global = sum_i |D_i| / sum_j |D_j| Theta_i``: Flower's message-based ``FedAvg`` computes it from each
+reply's ``num-examples``; :func:`weighted_mean` is the numpy reference.
 
-Optional client-level DP (DP-FedAvg, McMahan et al. 2018, as Flower implements it): each client's
-update ``Theta_i - Theta_global`` is clipped to L2 norm ``C`` (on the server, or on the client by
-Flower's ``fixedclipping_mod``), the updates are averaged and Gaussian noise of standard deviation
-``sigma * C / m`` is added (``m`` clients per round), drawn from the OS CSPRNG (:class:`_NoiseFromOs`; Flower's
-own draw is numpy's global Mersenne Twister). The sensitivity ``C / m`` of the average holds
-for a *uniform* average only, so with DP the weights are uniform (every client reports
-``dp-weight = 1``, not ``num-examples``) instead of eq. 3.6. Every client takes part in every round (no subsampling), so
-the accountant composes ``rounds`` Gaussian mechanisms with sampling rate 1 (:func:`dp_ledger`).
-The guarantee covers the model updates only: the evaluation metrics a client reports and its personalised query
-encoders are not noised; Fed-Negative, which sends one embedding per training question, does not run under DP,
-and no reply carries a client's data size (see ``docs/federated.md``).
+Client-level DP (DP-FedAvg, McMahan et al. 2018, as Flower implements it): each update
+``Theta_i - Theta_global`` is clipped to L2 norm ``C`` (on the server, or on the client), the updates are averaged
+*uniformly* (``dp-weight = 1``: the sensitivity ``C / m`` holds only for a uniform average of ``m`` clients), and
+Gaussian noise of std ``sigma C / m`` is added, drawn from the OS CSPRNG (:class:`_NoiseFromOs`, in place of
+Flower's numpy draw). Every client takes part in every round, so :func:`dp_ledger` composes ``rounds`` Gaussian
+mechanisms at sampling rate 1. The guarantee covers the model updates only: evaluation metrics and personalised
+query encoders are not noised (docs/federated.md, section "Differential privacy (optional)").
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from privret.federated.config import FedConfig
+from privret.settings.federated import FedConfig
 from privret.privacy.accounting import spent_epsilon
 from privret.privacy.ledger import PrivacyLedger
 from privret.privacy.secure_rng import CSPRNG, SecureRandom, noise_like

@@ -1,27 +1,16 @@
 """What a FedAvg round puts on the wire: the trainable parameters only, optionally in 16 bits.
 
-Down (server -> client): the global model's trainable parameters ``w`` (the frozen ones never change,
-and every node loads them from the same checkpoint), cast to the wire type by rounding to nearest.
-The server keeps ``w`` in float32 (the master copy); the client trains from ``w' = cast(w)``.
+Down: the global trainable parameters ``w``, cast to the wire type to nearest; the server keeps ``w`` in float32.
+Up: the update ``u = w_i - cast(w)``, cast *toward zero*, so ``|cast(u)_k| <= |u_k|`` and
+``||cast(u)||_2 <= ||u||_2``: a client-side clipped update stays within its clip norm, which DP-FedAvg's sensitivity
+needs (rounding to nearest could exceed it by up to ``2^-11`` relative in fp16). The server hands ``w + cast(u)``
+in float32 to the strategy, so FedAvg and the DP wrappers see float32 models.
 
-Up (client -> server): not the trained weights but the update ``u = w_i - w'`` (float32 on the client),
-cast to the wire type *toward zero*, so that ``|cast(u)_k| <= |u_k|`` for every coordinate and hence
-``||cast(u)||_2 <= ||u||_2``: a client-side clipped update stays within its clip norm after the cast (a
-cast to nearest could push it up to ``2^-11`` (fp16) or ``2^-8`` (bf16) relative above, and the DP-FedAvg
-sensitivity would no longer hold). The server rebuilds the client's model as ``w + cast(u)`` in float32
-and hands that to the strategy, so FedAvg, the DP wrappers' clipping (``w_i - w``) and their noise see
-float32 models exactly as without the codec.
-
-Why an update and not the weights in 16 bits: a weight of magnitude 0.05 has an fp16 spacing of
-3e-5, the size of a few Adam steps at learning rate 3e-5; rounding trained weights would erase much
-of a round's progress, while an update of 1e-4 keeps about 11 significant bits.
-
-An update's coordinates are often below fp16's smallest normal number (6.1e-5), where fp16 keeps
-only an absolute spacing of 6e-8; so a float16 update travels multiplied by a power of two per tensor
-(``2^e`` with ``max |u| * 2^e`` in ``[2^14, 2^15)``), sent beside it as ``<name>::scale``. A power-of-two
-scale is exact: it changes neither the toward-zero property nor anything but which values are subnormal.
-bfloat16 keeps float32's exponent range and needs no scale; it has no numpy type and travels as the
-upper 16 bits of the float32 pattern (``uint16``).
+Updates travel rather than weights because a weight's fp16 spacing is the size of a few Adam steps. A float16
+update is multiplied by a power of two per tensor (``max |u| 2^e`` in ``[2^14, 2^15)``), sent as
+``<name>::scale``; the scale is exact, so it keeps the toward-zero property. bfloat16 needs no scale and travels
+as the upper 16 bits of the float32 pattern (``uint16``). See docs/federated.md, section "What a round costs,
+and what travels".
 """
 
 from __future__ import annotations
