@@ -1,19 +1,16 @@
 """Nucleus sampling from a causal LM that drops each row from the batch as soon as its answer is settled.
 
-``transformers``' ``generate`` keeps a finished row in the batch, padded, until every row has finished or the token
-cap is reached, so a batch costs as many decoding steps of all its rows as its longest row needs. Here a row leaves
-the batch, its keys and values with it (``DynamicCache.batch_select_indices``), once it has sampled the end-of-text
-token or once ``settled`` says that no further token can change what the caller keeps of it (a query generator keeps
-the first line of the text: once that line is complete the rest is never read). Each step then runs only the rows
-still going.
+``transformers``' ``generate`` keeps a finished row in the batch until every row is done. Here a row leaves the
+batch, its keys and values with it (``DynamicCache.batch_select_indices``), once it has sampled the end-of-text
+token or once ``settled`` says no further token can change what the caller keeps (a query generator keeps the
+first line), so each step runs only the rows still going.
 
-**The draws are those of** ``generate(do_sample=True)``: at every step each row's next token is drawn from
-softmax(top-p(logits / temperature)) (``transformers``' own temperature and top-p warpers, ``top_k`` off), and the
-draw is ``torch.multinomial`` over a full ``[rows, vocabulary]`` table in which a row that has left keeps its last
-distribution (drawn from and ignored). So the random numbers consumed per step are the same as ``generate``'s whatever the batch's state, and with
-the same seed and the same logits every row gets ``generate``'s tokens up to the point where it left (then nothing
-that the caller reads is lost). Logits computed on a smaller batch may differ from the full batch's by float
-rounding, which can move a draw across a boundary now and then; the distributions are unchanged.
+The draws are those of ``generate(do_sample=True)``: each row's next token comes from
+softmax(top-p(logits / temperature)) (``transformers``' own warpers, ``top_k`` off) by ``torch.multinomial`` over a
+full ``[rows, vocabulary]`` table in which a row that has left keeps its last distribution. So each step consumes
+the same random numbers as ``generate``, and with the same seed and logits every row gets ``generate``'s tokens
+until it leaves. Logits of a smaller batch may differ by float rounding, which can move a draw now and then; the
+distributions are unchanged.
 """
 
 from __future__ import annotations

@@ -1,33 +1,17 @@
 """The compute device, chosen once per run, and the number formats it runs fast.
 
-**Choosing the device.** Every command that runs a model takes ``--device`` (a pipeline config:
-``device``; a federated config: ``device``) with one of
+``--device`` (``device`` in a pipeline or federated config): ``auto`` (default: the first CUDA GPU when
+``torch.cuda.is_available()``, else the CPU), ``cpu``, ``cuda`` or ``cuda:N`` (refused with one line where absent).
+Under ``torchrun`` ``auto`` and ``cuda`` mean GPU ``LOCAL_RANK``; ``cuda:N`` is taken as written.
 
-* ``auto`` (default): the first CUDA GPU when ``torch.cuda.is_available()``, else the CPU;
-* ``cpu``;
-* ``cuda`` (the current CUDA device) or ``cuda:N`` (GPU ``N``): refused, with one line, where
-  CUDA or that GPU is absent.
+The device is a placement, not a training setting: it is in no config, fingerprint or checkpoint, so a run resumes
+on another device, and no ledger depends on it. :func:`use_device` sets it for a command; every model loader puts
+its model there and batches follow the model. DP noise is drawn on the CPU (a CPU ``torch.Generator`` or the OS
+CSPRNG) and moved to the gradient's device, so its source and secrecy are the same everywhere.
 
-Under ``torchrun`` (:mod:`privret.distributed`) ``auto`` and ``cuda`` mean GPU ``LOCAL_RANK``, so the
-processes on one machine never share a GPU whatever order they join the process group in; ``cuda:N``
-is taken as written.
-
-The device is a *placement*, not a training setting: it is not in any trainer's config, stage
-fingerprint or checkpoint, so a run started on one device resumes on another, and a privacy
-ledger never depends on it (sigma, q, steps and the guarantee come from the accountant alone).
-The CLI sets it for the command (:func:`use_device`); every model loader
-(:func:`privret.models.encoder.load_encoder`, :func:`privret.models.generator.load_generator`)
-puts its model there unless given a device of its own, and batches follow the model
-(``.to(model.device)``). DP noise is drawn on the CPU, from a CPU ``torch.Generator`` or the OS
-CSPRNG (:mod:`privret.privacy.secure_rng`), and moved to the gradient's device, so the noise
-source and its secrecy are the same on every device.
-
-**Number formats.** Autocast is bf16 where the device runs bf16 natively and none (float32)
-elsewhere: on CUDA, GPUs with native bf16 (compute capability 8.0 and later, i.e. Ampere, Hopper)
-get bf16 autocast; older GPUs run float32. fp16 autocast is deliberately not used: it needs loss
-scaling (``GradScaler``), which skips steps whose gradients overflow, and under DP-SGD a skipped
-step would still be charged by the accountant while its clipping would act on scaled gradients;
-float32 keeps per-unit clipping and noise exactly as the accountant assumes.
+Autocast is bf16 where the device runs it natively (CUDA compute capability 8.0 and later), else none (float32).
+fp16 is not used: its loss scaling skips steps whose gradients overflow, and under DP-SGD a skipped step is still
+charged while clipping would act on scaled gradients; float32 keeps clipping and noise as the accountant assumes.
 """
 
 from __future__ import annotations

@@ -1,22 +1,15 @@
 """Run only the trainable top of an encoder: what its frozen lower layers compute is kept per text.
 
-When the embeddings and the lower ``F`` transformer layers are frozen (``trainable = top:K`` freezes
-``F = L - K``, :mod:`privret.models.trainable`), their output for a text never changes during training.
-:class:`FrozenPrefix` computes it once per ``(text, max_length)`` (``[tokens, hidden]``, in eval mode, no
-gradient) and, for each forward pass, puts ``[inject, layer F+1, ..., layer L]`` in place of the
-encoder's layer list: ``inject`` hands the kept states, padded to the batch, to the first trainable
-layer, and the model's own code builds the attention mask, runs the top layers, pools and normalises.
-A training step then costs the forward and backward of ``K`` layers instead of a forward of ``L`` and
-a backward of ``K``; encoding a collection again (hard-negative mining, evaluation) costs ``K`` layers.
+With the embeddings and the lower ``F = L - K`` layers frozen (``trainable = top:K`` or ``bias-top:K``,
+:mod:`privret.models.trainable`), their output for a text never changes. :class:`FrozenPrefix` computes it once
+per ``(text, max_length)`` (eval mode, no gradient) and runs ``[inject, layer F+1, ..., layer L]`` in place of the
+encoder's layers, ``inject`` handing the kept states, padded to the batch, to the first trainable layer: a step
+costs the forward and backward of ``K`` layers.
 
-Exactness: in eval mode the result equals the full forward pass up to float rounding
-(``tests/test_frozen_prefix.py``). In training mode the frozen layers see no dropout (they are run in
-eval mode once); dropout still applies in the trainable layers. Memory: ``tokens x hidden x 4`` bytes
-per kept text (MiniLM-L6: 1.5 KB per token, 384 KB for a document cut at 256 tokens). The kept states
-are bounded: past ``PRIVRET_FROZEN_PREFIX_GIB`` GiB (default 4) the least recently used are dropped and
-computed again when next needed, so a large corpus costs time, never memory without bound. The frozen
-weights must not change while the cache is in use (nothing in privret loads them after
-:func:`~privret.models.trainable.make_trainable`).
+In eval mode the result equals the full forward pass up to float rounding (``tests/test_frozen_prefix.py``); in
+training the frozen layers see no dropout. A kept text costs ``tokens x hidden x 4`` bytes, in memory only (the
+texts may be private); past ``PRIVRET_FROZEN_PREFIX_GIB`` GiB (default 4) the least recently used are dropped and
+computed again. The frozen weights must not change while the cache is in use.
 """
 
 from __future__ import annotations

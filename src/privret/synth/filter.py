@@ -1,21 +1,14 @@
 """Round-trip consistency filter for synthetic queries, with a public encoder.
 
-A synthetic pair (q, d) is kept when a *public* encoder, searching the public corpus with q,
-ranks d among its top ``top_k`` documents: round-trip consistency (Alberti et al. 2019, "Synthetic
-QA corpora generation with roundtrip consistency"; Dai et al. 2022, "Promptagator", filter
-generated queries in the same way). It removes the generator's degenerate outputs
-("What a great summary.") that teach a retriever nothing or something wrong.
+A synthetic pair (q, d) is kept when a *public* encoder, searching the public corpus with q, ranks d in its top
+``top_k`` (Alberti et al. 2019, "Synthetic QA corpora generation with roundtrip consistency"; Dai et al. 2022,
+"Promptagator"): it removes degenerate outputs that teach a retriever nothing or something wrong.
 
-Privacy: the filter reads only the synthetic set (the DP generator's output), the public
-corpus and a public encoder. When none of these depends on the private queries beyond the
-generator's DP release, the filtered set is post-processing of that release and carries its
-ledger unchanged (Dwork and Roth 2014, Prop. 2.1). An encoder trained by privret on the
-private data (its privacy ledger is not a public, epsilon-0 one) would break that argument and is refused.
-
-With a ``cache_dir``, the public encoder's embeddings of the public corpus are stored there and
-reused (:func:`privret.retrieval.embedding.corpus_embeddings`): the pipeline filters once per
-epsilon with the same encoder and corpus. As the encoder and the corpus are public, the cache
-holds nothing derived from private data.
+Privacy: the filter reads only the synthetic set (the DP release), the public corpus and a public encoder, so the
+kept set is post-processing and carries the set's ledger unchanged (Dwork and Roth 2014, Prop. 2.1). An encoder
+trained by privret on the private data (a ledger that is not a public, epsilon-0 one) is refused. With a
+``cache_dir`` the public encoder's embeddings of the public corpus are kept and reused
+(:func:`privret.retrieval.embedding.corpus_embeddings`); they hold nothing derived from private data.
 """
 
 from __future__ import annotations
@@ -29,7 +22,7 @@ from privret.retrieval.search import search
 from privret.io import atomic_path
 from privret.models.encoder import load_encoder
 from privret.privacy.ledger import PrivacyLedger, require_public
-from privret.synth.settings import RoundTripFilterConfig
+from privret.settings.synthesis import RoundTripFilterConfig
 
 
 def filter_round_trip(synthetic_dir: str | Path, corpus: dict[str, Document], out_dir: str | Path,

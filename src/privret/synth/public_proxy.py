@@ -1,24 +1,18 @@
 """A public proxy log in a private log's domain: queries written without private data for public documents.
 
-A DP regime (what is trained, the schedule, the clip) has to be chosen without looking at the private log, or the
-choice itself leaks it. A proxy log from another dataset (a SQuAD log of the same size) keeps the log's size and
-noise but not its domain. This one keeps the domain: an epsilon-0 synthetic set (``privret generate`` with a
-generator that read no private data, e.g. ``privret generator prompt`` shown a few public examples), written for a
-seeded sample of the public corpus, becomes a BEIR dataset whose ``train`` split plays the private log and whose
-``validation`` split is what regimes are compared on. Rules (deterministic):
+A DP regime has to be chosen without looking at the private log, or the choice leaks it; a proxy from another
+dataset keeps the log's size but not its domain. This one keeps the domain: an epsilon-0 synthetic set (from a
+generator that read no private data, e.g. ``privret generator prompt``) for a seeded sample of the public corpus
+becomes a BEIR dataset whose ``train`` split plays the log and whose ``validation`` split compares regimes.
 
 * **Public only.** The synthetic set must carry an epsilon = 0 ledger
-  (:attr:`~privret.privacy.ledger.PrivacyLedger.is_public`); a set with no ledger or any other one is refused,
-  so a choice made on the proxy spends no budget. The ledger is copied into the proxy dataset.
-* **Corpus.** The whole public corpus (``corpus.jsonl`` of ``corpus_dir``): negatives are mined and validation
-  queries are searched over all of it, as on the real dataset. Every synthetic document must be in it.
-* **Split by document.** The synthetic set's documents in ``sha256("<seed>:<doc id>")`` order: the first
-  ``train_documents`` give the ``train`` qrels, the next ``validation_documents`` the ``validation`` qrels, the
-  rest are left out (counted). All queries of one document stay in one split, so no validation document was
-  trained on with its own synthetic query.
+  (:attr:`~privret.privacy.ledger.PrivacyLedger.is_public`), else it is refused: a choice on the proxy spends no
+  budget. The ledger is copied into the proxy.
+* **Corpus.** The whole public corpus (``corpus_dir``), which must hold every synthetic document.
+* **Split by document**, in ``sha256("<seed>:<doc id>")`` order: the first ``train_documents`` give ``train``, the
+  next ``validation_documents`` give ``validation``, the rest are left out and counted.
 
-The output is written atomically with a ``manifest.json`` (hashes of the synthetic set and corpus, the rule, the
-counts) and the synthetic set's ledger.
+Written atomically with a ``manifest.json``; see docs/concepts.md, section "Private logs to experiment on".
 """
 
 from __future__ import annotations
