@@ -1,21 +1,14 @@
 """Read a run directory (the layout of :mod:`privret.pipeline`) into plain data for the report.
 
-Required: at least one ``metrics.json`` row. Everything else is optional and shown when present:
+Required: at least one ``metrics.json`` row. Shown when present: ``zero_shot/`` and ``original/`` (the references);
+``per_query.json`` beside a ``metrics.json`` (the paired bootstrap interval against zero-shot,
+:mod:`privret.evaluate.statistics`); ``eps-<e>/`` (metrics, the generator's ledger, ``synthetic/`` examples and
+manifest, ``timing.json``); ``direct-<method>-eps-<e>[-selected]/`` (metrics and ledger); ``similarity.json``,
+``canaries.json`` or ``canaries/canaries.json``; any top-level JSON shaped like ``privret evaluate --datasets``
+output; ``config.json``. See docs/report.md.
 
-* ``zero_shot/metrics.json``, ``original/metrics.json``: the references (horizontal lines);
-* ``<row>/per_query.json`` beside a ``metrics.json``: per-query NDCG@10, for the paired bootstrap
-  interval against zero-shot (:mod:`privret.evaluate.statistics`; "-" without it);
-* ``eps-<e>/metrics.json`` + ``eps-<e>/generator/privacy_ledger.json`` (DP synthetic queries),
-  ``eps-<e>/synthetic/`` (examples, ``manifest.json``), ``eps-<e>/timing.json``;
-* ``direct-<method>-eps-<e>/metrics.json`` with a ledger in ``retriever/`` or beside the metrics
-  (direct DP training of the retriever), and ``direct-<method>-eps-<e>-selected/`` (the DP choice on the
-  held-out units, when that retriever trained on the fit part);
-* ``similarity.json`` (BLEU/MAUVE), ``canaries.json`` or ``canaries/canaries.json`` (canary
-  audit), any top-level JSON shaped like ``privret evaluate --datasets`` output (zero-shot across
-  datasets), ``config.json``.
-
-A file that is present but unreadable is an :class:`InputError` naming it: a report that silently
-drops a row would mislead.
+A file that is present but unreadable is an :class:`InputError` naming it: a report that silently drops a row
+would mislead.
 """
 
 from __future__ import annotations

@@ -1,26 +1,17 @@
 """What each row of a run cost in wall time, and what the rows made without private data add to it.
 
 A row's seconds are its stage times: ``timing.json`` in its directory (``generator_seconds``, ``generate_seconds``,
-``filter_seconds``, ``retriever_seconds``, ``selection_seconds``, each written by :mod:`privret.pipeline.run` as its
-stage ends) and ``eval_seconds`` in its ``metrics.json``. A row is timed when every stage its kind runs
-(:func:`expected_stages`) has a time; one finished by a privret older than the timing is not. A stage is timed by
-the process that finished it, so one resumed after a crash counts only its last part (an under-count).
-
-The rows made without private data (the epsilon = 0 bars, :data:`~privret.run_layout.PUBLIC_ROWS`) are meant
-to stay cheap: at most 30% on top of the pipeline's wall time at one epsilon. For each epsilon e of the run's
-grid (as the rows' directories name it: ``eps-7-selected`` belongs to 7, whatever its choice adds), two shares::
+``filter_seconds``, ``retriever_seconds``, ``selection_seconds``, each written as its stage ends) and
+``eval_seconds`` in its ``metrics.json``. A row is timed when every stage of its kind (:func:`expected_stages`) has
+a time; a stage resumed after a crash counts only its last part. For each epsilon e of the grid::
 
     synthetic route(e) = zero-shot + original pairs + the DP synthetic rows of e (plain, filtered, chosen)
     whole grid(e)      = synthetic route(e) + the direct DP rows of e
-    added(e)           = (sum of the epsilon-0 rows) / route, for each of the two
+    added(e)           = (sum of the epsilon-0 rows, :data:`~privret.run_layout.PUBLIC_ROWS`) / each of the two
 
-The first is the stricter: the direct DP rows are baselines a config may leave out. Work shared by the whole grid
-and timed in no row (the document choice, the embedding cache) is in neither; so is a public-pairs generator that
-the DP generator warm-starts from (``generator.warm_start``), though the DP rows then need it too.
-
-How long a stage that reads the private log takes depends on it (a DP step's time on the sampled batch), and no
-guarantee covers it: :func:`private_stages` names them, and the report shows their times (and so each share above,
-which sums them) only when asked.
+Work timed in no row (the document choice, the embedding cache, a public-pairs warm start) is in neither. The
+time of a stage that reads the private log depends on it and no guarantee covers it: :func:`private_stages` names
+those stages, and the report shows their times, and the shares that sum them, only when asked (docs/privacy.md).
 """
 
 from __future__ import annotations

@@ -2,21 +2,15 @@
 
 Embeddings are L2-normalised, so every index scores by inner product (= cosine).
 
-* ``exact`` (default): ``IndexFlatIP``, a scan of all N documents per query: the true top k,
-  O(N d) per query.
-* ``hnsw``: ``IndexHNSWFlat`` (Malkov and Yashunin, 2018), a navigable small-world graph.
-  ``hnsw_m`` links per node (memory ~ N (d + 2 M) 4 bytes; larger M: better recall, slower build),
-  ``hnsw_ef_construction`` candidates kept while inserting (build quality), ``hnsw_ef_search``
-  candidates kept while searching (recall vs time); :func:`top_k` raises it to k when smaller,
-  since FAISS would otherwise return fewer than k documents.
-* ``ivf``: ``IndexIVFFlat``, k-means into ``ivf_nlist`` cells (default ``4 sqrt(N)``, at most
-  ``N / 39`` so that every centroid has the 39 training points FAISS asks for); a query scans the
-  ``ivf_nprobe`` cells with the nearest centroids, about ``nprobe / nlist`` of the corpus. FAISS's
-  k-means is seeded (fixed seed), so the index is the same on every run.
+* ``exact`` (default): ``IndexFlatIP``, a scan of all N documents, the true top k in O(N d) per query.
+* ``hnsw``: ``IndexHNSWFlat`` (Malkov and Yashunin, 2018): ``hnsw_m`` links per node (memory about
+  ``N (d + 2 M) 4`` bytes), ``hnsw_ef_construction`` candidates while inserting, ``hnsw_ef_search`` while searching
+  (:func:`top_k` raises it to k, else FAISS could return fewer than k documents).
+* ``ivf``: ``IndexIVFFlat``, seeded k-means into ``ivf_nlist`` cells (default ``4 sqrt(N)``, at most ``N / 39`` so
+  every centroid has FAISS's 39 training points); a query scans the ``ivf_nprobe`` nearest cells.
 
-An approximate index can miss some of the true top k, with no bound on how many; its measured
-recall against exact search is in ``docs/scaling.md``. Metrics are
-therefore comparable only between runs searched with the same index.
+An approximate index can miss some of the true top k, with no bound on how many (docs/scaling.md, section
+"Approximate search"); metrics are comparable only between runs searched with the same index.
 """
 
 from __future__ import annotations

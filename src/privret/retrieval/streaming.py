@@ -1,20 +1,18 @@
 """Exact top-k dense retrieval over a corpus that never sits in memory at once.
 
-:func:`privret.retrieval.search.search` keeps every document embedding in a FAISS flat index
-(N d 4 bytes) and the corpus as a dict, so its memory grows with N. :func:`stream_search` reads
-``(doc_id, text)`` pairs from any iterable (a generator over a JSONL file, for instance), encodes
-``chunk`` documents at a time, scores them against all queries and merges them into a running
-top-k:
+:func:`privret.retrieval.search.search` holds every document embedding (N d 4 bytes) and the corpus. Here
+:func:`stream_search` reads ``(doc_id, text)`` pairs from any iterable, encodes ``chunk`` documents at a time and
+merges them into a running top-k:
 
-    S_c = Q E_c^T                                  (|Q| x chunk inner products = cosines)
+    S_c = Q E_c^T                                                  (cosines of the chunk)
     top_k(all documents) = top_k(top_k(chunks 1..c-1) ++ S_c)      (exact: max is associative)
 
-Peak memory beyond the model is therefore bounded by the chunk, not by N:
+so the peak memory beyond the model is bounded by the chunk, not by N:
 
-    chunk * (d + |Q| + k') * 4 bytes + the chunk's texts + |Q| k * (4 + 8) bytes
+    chunk * (d + |Q| + k) * 4 bytes + the chunk's texts + |Q| k * (4 + 8) bytes
 
-(``d`` the embedding size, k' = k for the merge), plus one dict of the document ids that are in
-someone's current top-k (at most |Q| k). Ties at the k-th score are broken arbitrarily, as FAISS does.
+plus the ids in someone's current top-k (at most |Q| k). Ties at the k-th score are broken arbitrarily, as FAISS
+does.
 """
 
 from __future__ import annotations
