@@ -1,21 +1,17 @@
 """The processes of one privret command under ``torchrun``: who each one is and what they exchange.
 
-``torchrun --nproc_per_node P [--nnodes M ...] -m privret.cli ...`` starts P x M copies of the same
-command with ``WORLD_SIZE``, ``RANK``, ``LOCAL_RANK``, ``MASTER_ADDR`` and ``MASTER_PORT`` set (the
-``env://`` convention; any launcher that sets them works the same). :func:`current` reads them and, when
-``WORLD_SIZE > 1``, joins the process group once per process: backend ``gloo`` on a machine without CUDA,
-``cpu:gloo,cuda:nccl`` with it (tensors on a GPU go through NCCL, everything in CPU memory, objects
-included, through gloo), each process on GPU ``LOCAL_RANK``. Without those variables (or with
-``WORLD_SIZE=1``) it is the one-process :data:`SINGLE`, whose collectives do nothing.
+``torchrun --nproc_per_node P [--nnodes M ...] -m privret.cli ...`` starts P x M copies of the command with
+``WORLD_SIZE``, ``RANK``, ``LOCAL_RANK``, ``MASTER_ADDR`` and ``MASTER_PORT`` set (``env://``). :func:`current`
+reads them and, when ``WORLD_SIZE > 1``, joins the process group once: ``gloo`` without CUDA, else
+``cpu:gloo,cuda:nccl``, each process on GPU ``LOCAL_RANK``. Without them it is the one-process :data:`SINGLE`,
+whose collectives do nothing.
 
-**Rank 0 is the run.** Whatever a command writes (outputs, checkpoints, step logs, the budget registry)
-rank 0 alone writes; the other ranks compute and exchange tensors. :meth:`Group.from_main` runs a function
-on rank 0 and hands its result, or its error, to every rank, so a refusal on rank 0 stops every rank with
-the same message instead of leaving them waiting in a collective.
+**Rank 0 is the run**: it alone writes (outputs, checkpoints, step logs, the budget registry); the others compute
+and exchange tensors. :meth:`Group.from_main` runs a function on rank 0 and hands its result, or its error, to
+every rank, so a refusal stops every rank with the same message instead of leaving them in a collective.
 
-**Shards.** Work items (privacy units, prompts, pairs) are split by index: rank r of W owns every index
-i with ``i mod W = r`` (:meth:`Group.owns`). Every rank computes the same partition from the indices
-alone, without communicating.
+**Shards**: rank r of W owns every work item (privacy unit, prompt, pair) whose index i has ``i mod W = r``
+(:meth:`Group.owns`), a partition every rank computes without communicating.
 """
 
 from __future__ import annotations

@@ -1,20 +1,15 @@
 """One process per output directory, and recovery of what a killed process left behind.
 
-:class:`RunLock` takes an exclusive, non-blocking ``fcntl.flock`` on a lock file that sits
-*beside* the directory (``<parent>/.<name>.lock``), not inside it: privret replaces whole output
-directories by rename (:func:`privret.io.atomic_path`), and a lock on a file inside the old
-directory would not exclude a process that opens the new one. A second process pointed at the
-same directory gets an :class:`~privret.errors.InputError` at once; it never waits and never
-writes. The kernel drops the lock when the holder dies (also on ``kill -9``), so a crashed run
-never leaves a stale lock behind. The lock file itself is left in place on purpose: unlinking
-it would let two processes lock two different inodes under the same name.
+:class:`RunLock` takes an exclusive, non-blocking ``fcntl.flock`` on ``<parent>/.<name>.lock``, *beside* the
+directory: privret replaces whole directories by rename (:func:`privret.io.atomic_path`), and a lock inside the old
+one would not exclude a process that opens the new one. A second process gets an :class:`~privret.errors.InputError`
+at once and writes nothing. The kernel drops the lock when its holder dies (also on ``kill -9``); the lock file is
+never unlinked, which would let two processes lock two inodes under one name. ``flock`` is reliable on local file
+systems; on NFS it depends on the server (docs/reliability.md, section 1).
 
-``flock`` is advisory and reliable on local file systems; on NFS it depends on the server
-(Linux NFS clients emulate it with POSIX byte-range locks), see ``docs/reliability.md``.
-
-:func:`recover_directory` undoes the one non-atomic moment of :func:`privret.io.atomic_path`
-for directories (``target`` renamed to ``.<name>.old``, the staged copy not yet renamed in) and
-removes stale staging directories (``.<name>.*.tmp``). Call it only while holding the lock.
+:func:`recover_directory` undoes the one non-atomic moment of :func:`privret.io.atomic_path` for directories
+(``target`` renamed to ``.<name>.old``, the staged copy not yet renamed in) and removes stale staging directories
+(``.<name>.*.tmp``). Call it only while holding the lock.
 """
 
 from __future__ import annotations
