@@ -11,7 +11,8 @@ from pathlib import Path
 
 from privret.io import write_json_atomic, write_text_atomic
 from privret.report.collect import RunData, collect
-from privret.report.render import privacy_utility, render_html, render_markdown
+from privret.report.render import render_html, render_markdown
+from privret.report.utility_json import privacy_utility
 
 
 def build_report(run_dir: str | Path, *, out: str | Path | None = None, markdown_out: str | Path | None = None,
