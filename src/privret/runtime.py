@@ -18,9 +18,7 @@ def keep_freed_memory() -> bool:
     output gradients of every trainable layer stay alive until the clipping factors are known). With
     glibc's defaults, blocks above the mmap threshold (dynamic, at most 32 MiB) are mapped and
     unmapped on every allocation and the top of the heap is trimmed, so each step pays page faults to
-    map and zero that memory again. Measured (docs/direct-dp.md): public-negatives with every
-    parameter trained, batch 128 on MiniLM-L6, 1.5-1.7x the non-private step with the defaults,
-    1.3x with this setting; the non-private step itself is unchanged.
+    map and zero that memory again (docs/direct-dp.md, section "Speed and memory", has the measured effect).
 
     Sets M_MMAP_THRESHOLD to 1 GiB (32 MiB where glibc refuses more; blocks below it come from the heap) and M_TRIM_THRESHOLD to
     2 GiB - 1 (freed heap memory stays with the process), so the process keeps its peak heap until

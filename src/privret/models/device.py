@@ -66,10 +66,8 @@ def native_bf16(device: str | torch.device) -> bool:
 
     CUDA: ``torch.cuda.is_bf16_supported(including_emulation=False)`` (PyTorch would otherwise
     report emulated bf16 on pre-Ampere GPUs as supported). CPU: oneDNN's bf16 path (AVX512-BF16 or
-    AMX). Without it, PyTorch emulates bf16 on the CPU: a 512 x 576 x 1536 linear layer took 8.6x
-    longer under bf16 autocast than in float32 on this project's 2-core AMD EPYC (AVX2 only), one
-    thread. Every ``bf16`` setting of privret means "bf16 where it is native" and falls back to
-    float32 elsewhere (never fp16: see the module docstring).
+    AMX). Without it, PyTorch emulates bf16 on the CPU, slower than float32. Every ``bf16`` setting of privret
+    means "bf16 where it is native" and falls back to float32 elsewhere (never fp16: see the module docstring).
     """
     device = torch.device(device)
     if device.type == "cuda":

@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, model_serializer
 from privret.errors import InputError, invalid_input
 from privret.io import write_text_atomic
 from privret.privacy.commitment import commit
-from privret.privacy.partition import LogPart, compose_parts
+from privret.privacy.hold_out import LogPart, compose_parts
 
 LEDGER_FILE = "privacy_ledger.json"
 PUBLIC_MECHANISMS = ("public-prompted", "public-pairs")  # models made from public data only
@@ -62,7 +62,7 @@ class PrivacyLedger(BaseModel):
     by one whole unit). ``n_units`` is treated as public: it sets the sample rate q = B / n and
     the default delta = 1 / (2n), and it is printed here.
 
-    ``part``: set when the release read only one part of the log (:mod:`privret.privacy.partition`: a
+    ``part``: set when the release read only one part of the log (:mod:`privret.privacy.hold_out`: a
     DP run on the fit part, a DP choice on the held-out part); ``n_units`` then counts that part's
     units, and ``data_hash`` and ``dataset_id`` are still those of the whole log (its budget).
 
@@ -81,12 +81,12 @@ class PrivacyLedger(BaseModel):
     as ``hard negatives``, ``dropout``) and where it came from: :data:`~privret.privacy.secure_rng.CSPRNG` or
     :data:`~privret.privacy.secure_rng.SEEDED_FROM_OS` (``docs/privacy.md``, "Where the randomness comes from");
     ``secure_rng`` says that the mechanism's own draws all came from the CSPRNG. Empty in a ledger without a DP
-    mechanism and in older ledgers.
+    mechanism or one that does not record them.
 
     ``data_hash`` identifies the files read (stage fingerprints and resumes compare it);
     ``dataset_id`` is the dataset's identity in the budget registry
-    (:func:`privret.privacy.budget.dataset_id`, set by the trainers that record releases; empty in
-    older ledgers and in those of the non-private references and federated runs). Both are exact
+    (:func:`privret.privacy.budget.dataset_id`, set by the trainers that record releases; empty in the
+    ledgers of the non-private references and federated runs, and where not recorded). Both are exact
     functions of the private log, so they are serialised only as keyed commitments, and a DP
     ledger's ``n_pairs`` is serialised as null: only ``n_units`` is public (:meth:`published`).
     """
@@ -161,7 +161,7 @@ class PrivacyLedger(BaseModel):
         guarantee.
 
         Basic composition, epsilons and deltas add, except that parts which read complementary sides of one
-        partition of the log count in parallel, the larger side only (:func:`~privret.privacy.partition.compose_parts`,
+        partition of the log count in parallel, the larger side only (:func:`~privret.privacy.hold_out.compose_parts`,
         add/remove neighbours). Conservative; an accountant that composes Gaussian mechanisms exactly (the budget
         registry's) can only give a smaller total.
         """

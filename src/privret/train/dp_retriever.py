@@ -80,6 +80,7 @@ def sensitivity(cfg: DPRetrieverConfig) -> tuple[float, int | None]:
 
 def plan(cfg: DPRetrieverConfig, n_units: int) -> tuple[float, int, float, Mechanism]:
     """(sample rate q, steps T, delta, mechanism) for a run over ``n_units`` units (:func:`~privret.train.dp_run.plan_run`)."""
+    cfg = cfg.scheduled(n_units)
     run_plan = plan_run(cfg, n_units)
     return run_plan.sample_rate, run_plan.steps, run_plan.delta, mechanism(cfg, run_plan.sigma)
 
@@ -187,7 +188,7 @@ def train_dp_retriever(pairs: TrainingPairs, out_dir: str | Path, cfg: DPRetriev
     The release is recorded in the budget registry (:mod:`privret.privacy.budget`, checked against
     ``budget``) of ``dataset_id`` (default: that of ``pairs``) with all its planned steps before any
     update can reach disk, and again when done. ``resume``: continue an interrupted run in
-    ``out_dir`` (see the module docstring); a finished one is returned as it is, spending nothing more.
+    ``out_dir`` (:mod:`privret.train.dp_run`); a finished one is returned as it is, spending nothing more.
     ``embedding_cache``: where the hard-negative mining keeps the public encoder's embeddings of the public pool
     (:func:`~privret.train.hard_negatives.mine_candidates`); changes nothing trained. ``cfg.model`` must be public:
     one with a privacy ledger that is not an epsilon = 0 one is refused. ``cfg.hold_out``: train on that partition's
@@ -196,6 +197,7 @@ def train_dp_retriever(pairs: TrainingPairs, out_dir: str | Path, cfg: DPRetriev
     """
     dataset_id = dataset_id or budget_registry.dataset_id(pairs)  # the whole log's: its budget, also with hold_out
     part, pairs = fit_part(cfg.hold_out, pairs, cfg.unit)
+    cfg = cfg.scheduled(len(pairs.units(cfg.unit)))  # an unset batch size or epochs: the rule of the units trained on
     require_public(cfg.model, field="model", use="direct DP training (its hard negatives and cached embeddings)")
     if distributed.launched().distributed and cfg.method not in PARALLEL_METHODS:
         raise InputError(f"{cfg.method} couples the units of a batch (in-batch negatives or a batch-wide clip), so "
