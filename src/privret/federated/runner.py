@@ -2,7 +2,7 @@
 
 * :class:`InProcessGrid` is a Flower ``Grid`` that hands every message to the same ``ClientApp`` in
   this process, one ``Context`` per client (what Flower's simulation engine does, without Ray, which
-  ``flwr[simulation]`` needs and which is not installed here). The ServerApp code, the strategy and
+  ``flwr[simulation]`` needs and privret does not depend on). The ServerApp code, the strategy and
   the ClientApp code are exactly those a SuperLink and its SuperNodes run.
 * Baselines (thesis 3.4.3 / Table 4.1): BM25 per client; local-only (each client trains the same
   recipe on its own data, no aggregation); central (one model on the union of all clients' training
@@ -27,7 +27,7 @@ from privret.data.pairs import QueryDocPair, TrainingPairs
 from privret.errors import InputError
 from privret.federated import local
 from privret.federated.arrays import new_encoder, trainable_parameters
-from privret.federated.config import FedConfig, without_runtime
+from privret.settings.federated import FedConfig, without_runtime
 from privret.io import file_sha256, write_json_atomic
 from privret.privacy.budget import BudgetPolicy, dataset_id
 from privret.privacy.commitment import commit
@@ -134,7 +134,7 @@ def run_baseline(name: str, cfg: FedConfig, data_dir: str | Path, out_dir: str |
     settings and a commitment to every file of the Fed-SQuAD directory (:func:`privret.privacy.commitment.commit` of
     their sha256: the clients' questions are private, and a bare digest of them would confirm a guessed dataset).
     With ``resume`` a saved result of the same
-    settings (but :data:`~privret.federated.config.RUNTIME_FIELDS`) and data is returned without training again;
+    settings (but :data:`~privret.settings.federated.RUNTIME_FIELDS`) and data is returned without training again;
     any other is redone, like the evaluations of a PDD-AS2 run."""
     if name not in BASELINES:
         raise InputError(f"unknown baseline '{name}' ({', '.join(BASELINES)})", field="--baseline")
