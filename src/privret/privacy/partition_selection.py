@@ -38,7 +38,8 @@ def selection_threshold(cfg: PartitionSelectionConfig, delta: float) -> float:
 
 
 def selection_epsilon(cfg: PartitionSelectionConfig, delta: float) -> float:
-    """What the ledger charges: epsilon + ln(1 / (1 - delta)) (module docstring)."""
+    """What the ledger charges: epsilon + ln(1 / (1 - delta)) (docs/privacy.md, "Which documents get synthetic
+    queries", has the argument)."""
     return cfg.epsilon - math.log1p(-delta)
 
 
