@@ -1,4 +1,4 @@
-"""privret.privacy.partition: a unit's side depends on its own key and the public salt only, and releases on the two
+"""privret.privacy.hold_out: a unit's side depends on its own key and the public salt only, and releases on the two
 sides of one partition compose in parallel (in ledgers and in the budget registry), never anything else."""
 
 from __future__ import annotations
@@ -10,9 +10,10 @@ from privret.data.beir import Document
 from privret.data.pairs import QueryDocPair, TrainingPairs
 from privret.errors import InputError
 from privret.privacy import budget
+from privret.privacy.ledger_composition import compose_ledgers
 from privret.privacy.accounting import spent_epsilon
 from privret.privacy.ledger import PrivacyLedger
-from privret.privacy.partition import FIT, HELDOUT, UnitPartition, compose_parts
+from privret.privacy.hold_out import FIT, HELDOUT, UnitPartition, compose_parts
 from privret.privacy.private_selection import selection_ledger
 from privret.train.checkpointing import PLAN_KEYS, first_difference
 
@@ -148,10 +149,10 @@ def test_a_composed_ledger_counts_every_part_when_artefacts_are_released_togethe
     """compose_ledgers reads each part of a composed ledger; its top level (parts[0]'s Gaussian fields) alone would
     leave the choice out."""
     whole = _dp_run().compose(_choice(epsilon=1.0))
-    run_alone = budget.compose_ledgers([_dp_run()]).epsilon
-    assert budget.compose_ledgers([whole]).epsilon == pytest.approx(run_alone + 1.0)
+    run_alone = compose_ledgers([_dp_run()]).epsilon
+    assert compose_ledgers([whole]).epsilon == pytest.approx(run_alone + 1.0)
     parallel = _dp_run(SPLIT.part(FIT)).compose(_choice(SPLIT.part(HELDOUT), epsilon=1.0))
-    assert budget.compose_ledgers([parallel]).epsilon == pytest.approx(max(run_alone, 1.0))
+    assert compose_ledgers([parallel]).epsilon == pytest.approx(max(run_alone, 1.0))
 
 
 def test_a_release_carried_by_two_artefacts_counts_once_and_two_releases_count_twice(tmp_path):
@@ -162,13 +163,13 @@ def test_a_release_carried_by_two_artefacts_counts_once_and_two_releases_count_t
         return PrivacyLedger.load(tmp_path / name)
 
     run = published(_dp_run(), "run")
-    run_alone = budget.compose_ledgers([run]).epsilon
+    run_alone = compose_ledgers([run]).epsilon
     first, second = (published(run.compose(_choice(epsilon=1.0)), name) for name in ("first", "second"))
     assert all(part.created_at for part in first.parts) and first.parts[1].created_at != second.parts[1].created_at
-    assert budget.compose_ledgers([first, second]).epsilon == pytest.approx(run_alone + 2.0)
-    assert budget.compose_ledgers([run, published(run, "copy")]).epsilon == pytest.approx(run_alone)
-    assert budget.compose_ledgers([run, published(_dp_run(), "again")]).epsilon > run_alone + 1.0
-    assert budget.compose_ledgers([_dp_run(), _dp_run()]).epsilon > run_alone + 1.0
+    assert compose_ledgers([first, second]).epsilon == pytest.approx(run_alone + 2.0)
+    assert compose_ledgers([run, published(run, "copy")]).epsilon == pytest.approx(run_alone)
+    assert compose_ledgers([run, published(_dp_run(), "again")]).epsilon > run_alone + 1.0
+    assert compose_ledgers([_dp_run(), _dp_run()]).epsilon > run_alone + 1.0
 
 
 def test_a_checkpoint_of_another_part_is_not_resumed():

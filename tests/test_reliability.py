@@ -293,6 +293,7 @@ def test_direct_dp_retriever_records_and_enforces_the_cap(tiny_bert_dir, tmp_pat
 
 def test_run_composition_counts_generators_once_and_flags_non_private_rows(tmp_path):
     from privret.pipeline.summary import run_releases
+    from privret.privacy.ledger_composition import run_composition, run_composition_sentence
 
     base = dict(mechanism="dp-sgd", delta=1e-3, noise_multiplier=1.0, sample_rate=0.1, steps=50, planned_steps=50,
                 accountant="prv", unit="query", n_units=100, n_pairs=100, clip_norm=1.0, model="m", trainable="lora",
@@ -304,11 +305,11 @@ def test_run_composition_counts_generators_once_and_flags_non_private_rows(tmp_p
             PrivacyLedger(epsilon=eps, **base).save(tmp_path / stage / part)
     (tmp_path / "eps-inf" / "generator").mkdir(parents=True)
     PrivacyLedger(**{**base, "epsilon": math.inf, "mechanism": "none"}).save(tmp_path / "eps-inf" / "generator")
-    joint = budget.run_composition(run_releases(tmp_path))
+    joint = run_composition(run_releases(tmp_path))
     assert joint["releases"] == ["eps-a", "eps-b"] and joint["non_private"] == ["eps-inf"]
     assert joint["composition"]["query"]["epsilon"] == pytest.approx(
         spent_epsilon(noise_multiplier=1.0, sample_rate=0.1, steps=100, delta=1e-3), rel=0.02)
-    sentence = budget.run_composition_sentence(joint)
+    sentence = run_composition_sentence(joint)
     assert "Releasing all 2 DP models" in sentence and "voids the privacy" in sentence
 
 

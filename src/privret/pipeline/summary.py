@@ -16,7 +16,7 @@ from privret.evaluate.statistics import (BAR_HEADER, COVERAGE, EXPLANATION, Vers
 from privret.io import write_json_atomic, write_text_atomic
 from privret.run_layout import (BUDGET_FILE, CHOICE, DIRECT_ROW_PREFIX, DOCUMENTS, DP_ROW_PREFIX, GENERATOR,
                                      RETRIEVER, SELECTED_SUFFIX, SUMMARY_FILE, SUMMARY_MARKDOWN)
-from privret.privacy.budget import run_composition, run_composition_sentence
+from privret.privacy.ledger_composition import run_composition, run_composition_sentence
 from privret.privacy.ledger import LEDGER_FILE, format_epsilon
 
 SUMMARY_COLUMNS = ("training data", "epsilon", "delta", "NDCG@10", "retention", "ΔNDCG@10 vs zero-shot [95% CI]",

@@ -101,9 +101,9 @@ def composed_ledger(candidates: list[Candidate], selection: PrivacyLedger) -> Pr
     """The selection composed with every distinct ledger among the candidates' sources (copies of one
     ledger, e.g. two retrievers trained on one synthetic set, count once: copies carry the stamp of the release
     they copy; an unstamped ledger, written before stamps, counts once per file, as unstamped parts do in
-    :func:`privret.privacy.budget.compose_ledgers`); sources without one, or with a public epsilon-0 one, read no
-    private data and add nothing (their ledgers would only make the composed one describe public data in its first
-    part)."""
+    :func:`privret.privacy.ledger_composition.compose_ledgers`); sources without one, or with a public epsilon-0
+    one, read no private data and add nothing (their ledgers would only make the composed one describe public data
+    in its first part)."""
     seen: dict[str, PrivacyLedger] = {}
     for c in candidates:
         if c.source is not None and has_ledger(c.source):
