@@ -61,8 +61,8 @@ def write_tiny_llama(directory: Path, *, layers: int = 2, seed: int = 0) -> Path
     return directory
 
 
-def write_tiny_bert(directory: Path, *, seed: int = 0) -> Path:
-    """A 2-layer BERT encoder with a word-level tokenizer, as a plain HF directory."""
+def write_tiny_bert(directory: Path, *, layers: int = 2, seed: int = 0) -> Path:
+    """A BERT encoder (2 layers by default) with a word-level tokenizer, as a plain HF directory."""
     from tokenizers import Tokenizer, models, pre_tokenizers, processors
     from transformers import BertConfig, BertModel, PreTrainedTokenizerFast
 
@@ -75,7 +75,7 @@ def write_tiny_bert(directory: Path, *, seed: int = 0) -> Path:
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="[PAD]", unk_token="[UNK]",
                                         cls_token="[CLS]", sep_token="[SEP]", mask_token="[MASK]")
     torch.manual_seed(seed)
-    config = BertConfig(vocab_size=len(vocab), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+    config = BertConfig(vocab_size=len(vocab), hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
                         num_attention_heads=4, max_position_embeddings=128)
     BertModel(config).save_pretrained(directory)
     tokenizer.save_pretrained(directory)

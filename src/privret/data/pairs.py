@@ -17,6 +17,7 @@ they differ by one whole unit. DP-SGD therefore samples and clips *units*, never
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -45,9 +46,9 @@ class QueryDocPair:
     doc_id: str
     query_id: str | None = None
     user_id: str | None = None
-    # where the pair was read (a pairs file and its line; None for a BEIR split or a pair built in code), for
-    # errors about it only: not part of the pair (equality, the dataset's id and the units ignore it)
-    source: tuple[str, int] | None = field(default=None, compare=False)
+    # where the pair was read (a pairs file and its line, or a record of a caller's list; None for a BEIR split),
+    # for errors about it only: not part of the pair (equality, the dataset's id and the units ignore it)
+    source: tuple[str, int | None] | None = field(default=None, compare=False)
 
 
 @dataclass
@@ -80,15 +81,25 @@ def inline_doc_id(text: str) -> str:
 
 
 def load_pairs_jsonl(path: str | Path, corpus: dict[str, Document] | None = None) -> TrainingPairs:
-    """Read ``{"query", "doc_id"}`` or ``{"query", "doc"}`` lines (optional ``user_id``, ``query_id``).
+    """Read ``{"query", "doc_id"}`` or ``{"query", "doc"}`` lines (optional ``user_id``, ``query_id``) with
+    :func:`pairs_from_records`; an error names the file and line."""
+    return pairs_from_records(((str(path), line, obj) for line, obj in read_jsonl(path)), corpus, where=path)
+
+
+def pairs_from_records(records: Iterable[tuple[str, int | None, dict]], corpus: dict[str, Document] | None = None,
+                       *, where: str | Path = "pairs") -> TrainingPairs:
+    """Pairs from ``(location, line, {"query", "doc_id" | "doc", "user_id"?, "query_id"?})`` records.
 
     ``doc_id`` rows need ``corpus``; inline ``doc`` rows add their document to the corpus and, unless
-    ``corpus`` already holds it, to ``inline_doc_ids`` (a document of the private file, not public).
+    ``corpus`` already holds it, to ``inline_doc_ids`` (a document of the private pairs, not public).
+    An error names the record's location and line, and the field.
     """
     have_corpus, corpus = corpus is not None, dict(corpus or {})
     inline: set[str] = set()
     pairs: list[QueryDocPair] = []
-    for line, obj in read_jsonl(path):
+    for path, line, obj in records:
+        if not isinstance(obj, dict):
+            raise InputError(f"expected a mapping, got {type(obj).__name__}", path=path, line=line)
         query = require_text(obj, "query", path=path, line=line)
         if "doc_id" in obj:
             doc_id = require_text(obj, "doc_id", path=path, line=line)
@@ -108,9 +119,9 @@ def load_pairs_jsonl(path: str | Path, corpus: dict[str, Document] | None = None
         user_id = require_text(obj, "user_id", path=path, line=line) if "user_id" in obj else None
         query_id = require_text(obj, "query_id", path=path, line=line) if "query_id" in obj else None
         pairs.append(QueryDocPair(query=query, doc_id=doc_id, query_id=query_id, user_id=user_id,
-                                  source=(str(path), line)))
+                                  source=(path, line)))
     if not pairs:
-        raise InputError("no pairs", path=path)
+        raise InputError("no pairs", path=where)
     return TrainingPairs(pairs=pairs, corpus=corpus, inline_doc_ids=frozenset(inline))
 
 

@@ -53,6 +53,21 @@ def public_pairs_ledger(pairs: TrainingPairs, model: str, data_hash: str, unit: 
                                 n_units=len(pairs.units(unit)), n_pairs=len(pairs.pairs), trainable="all")
 
 
+def training_ledger(pairs: TrainingPairs, model: str, data_hash: str, *, synthetic: PrivacyLedger | None = None,
+                    public: bool = False) -> PrivacyLedger:
+    """The ledger of a retriever trained without DP on ``pairs``: ``synthetic``, the ledger of the synthetic set
+    they are (training on it is post-processing); with ``public``, a public epsilon-0 one (the caller's statement
+    that no private query is among them); else a non-private one (no guarantee)."""
+    if synthetic is not None:
+        if public:
+            raise InputError("the pairs are a synthetic set with its own privacy ledger, which already says what "
+                             "they are", field="public")
+        return synthetic
+    if public:
+        return public_pairs_ledger(pairs, model, data_hash, "query")
+    return non_private_ledger(pairs, model, data_hash, "query")
+
+
 def batches_without_collisions(pairs, batch_size: int, rng: random.Random) -> list[list[int]]:
     """Shuffle rows into batches; a row whose document is already in the batch waits for the next one."""
     order = list(range(len(pairs)))
