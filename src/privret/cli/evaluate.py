@@ -1,4 +1,5 @@
-"""``privret evaluate``: IR metrics of a retriever on one or several datasets, and ``evaluate similarity``."""
+"""``privret evaluate``: IR metrics of a retriever on one or several datasets (``retrieval``), and the similarity of
+synthetic queries to the original ones (``similarity``)."""
 
 from __future__ import annotations
 
@@ -11,15 +12,14 @@ from privret.cli.common import build_config, given_flags, out
 from privret.cli.options import JsonResultOpt, PrivateDataOpt, device_option, output_file
 from privret.errors import InputError
 
-app = typer.Typer()
+app = typer.Typer(help="Evaluating retrievers and synthetic queries.", no_args_is_help=True)
 
 
-@app.callback(invoke_without_command=True)
+@app.command("retrieval")
 @device_option
-def evaluate(
-    ctx: typer.Context,
-    model: Annotated[Optional[list[str]], typer.Option(
-        help="retriever directory, registry name or HF id (repeat with --datasets for several rows)")] = None,
+def evaluate_retrieval(
+    model: Annotated[list[str], typer.Option(
+        help="retriever directory, registry name or HF id (repeat with --datasets for several rows)")],
     data: Annotated[Optional[Path], typer.Option("--data", help="one BEIR dataset")] = None,
     datasets: Annotated[Optional[str], typer.Option(
         help="several BEIR datasets, comma-separated: paths or names under --data-root (zero-shot table)")] = None,
@@ -53,59 +53,66 @@ def evaluate(
     `--data D` scores one dataset. `--datasets a,b,c` scores each --model on every dataset and prints
     the Table 5 layout of Carranza et al. (NDCG@10 and Recall@10; a row per retriever, a column per dataset).
     """
-    if ctx.invoked_subcommand is not None:
-        return
-    if not model:
-        if data is None and datasets is None:
-            out.print(ctx.get_help())
-            raise typer.Exit(0)
-        raise InputError("give the retriever to evaluate with --model", field="--model")
+    from privret.retrieval.index import SearchIndex
+
     if (data is None) == (datasets is None):
         raise InputError("give exactly one of --data DIR or --datasets a,b,c", field="--data")
-    from privret.retrieval.index import SearchIndex
-    from privret.io import write_json_atomic
-
     ignored = given_flags("per_query_out") if datasets is not None else given_flags("data_root", "label")
     if ignored:
         raise InputError(f"applies with {'--data' if datasets is not None else '--datasets'} only", field=ignored[0])
     searched = build_config(SearchIndex, index=index, hnsw_m=hnsw_m, hnsw_ef_search=hnsw_ef_search,
                             ivf_nlist=ivf_nlist, ivf_nprobe=ivf_nprobe)
     if datasets is not None:
-        from privret.evaluate.multi import evaluate_many, resolve_datasets, rich_tables
-
-        paths = resolve_datasets(datasets.split(","), data_root)
-        result = evaluate_many(list(model), paths, split, labels=list(label) if label else None, cache_dir=cache_dir,
-                               index=searched, bf16=bf16)
-        for table in rich_tables(result):
-            out.print(table)
-        if json_out is not None:
-            write_json_atomic(json_out, result)
+        _evaluate_many(model, datasets, data_root, split, label, json_out, cache_dir=cache_dir, index=searched,
+                       bf16=bf16)
         return
     if len(model) != 1:
         raise InputError("--data takes one --model (use --datasets for several)", field="--model")
+    _evaluate_one(model[0], data, split, json_out, per_query_out, cache_dir=cache_dir, index=searched, bf16=bf16)
+
+
+def _evaluate_many(models: list[str], datasets: str, data_root: Path | None, split: str, labels: list[str] | None,
+                   json_out: Path | None, **search) -> None:
+    """Each of ``models`` on every dataset of ``datasets``: one table (a row per model, a column per dataset)."""
+    from privret.evaluate.multi import evaluate_many, resolve_datasets, rich_tables
+    from privret.io import write_json_atomic
+
+    paths = resolve_datasets(datasets.split(","), data_root)
+    result = evaluate_many(list(models), paths, split, labels=list(labels) if labels else None, **search)
+    for table in rich_tables(result):
+        out.print(table)
+    if json_out is not None:
+        write_json_atomic(json_out, result)
+
+
+def _evaluate_one(model: str, data: Path, split: str, json_out: Path | None, per_query_out: Path | None, *,
+                  bf16: bool, **search) -> None:
+    """``model`` on ``data``'s ``split``: the metrics' table, and the model card's record when privret trained the
+    model (unless ``split`` is the private data it was trained on)."""
     from rich.table import Table
 
     from privret.data.beir import dataset_hash, load_beir
     from privret.data.pairs import pairs_from_beir
-    from privret.privacy.budget import dataset_id
-    from privret.privacy.ledger import has_ledger
-    from privret.retrieval.metrics import METRICS, evaluate_per_query, mean_metrics
+    from privret.io import write_json_atomic
     from privret.models.device import precision_label
     from privret.models.encoder import load_encoder
     from privret.models.model_card import record_evaluation
+    from privret.privacy.budget import dataset_id
+    from privret.privacy.ledger import has_ledger
+    from privret.retrieval.metrics import METRICS, evaluate_per_query, mean_metrics
 
     dataset = load_beir(data, splits=[split])
-    encoder = load_encoder(model[0])
+    encoder = load_encoder(model)
     precision = precision_label(encoder.device, bf16)
-    per_query = evaluate_per_query(encoder, dataset.corpus, dataset.queries, dataset.split(split),
-                                   cache_dir=cache_dir, index=searched, bf16=bf16)
+    per_query = evaluate_per_query(encoder, dataset.corpus, dataset.queries, dataset.split(split), bf16=bf16,
+                                   **search)
     metrics = mean_metrics(per_query)
-    if has_ledger(model[0]):  # a model privret trained: its card gets the figures, unless they are of its own log
+    if has_ledger(model):  # a model privret trained: its card gets the figures, unless they are of its own log
         as_trained = (dataset_hash(dataset, split), dataset_id(pairs_from_beir(dataset, split)))
-        if not record_evaluation(model[0], data=data.resolve().name, split=split, metrics=metrics,
+        if not record_evaluation(model, data=data.resolve().name, split=split, metrics=metrics,
                                  precision=precision, data_ids=as_trained):
-            out.print(f"not added to {model[0]}'s model card: {split} is the private data this DP model was trained on")
-    table = Table(title=f"{model[0]} on {data.name}/{split} ({metrics['queries']} queries, {precision})")
+            out.print(f"not added to {model}'s model card: {split} is the private data this DP model was trained on")
+    table = Table(title=f"{model} on {data.name}/{split} ({metrics['queries']} queries, {precision})")
     for m in METRICS:
         table.add_column(m, justify="right")
     table.add_row(*(f"{metrics[m]:.4f}" for m in METRICS))

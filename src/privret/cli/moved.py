@@ -17,6 +17,7 @@ COMMANDS: dict[tuple[str, ...], str] = {
     ("filter",): "privret synth filter",
 }
 
+RETRIEVER_TRAIN_FLAGS = ("temperature", "max_doc_tokens", "seed")  # retriever train (without DP) still takes them
 _DP_GENERATOR = "privret generator train-dp {flag} (generator train fine-tunes without DP)"
 
 FLAGS: dict[tuple[tuple[str, ...], str], str] = {
@@ -34,7 +35,20 @@ FLAGS: dict[tuple[tuple[str, ...], str], str] = {
     (("federated", "train"), "--dp-epsilon"): "--epsilon",
     (("federated", "train"), "--dp-clip-norm"): "--clip-norm",
     (("federated", "train"), "--dp-noise-multiplier"): "--noise-multiplier",
+    (("retriever", "train"), "--dp"): "the command privret retriever train-dp --method {value}",
+    (("evaluate",), "--model"): "privret evaluate retrieval --model",
 }
+# retriever train trains without DP: its DP flags are train-dp's, or fields of train-dp's --config file
+FLAGS |= {(("retriever", "train"), flag): "privret retriever train-dp {flag} (retriever train trains without DP)"
+          for flag in ("--epsilon", "--delta", "--unit", "--clip-norm", "--trainable", "--public-negatives",
+                       "--hard-negatives", "--dropout", "--no-dropout", "--cache-dir", "--resume", "--budget-cap",
+                       "--allow-over-budget", "--no-allow-over-budget", "--dataset-name", "--hold-out")}
+FLAGS |= {(("retriever", command), "--" + field.replace("_", "-").replace(".", "-")):
+          f"the field {field} of a --config FILE of privret retriever train-dp"
+          for field in ("lora_rank", "spreadout_weight", "hard_negative_depth", "physical_batch", "checkpoint_every",
+                        "max_batch_units", "accountant", "secure_rng", "hold_out.salt", "temperature",
+                        "max_doc_tokens", "seed")
+          for command in ("train", "train-dp") if command == "train-dp" or field not in RETRIEVER_TRAIN_FLAGS}
 
 
 def _command_words(argv: Sequence[str]) -> tuple[list[str], int]:
@@ -69,7 +83,7 @@ def moved_spelling(argv: Sequence[str]) -> str | None:
             return f"privret {' '.join(path)} is now {COMMANDS[path]}"
     options = argv[end:]
     for (path, flag), replacement in FLAGS.items():
-        if tuple(words[:len(path)]) != path:
+        if tuple(words) != path:  # `evaluate --model` moved, `evaluate retrieval --model` is the new spelling
             continue
         value = _flag_given(options, flag)
         if value is not None:

@@ -13,13 +13,13 @@ from typing import Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from privret.config_fields import changed_from_default
+from privret.settings.fields import changed_from_default
 from privret.data.pairs import PrivacyUnit
 from privret.models.registry import DEFAULT_ENCODER, DEFAULT_GENERATOR
-from privret.privacy.partition import UnitPartition
+from privret.privacy.hold_out import UnitPartition
 
 
-HOLD_OUT_FOR_TRAINING = ("train on the fit part of this partition of the log only (privret.privacy.partition), "
+HOLD_OUT_FOR_TRAINING = ("train on the fit part of this partition of the log only (privret.privacy.hold_out), "
                          "keeping the held-out part for a DP choice at no added epsilon")
 SELECTABLE = ("learning_rate", "temperature", "batch_size", "max_doc_tokens", "max_query_tokens", "warmup_fraction")
 
@@ -83,11 +83,15 @@ class RetrieverTrainConfig(BaseModel):
 
 class GeneratorSettings(BaseModel):
     """How the generator is fine-tuned, whatever its epsilon: what a pipeline's ``generator`` section gives once for
-    every row of its epsilon grid (:class:`privret.config.GeneratorStage`)."""
+    every row of its epsilon grid (:class:`privret.settings.pipeline.GeneratorStage`)."""
 
     model_config = ConfigDict(extra="forbid")
 
     model: str = DEFAULT_GENERATOR
+    start: Literal["prompted", "pretrained"] = Field(
+        "prompted", description="without a warm start: 'prompted' shows public few-shot examples in every prompt, "
+                                "in training and sampling (causal LMs; privret.train.public_start), 'pretrained' "
+                                "the zero-shot prompt")
     delta: float | None = Field(None, description="default 1/(2n), n = number of units")
     clip_norm: float = Field(1.0, gt=0, allow_inf_nan=False)
     batch_size: int = Field(64, gt=0, description="expected number of units per step")
@@ -121,6 +125,28 @@ class GeneratorTrainConfig(GeneratorSettings):
         return self
 
 
+# The schedule of a direct DP run whose batch_size or epochs is not given (dp_schedule).
+WHOLE_LOG_UP_TO = 1024  # units: up to this many, every unit joins every step (q = 1)
+LARGE_LOG_BATCH = 512  # expected units per step past it
+SCHEDULE_STEPS = 48  # about this many steps
+
+
+def dp_schedule(n_units: int, batch_size: int | None = None) -> tuple[int, float]:
+    """(expected batch, epochs) of a direct DP run over ``n_units`` units, ``batch_size`` when given.
+
+    The rule: batch = n up to 1,024 units (the whole log in every step, q = 1), else 512; epochs = 48 q (q = batch
+    / n, at most 1) rounded to whole epochs, or 48 q itself when under one epoch, so that the run takes about 48
+    steps (T = ceil(epochs / q)). Its evidence is the two logs docs/results.md measures, the regime chosen on
+    SQuAD's validation split and carried to SciFact before any SciFact run: SciFact, n = 807: 807 x 48 epochs (48
+    steps); SQuAD, n = 5,747: 512 x 4 epochs (45 steps). Other sizes follow the rule, unmeasured.
+    Privacy: n is the number of units the run trains on (the fit part under ``hold_out``); privret treats it as
+    public (docs/privacy.md, "n is public"), as the sample rate q = B/n and the default delta 1/(2n) already do.
+    """
+    batch = batch_size or (max(2, n_units) if n_units <= WHOLE_LOG_UP_TO else LARGE_LOG_BATCH)
+    epochs = SCHEDULE_STEPS * min(1.0, batch / n_units)
+    return batch, float(round(epochs)) if epochs >= 1 else epochs
+
+
 METHODS = ("naive", "batch-clip", "logit-dp", "public-negatives")
 Method = Literal["naive", "batch-clip", "logit-dp", "public-negatives"]
 
@@ -134,24 +160,29 @@ class DPRetrieverSettings(BaseModel):
     model: str = DEFAULT_ENCODER
     delta: float | None = Field(None, description="default 1/(2n), n = number of units")
     clip_norm: float = Field(1.0, gt=0, allow_inf_nan=False, description="C (per unit / batch) or B (per pair)")
-    batch_size: int = Field(32, gt=1, description="expected number of units per step (Poisson)")
+    batch_size: int | None = Field(None, gt=1, description="expected number of units per step (Poisson); default: "
+                                                           "dp_schedule's rule of the number of units")
     max_batch_units: int | None = Field(None, gt=1, description="cap K on units per step (naive; logit-dp)")
-    epochs: float = Field(1.0, gt=0, allow_inf_nan=False)
-    learning_rate: float = Field(2e-5, gt=0, allow_inf_nan=False)
+    epochs: float | None = Field(None, gt=0, allow_inf_nan=False,
+                                 description="default: dp_schedule's rule (about 48 steps)")
+    learning_rate: float = Field(2e-3, gt=0, allow_inf_nan=False)
     temperature: float | None = Field(None, gt=0, allow_inf_nan=False,
                                       description="default 0.05, logit-dp 0.5")
     spreadout_weight: float = Field(0.0, ge=0, allow_inf_nan=False, description="logit-dp only")
-    trainable: str = Field("all", pattern=r"^(all|layers|lora|bias|(bias-)?top:[1-9][0-9]*)$")
+    trainable: str = Field("bias-top:3", pattern=r"^(all|layers|lora|bias|(bias-)?top:[1-9][0-9]*)$")
     lora_rank: int = Field(8, gt=0)
-    public_negatives: int = Field(32, ge=0, description="public-negatives: random public documents per step, shared "
-                                                        "by every row, without gradient; 0: none (then "
-                                                        "hard_negatives must be >= 1)")
-    hard_negatives: int = Field(0, ge=0, description="public-negatives: per row, K of the top hard_negative_depth "
-                                                     "public documents the initial encoder ranks for its query, with "
-                                                     "gradient (privret.train.hard_negatives); 0: none")
+    public_negatives: int | None = Field(None, ge=0, description="public-negatives: random public documents per "
+                                                                 "step, shared by every row, without gradient; 0: "
+                                                                 "none (then hard_negatives must be >= 1); default 1 "
+                                                                 "with hard negatives, else 32")
+    hard_negatives: int | None = Field(None, ge=0, description="public-negatives: per row, K of the top "
+                                                               "hard_negative_depth public documents the initial "
+                                                               "encoder ranks for its query, with gradient "
+                                                               "(privret.train.hard_negatives); 0: none; default 2 "
+                                                               "(the other methods take none)")
     hard_negative_depth: int = Field(30, gt=0, description="public-negatives: candidates per row for hard_negatives")
-    physical_batch: int | None = Field(None, gt=0, description="public-negatives: units per forward pass (memory, "
-                                                               "not privacy; None: the whole batch at once)")
+    physical_batch: int | None = Field(16, gt=0, description="public-negatives: units per forward pass (memory, "
+                                                             "not privacy; None: the whole batch at once)")
     max_query_tokens: int = Field(64, gt=0)
     max_doc_tokens: int = Field(256, gt=0)
     dropout: bool = Field(False, description="dropout in the trained layers during training, asked for explicitly "
@@ -169,12 +200,16 @@ class DPRetrieverConfig(DPRetrieverSettings):
     """Configuration of :func:`privret.train.dp_retriever.train_dp_retriever`: the settings, the method (see that
     module's docstring for each), the target epsilon and the privacy unit."""
 
-    method: Method = "logit-dp"
+    method: Method = "public-negatives"
     epsilon: float = Field(8.0, gt=0, allow_inf_nan=False, description="target epsilon (finite)")
     unit: PrivacyUnit = PrivacyUnit.query
 
     @model_validator(mode="after")
     def _method_options(self):
+        if self.hard_negatives is None:  # the defaults that depend on the method
+            self.hard_negatives = 2 if self.method == "public-negatives" else 0
+        if self.public_negatives is None:
+            self.public_negatives = 1 if self.hard_negatives else 32
         if self.spreadout_weight and self.method != "logit-dp":
             raise ValueError("`spreadout_weight` applies to logit-dp only")
         if self.hard_negatives and self.method != "public-negatives":
@@ -203,7 +238,16 @@ class DPRetrieverConfig(DPRetrieverSettings):
 
     @property
     def cap(self) -> int:
+        """K: ``max_batch_units``, default batch_size + ceil(4 sqrt(batch_size)) (of a :meth:`scheduled` config)."""
         return self.max_batch_units or self.batch_size + math.ceil(4 * math.sqrt(self.batch_size))
+
+    def scheduled(self, n_units: int) -> DPRetrieverConfig:
+        """This config with ``batch_size`` and ``epochs``, where unset (None), from :func:`dp_schedule` of the
+        ``n_units`` units the run trains on."""
+        if self.batch_size is not None and self.epochs is not None:
+            return self
+        batch_size, epochs = dp_schedule(n_units, self.batch_size)
+        return self.model_copy(update={"batch_size": batch_size, "epochs": self.epochs or epochs})
 
 
 class CandidateGrid(BaseModel):
