@@ -150,6 +150,9 @@ def test_synthetic_route_carries_the_generator_ledger(tiny_llama_dir, tiny_bert_
     assert not generator.path.exists()  # closed: the temporary generator is gone
     assert synthetic.ledger.epsilon == generator.ledger.epsilon and synthetic.manifest["generated"] == 12
     assert {p["doc_id"] for p in synthetic.pairs} <= set(_toy_corpus())
+    with pytest.raises(InputError) as caught:  # its ledger already says what the pairs are
+        privret.train_retriever(str(tiny_bert_dir), synthetic, public=True)
+    assert caught.value.field == "public"
     model, ledger = privret.train_retriever(str(tiny_bert_dir), synthetic, batch_size=2)
     assert ledger.epsilon == generator.ledger.epsilon and ledger.mechanism == "dp-sgd"
     qrels = {"t1": {"d1": 1}, "t2": {"d6": 1}}

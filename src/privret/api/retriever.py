@@ -86,8 +86,7 @@ def train_retriever(model, pairs, corpus=None, *, out_dir: str | Path | None = N
     training, data_hash = training_pairs(pairs, corpus, split=split)
     with workspace(out_dir, resume=False, name="retriever") as (out, scratch):
         cfg = settings_model(RetrieverTrainConfig, model=model_location(model, scratch), **settings)
-        ledger = retriever.training_ledger(training, cfg.model, data_hash, synthetic=synthetic, public=public)
-        retriever.train_retriever(training, out, cfg, ledger=ledger)
+        retriever.train_non_private(training, out, cfg, data_hash=data_hash, synthetic=synthetic, public=public)
         return _trained(out)
 
 

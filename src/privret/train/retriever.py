@@ -30,6 +30,7 @@ from privret.models.encoder import embed, in_batch_softmax_loss, load_encoder
 from privret.models.model_card import write_model_card
 from privret.privacy.ledger import PrivacyLedger, require_public
 from privret.progress import Progress
+from privret.runlock import RunLock
 from privret.train.dp_parallel import sum_gradients
 from privret.train.recipe import select_recipe
 from privret.settings.training import RetrieverTrainConfig
@@ -53,19 +54,24 @@ def public_pairs_ledger(pairs: TrainingPairs, model: str, data_hash: str, unit: 
                                 n_units=len(pairs.units(unit)), n_pairs=len(pairs.pairs), trainable="all")
 
 
-def training_ledger(pairs: TrainingPairs, model: str, data_hash: str, *, synthetic: PrivacyLedger | None = None,
-                    public: bool = False) -> PrivacyLedger:
-    """The ledger of a retriever trained without DP on ``pairs``: ``synthetic``, the ledger of the synthetic set
-    they are (training on it is post-processing); with ``public``, a public epsilon-0 one (the caller's statement
-    that no private query is among them); else a non-private one (no guarantee)."""
+def train_non_private(pairs: TrainingPairs, out_dir: str | Path, cfg: RetrieverTrainConfig, *, data_hash: str,
+                      synthetic: PrivacyLedger | None = None, public: bool = False) -> PrivacyLedger:
+    """:func:`train_retriever` into ``out_dir`` under its :class:`~privret.runlock.RunLock`, with the ledger of what
+    ``pairs`` are: ``synthetic``, the ledger of the synthetic set they are (training on it is post-processing); with
+    ``public``, a public epsilon-0 one (the caller's statement that no private query is among them); else a
+    non-private one (no guarantee). Returns that ledger."""
+    if synthetic is not None and public:
+        raise InputError("the pairs are a synthetic set with its own privacy ledger, which already says what they are",
+                         field="public")
     if synthetic is not None:
-        if public:
-            raise InputError("the pairs are a synthetic set with its own privacy ledger, which already says what "
-                             "they are", field="public")
-        return synthetic
-    if public:
-        return public_pairs_ledger(pairs, model, data_hash, "query")
-    return non_private_ledger(pairs, model, data_hash, "query")
+        ledger = synthetic
+    elif public:
+        ledger = public_pairs_ledger(pairs, cfg.model, data_hash, "query")
+    else:
+        ledger = non_private_ledger(pairs, cfg.model, data_hash, "query")
+    with RunLock(out_dir, what="retriever directory"):
+        train_retriever(pairs, out_dir, cfg, ledger=ledger)
+    return ledger
 
 
 def batches_without_collisions(pairs, batch_size: int, rng: random.Random) -> list[list[int]]:
