@@ -41,8 +41,9 @@ def flags_in(text: str, fields=()) -> str:
 
 
 def as_flags(err: InputError) -> InputError:
-    """``err`` with its field, and the fields its message names (:func:`flags_in`), shown as flags."""
-    if _has_flag(err.field):
+    """``err`` with its field, and the fields its message names (:func:`flags_in`), shown as flags; a field of a
+    YAML config file (``--config``, a pipeline config) stays the file's field name."""
+    if _has_flag(err.field) and Path(err.path or "").suffix not in (".yaml", ".yml"):
         err.field = flag(err.field)
     err.message = flags_in(err.message)
     return err
@@ -100,8 +101,13 @@ def build_config(cls, *, config_file: Path | None = None, flag_of: dict[str, str
     except ValidationError as err:
         first = err.errors()[0]
         location = tuple(first["loc"])
-        named = re.findall(r"`([a-z_]+)`", first["msg"]) if not location else [str(location[0])]
-        in_file = [n for n in named if n in file_only]
+        if location:  # a section's key (generator.lora_rank) is the file's when the flags did not set that key
+            key, inner = location[0], location[1:2]
+            from_the_file = key in file_only or (key in from_file and isinstance(values.get(key), dict)
+                                                 and bool(inner) and inner[0] not in values[key])
+            in_file = [str(key)] if from_the_file else []
+        else:
+            in_file = [n for n in re.findall(r"`([a-z_]+)`", first["msg"]) if n in file_only]
         if in_file:
             error = invalid_input(err, path=config_file)
             error.field = error.field or in_file[0]
