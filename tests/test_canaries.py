@@ -217,18 +217,49 @@ def test_audit_settings_match_directories_written_before_the_generator_was_typed
 
 
 def test_cli_rejects_bad_lists(tmp_path, toy_beir):
-    result = run_cli("audit", "canaries", "--data", str(toy_beir), "--out", str(tmp_path / "a"), "--epsilons", "inf,abc")
-    assert result.returncode == 2 and "--epsilons" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    result = run_cli("audit", "canaries", "--data", str(toy_beir), "--out", str(tmp_path / "a"), "--repetitions",
+                     "1,abc")
+    assert result.returncode == 2 and "--repetitions" in result.stderr and len(result.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "a").exists()
-    for flag, value in (("--epochs", "-1"), ("--candidates", "1"), ("--unit", "group")):
+    for flag, value in (("--epochs", "-1"), ("--epsilon", "-1"), ("--unit", "group")):
         result = run_cli("audit", "canaries", "--data", str(toy_beir), "--out", str(tmp_path / "a"), flag, value)
         assert result.returncode == 2 and f"'{flag}'" in result.stderr, result.stderr
+    config = tmp_path / "audit.yaml"
+    for text, field in (("candidates: 1\n", "candidates"), ("generator:\n  lora_rank: 0\n", "generator.lora_rank"),
+                        ("candidate: 10\n", "candidate")):
+        config.write_text(text)
+        result = run_cli("audit", "canaries", "--data", str(toy_beir), "--out", str(tmp_path / "a"), "--config",
+                         str(config))
+        assert result.returncode == 2 and f"{config}, field '{field}'" in result.stderr, result.stderr
     assert not (tmp_path / "a").exists()
     # a generator that cannot be loaded is found before the audit's settings are written
     result = run_cli("audit", "canaries", "--data", str(toy_beir), "--out", str(tmp_path / "a"),
                      "--model", str(tmp_path / "no-such-model"))
     assert result.returncode == 2 and "model directory not found" in result.stderr, result.stderr
     assert not (tmp_path / "a" / "settings.json").exists()
+
+
+def test_cli_audits_the_generator_train_dp_makes(tmp_path, toy_beir, monkeypatch):
+    """With no generator setting given, the audit fine-tunes what `privret generator train-dp` does; the flags and
+    the --config file's `generator` section set the audited fine-tune, an --epsilon the one epsilon audited."""
+    from privret.settings.training import GeneratorSettings
+
+    seen = {}
+
+    def stop(training, out_dir, cfg, **_):
+        seen["cfg"] = cfg
+        raise SystemExit(0)
+
+    monkeypatch.setattr("privret.audit.canary_audit.run_canary_audit", stop)
+    run_cli("audit", "canaries", "--data", str(toy_beir), "--out", str(tmp_path / "a"))
+    assert seen["cfg"].generator == GeneratorSettings() and seen["cfg"].epsilons == [math.inf, 16.0]
+    config = tmp_path / "audit.yaml"
+    config.write_text("candidates: 50\ngenerator:\n  lora_rank: 16\n  learning_rate: 1.0e-3\n")
+    run_cli("audit", "canaries", "--data", str(toy_beir), "--out", str(tmp_path / "a"), "--config", str(config),
+            "--lr", "2e-3", "--epsilon", "16", "--seed", "4")
+    cfg = seen["cfg"]
+    assert (cfg.candidates, cfg.generator.lora_rank, cfg.generator.learning_rate, cfg.epsilons) == (50, 16, 2e-3, [16])
+    assert cfg.seed == cfg.generator.seed == 4
 
 
 # -- what the audit writes holds private data ---------------------------------------------------------

@@ -89,21 +89,21 @@ def test_bad_input_exits_2_with_one_line(toy_beir, corrupt, expected):
 
 def test_bad_epsilon_and_delta_exit_2(toy_beir, tmp_path):
     out = tmp_path / "gen"
-    result = run_cli("generator", "train", "--data", str(toy_beir), "--out", str(out), "--epsilon", "-1")
+    result = run_cli("generator", "train-dp", "--data", str(toy_beir), "--out", str(out), "--epsilon", "-1")
     assert result.returncode == 2 and "epsilon must be > 0" in result.stderr
-    result = run_cli("generator", "train", "--data", str(toy_beir), "--out", str(out), "--delta", "0.5")
+    result = run_cli("generator", "train-dp", "--data", str(toy_beir), "--out", str(out), "--delta", "0.5")
     assert result.returncode == 2 and "delta must be in (0, 1/n)" in result.stderr
-    result = run_cli("generator", "train", "--data", str(toy_beir), "--out", str(out), "--lr", "-1")
+    result = run_cli("generator", "train-dp", "--data", str(toy_beir), "--out", str(out), "--lr", "-1")
     assert result.returncode == 2 and "field '--lr'" in result.stderr  # the flag the user typed
-    # a non-private fine-tune adds no noise and spends no budget: the DP-only flags beside it are refused
-    for flag, value in (("--clip-norm", "0.5"), ("--delta", "1e-5"), ("--budget-cap", "5")):
-        result = run_cli("generator", "train", "--data", str(toy_beir), "--out", str(out), "--epsilon", "inf", flag,
-                         value)
-        assert result.returncode == 2 and f"field '{flag}'" in result.stderr and "non-private" in result.stderr
+    result = run_cli("generator", "train-dp", "--data", str(toy_beir), "--out", str(out), "--epsilon", "inf")
+    assert result.returncode == 2 and "field '--epsilon'" in result.stderr and "generator train" in result.stderr
+    result = run_cli("generator", "train-dp", "--data", str(toy_beir), "--out", str(out), "--unit", "session")
+    assert result.returncode == 2 and "'--unit'" in result.stderr and "'query', 'pair', 'user'" in result.stderr
     assert not out.exists()
 
 
-def test_generator_train_passes_checkpoint_every(toy_beir, tmp_path, monkeypatch):
+def _generator_config(monkeypatch, *args):
+    """The GeneratorTrainConfig the command line ``args`` trains with (the training itself is stopped)."""
     from typer.testing import CliRunner
 
     from privret.cli import app
@@ -118,19 +118,56 @@ def test_generator_train_passes_checkpoint_every(toy_beir, tmp_path, monkeypatch
     # the private worker, not train_generator: other modules import train_generator by name, and one
     # imported while it was patched would keep the fake for the rest of the pytest session
     monkeypatch.setattr(gtrain, "_train_generator", fake_train)
-    CliRunner().invoke(app, ["generator", "train", "--data", str(toy_beir), "--out", str(tmp_path / "g"),
-                             "--checkpoint-every", "3"])
-    assert seen["cfg"].checkpoint_every == 3
+    result = CliRunner().invoke(app, list(args))
+    assert "cfg" in seen, result.output
+    return seen["cfg"]
+
+
+def test_generator_train_dp_defaults_are_the_measured_regime(toy_beir, tmp_path, monkeypatch):
+    """docs/results.md, "DP synthetic queries": LoRA rank 8 on the top 8 layers, DP-Adam lr 2e-3, expected batch
+    64, 3 epochs, C = 1, documents cut at 128 tokens, PRV, epsilon 8; and the same fields from the settings model."""
+    from privret.settings.training import GeneratorTrainConfig
+
+    cfg = _generator_config(monkeypatch, "generator", "train-dp", "--data", str(toy_beir), "--out", str(tmp_path / "g"))
+    assert cfg == GeneratorTrainConfig()
+    assert (cfg.lora_rank, cfg.trained_layers, cfg.learning_rate, cfg.batch_size, cfg.epochs, cfg.clip_norm,
+            cfg.max_doc_tokens, cfg.accountant, cfg.epsilon, cfg.trainable) == (8, 8, 2e-3, 64, 3.0, 1.0, 128, "prv",
+                                                                                 8.0, "lora")
+
+
+def test_generator_config_file_and_flags(toy_beir, tmp_path, monkeypatch):
+    """--config sets the rarely changed fields, the flags given override it, and an unknown field, a bad value or a
+    DP field given to the non-private command is one line naming the file and the field."""
+    config = tmp_path / "generator.yaml"
+    config.write_text("lora_rank: 16\ntrained_layers: 4\ncheckpoint_every: 3\nlearning_rate: 1.0e-3\n")
+    cfg = _generator_config(monkeypatch, "generator", "train-dp", "--data", str(toy_beir), "--out",
+                            str(tmp_path / "g"), "--config", str(config), "--lr", "5e-4", "--epsilon", "4")
+    assert (cfg.lora_rank, cfg.trained_layers, cfg.checkpoint_every, cfg.learning_rate, cfg.epsilon) == (
+        16, 4, 3, 5e-4, 4.0)
+    cfg = _generator_config(monkeypatch, "generator", "train", "--data", str(toy_beir), "--out", str(tmp_path / "g"),
+                            "--config", str(config), "--epochs", "2")
+    assert (cfg.lora_rank, cfg.epochs, cfg.learning_rate, cfg.epsilon) == (16, 2.0, 1e-3, float("inf"))
+    for text, field in (("lora_rnak: 4\n", "lora_rnak"), ("lora_rank: -1\n", "lora_rank")):
+        config.write_text(text)
+        result = run_cli("generator", "train-dp", "--data", str(toy_beir), "--out", str(tmp_path / "g"), "--config",
+                         str(config))
+        assert result.returncode == 2 and str(config) in result.stderr and field in result.stderr, result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1
+    config.write_text("clip_norm: 0.5\n")
+    result = run_cli("generator", "train", "--data", str(toy_beir), "--out", str(tmp_path / "g"), "--config",
+                     str(config))
+    assert result.returncode == 2 and str(config) in result.stderr and "clip_norm" in result.stderr
+    assert "train-dp" in result.stderr and not (tmp_path / "g").exists()
 
 
 def test_public_negatives_needs_a_public_corpus(tmp_path):
-    """--dp public-negatives on a pairs file with inline (private) documents and no --data: exit 2, one line
-    saying what to pass, nothing written."""
+    """train-dp --method public-negatives on a pairs file with inline (private) documents and no --data: exit 2, one
+    line saying what to pass, nothing written."""
     pairs = tmp_path / "pairs.jsonl"
     pairs.write_text("".join(json.dumps({"query": f"what {w}", "doc": f"{w} document"}) + "\n"
                              for w in ("cell", "gene", "drug")))
-    result = run_cli("retriever", "train", "--pairs", str(pairs), "--out", str(tmp_path / "r"),
-                     "--dp", "public-negatives")
+    result = run_cli("retriever", "train-dp", "--pairs", str(pairs), "--out", str(tmp_path / "r"),
+                     "--method", "public-negatives")
     assert result.returncode == 2 and "field '--data'" in result.stderr and "pass --data DIR" in result.stderr
     assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "r").exists()
@@ -142,8 +179,8 @@ def test_public_negatives_needs_a_public_corpus(tmp_path):
 def test_a_settings_error_of_several_flags_names_them_as_flags(toy_beir, tmp_path):
     """A check across fields (no location: --public-negatives 0 needs --hard-negatives) names both flags, in one
     line without pydantic's prefix, exit 2, nothing written."""
-    result = run_cli("retriever", "train", "--data", str(toy_beir), "--out", str(tmp_path / "r"),
-                     "--dp", "public-negatives", "--public-negatives", "0")
+    result = run_cli("retriever", "train-dp", "--data", str(toy_beir), "--out", str(tmp_path / "r"),
+                     "--public-negatives", "0", "--hard-negatives", "0")
     assert result.returncode == 2 and "--public-negatives or --hard-negatives >= 1" in result.stderr
     assert "Value error" not in result.stderr and "field '--'" not in result.stderr
     assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
@@ -213,8 +250,8 @@ def test_a_pipeline_setting_refused_at_run_time_names_the_config_file(toy_beir, 
 
 
 @pytest.mark.parametrize("command, flag", [
-    (["evaluate", "--model", "MISSING", "--data", "DATA", "--json", "OUT"], "--json"),
-    (["evaluate", "--model", "MISSING", "--data", "DATA", "--per-query", "OUT"], "--per-query"),
+    (["evaluate", "retrieval", "--model", "MISSING", "--data", "DATA", "--json", "OUT"], "--json"),
+    (["evaluate", "retrieval", "--model", "MISSING", "--data", "DATA", "--per-query", "OUT"], "--per-query"),
     (["evaluate", "similarity", "--synthetic", "MISSING", "--data", "DATA", "--json", "OUT"], "--json"),
     (["audit", "overlap", "--data", "MISSING", "--json", "OUT"], "--json"),
     (["data", "squad-pairs", "--squad", "MISSING", "--out", "OUT"], "--out"),
@@ -261,7 +298,7 @@ def test_an_os_error_on_a_path_is_one_line_naming_the_output(monkeypatch, capsys
 
 
 def test_unknown_model_is_a_clear_error(toy_beir, tmp_path):
-    result = run_cli("evaluate", "--model", str(tmp_path / "no-such-model"), "--data", str(toy_beir))
+    result = run_cli("evaluate", "retrieval", "--model", str(tmp_path / "no-such-model"), "--data", str(toy_beir))
     assert result.returncode == 2 and "model directory not found" in result.stderr
 
 
@@ -275,7 +312,7 @@ def test_a_damaged_model_directory_is_one_line_naming_it(toy_beir, tiny_bert_dir
         weights.write_bytes(weights.read_bytes()[:5])
     else:
         (model / "config.json").write_text('{"model_type": "bert", ')
-    result = run_cli("evaluate", "--model", str(model), "--data", str(toy_beir))
+    result = run_cli("evaluate", "retrieval", "--model", str(model), "--data", str(toy_beir))
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
     assert f"{model}: cannot read the model (" in result.stderr and "damaged or incomplete" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
@@ -294,7 +331,7 @@ def test_offline_hub_id_says_how_to_get_it(tmp_path, monkeypatch):
 def test_json_metrics_output(tmp_path, toy_beir, tiny_bert_dir):
     out = tmp_path / "m.json"
     per_query = tmp_path / "q.json"
-    result = run_cli("evaluate", "--model", str(tiny_bert_dir), "--data", str(toy_beir), "--json", str(out),
+    result = run_cli("evaluate", "retrieval", "--model", str(tiny_bert_dir), "--data", str(toy_beir), "--json", str(out),
                      "--per-query", str(per_query))
     assert result.returncode == 0, result.stderr
     metrics = json.loads(out.read_text())

@@ -10,7 +10,7 @@ import pytest
 
 from privret.data.fed_squad import build_fed_squad, load_fed_squad
 from privret.errors import InputError
-from privret.federated.config import FedConfig
+from privret.settings.federated import FedConfig
 from privret.privacy import budget
 
 pytest.importorskip("flwr")
@@ -123,7 +123,7 @@ def test_cli_records_federated_dp_runs_and_refuses_budget_flags_without_dp(fed_d
         return CliRunner().invoke(app, ["federated", "train", "--data", str(fed_dir), "--out", str(tmp_path / out),
                                         "--config", str(config), *flags])
 
-    dp = ["--dp", "server", "--dp-epsilon", "8", "--dp-clip-norm", "0.5", "--dataset-name", "squad"]
+    dp = ["--dp", "server", "--epsilon", "8", "--clip-norm", "0.5", "--dataset-name", "squad"]
     assert train("first", *dp).exit_code == 0
     (release,) = budget.releases("name-squad")
     assert release.unit == "client" and release.status == "final"

@@ -5,11 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Optional
 
+import click
 import typer
 
-from privret.cli.common import budget_policy, build_config, given_flags, out, training_pairs
+from privret.cli.common import budget_policy, build_config, given_flags, given_values, out, training_pairs
 from privret.cli.options import (
     MODEL_HELP,
+    UNITS,
     AllowOverOpt,
     AllowPrivateOutputOpt,
     BudgetCapOpt,
@@ -19,10 +21,11 @@ from privret.cli.options import (
     PairsOpt,
     PrivateDataOpt,
     SplitOpt,
+    config_file_option,
     device_option,
-    generator_training_options,
 )
 from privret.errors import InputError
+from privret.settings.training import GeneratorSettings
 
 app = typer.Typer(help="Privacy audits of the data and the models.", no_args_is_help=True)
 
@@ -102,26 +105,36 @@ def audit_overlap(
         write_json_atomic(json_out, mark_private(result, OVERLAP_HOLDS))
 
 
+GENERATOR = {name: field.default for name, field in GeneratorSettings.model_fields.items()}
+# the audit's fields whose flag is not -- + their name: the generator's that audit canaries sets by a flag (its
+# --config sets any in its `generator` section), and the epsilon
+FLAG_OF = {"epsilons": "--epsilon", "generator_model": "--model", "generator_clip_norm": "--clip-norm",
+                   "generator_batch_size": "--batch-size", "generator_epochs": "--epochs",
+                   "generator_learning_rate": "--lr", "generator_seed": "--seed"}
+
+
 @app.command("canaries")
 @device_option
-@generator_training_options(clip_norm=1.0, batch_size=32, epochs=2.0, learning_rate=1e-3, trainable="lora",
-                            lora_rank=16, trained_layers=4, max_doc_tokens=64)
 def audit_canaries(
     out_dir: Annotated[Path, typer.Option("--out", help="audit directory (trial generators + canaries.json, "
                                           "which hold private data); RUN_DIR/canaries, with "
                                           "--allow-private-output-in-run, puts its table in the run's report")],
     data: DataOpt = None, split: SplitOpt = "train", pairs: PairsOpt = None,
-    epsilons: Annotated[str, typer.Option(help="comma-separated target epsilons; 'inf' = non-private")] = "inf,16",
+    epsilon: Annotated[Optional[float], typer.Option(
+        help="the target epsilon of the audited fine-tunes; 'inf' = non-private (default: the --config file's "
+             "epsilons, else inf and 16; a later run with another epsilon and the same settings adds its trials)")]
+    = None,
     trials: Annotated[int, typer.Option(help="independent trials (fresh canaries, fresh training)")] = 3,
     repetitions: Annotated[str, typer.Option(help="comma-separated insertion counts")] = "1,10,100",
-    candidates: Annotated[int, typer.Option(help="the secret is ranked among this many candidates")] = 100,
     samples: Annotated[int, typer.Option(help="queries sampled per canary document to test 'leaked'")] = 10,
-    top_p: Annotated[float, typer.Option(help="nucleus sampling p for the leak test")] = 0.8,
     subsample: Annotated[Optional[int], typer.Option(help="keep this many private pairs (uniform, seeded)")] = None,
-    unit: Annotated[str, typer.Option(help="privacy unit: query (a canary = 1 unit) or pair (k units)")] = "query",
-    model: Annotated[str, typer.Option(help=f"generator: {MODEL_HELP}")] = "smollm2-135m",
-    fine_tuning: dict = None,  # --clip-norm ... --max-doc-tokens, see @generator_training_options
-    alpha: Annotated[float, typer.Option(help="the epsilon lower bound holds with confidence 1 - alpha")] = 0.05,
+    unit: Annotated[str, typer.Option(click_type=click.Choice(UNITS),
+                                      help="privacy unit: query (a canary = 1 unit) or pair (k units)")] = "query",
+    model: Annotated[str, typer.Option(help=f"generator: {MODEL_HELP}")] = GENERATOR["model"],
+    clip_norm: Annotated[float, typer.Option(help="per-unit L2 clipping norm C")] = GENERATOR["clip_norm"],
+    batch_size: Annotated[int, typer.Option(help="expected units per step")] = GENERATOR["batch_size"],
+    epochs: Annotated[float, typer.Option()] = GENERATOR["epochs"],
+    learning_rate: Annotated[float, typer.Option("--lr")] = GENERATOR["learning_rate"],
     seed: Annotated[int, typer.Option(help="seed of the canaries, the --subsample and the leak test's sampling (the "
                                            "DP fine-tunes ignore it: their sampling, noise and dropout come from "
                                            "os.urandom)")] = 0,
@@ -129,30 +142,37 @@ def audit_canaries(
     allow_over_budget: AllowOverOpt = None,
     dataset_name: DatasetNameOpt = None,
     allow_private_output_in_run: AllowPrivateOutputOpt = False,
+    config: config_file_option("CanaryAuditConfig (privret.audit.canary_audit), the generator's in its `generator` "
+                               "section") = None,
 ) -> None:
     """Canary exposure audit of the DP generator (Carranza et al., section 6.3): rank, exposure, leaks, epsilon lower bound.
 
-    Every DP trial counts in the data's privacy-budget registry, like any DP training on it."""
+    The audited fine-tune is the one privret generator train-dp makes (its defaults; --config sets the others, and
+    the candidates, top_p and alpha of the audit). Every DP trial counts in the data's privacy-budget registry, like
+    any DP training on it."""
     from privret.audit.canary_audit import CanaryAuditConfig, canary_table_markdown, run_canary_audit
     from privret.privacy.budget import dataset_id
-    from privret.train.settings import GeneratorSettings
-
-    def numbers(text: str, field: str, cast):
-        try:
-            return [cast(v) for v in text.split(",") if v.strip()]
-        except ValueError:
-            raise InputError(f"'{text}' is not a comma-separated list of numbers", field=field) from None
 
     policy = budget_policy(budget_cap, allow_over_budget)
+    generator = given_values(model=model, clip_norm=clip_norm, batch_size=batch_size, epochs=epochs,
+                             learning_rate=learning_rate, seed=seed)
+    audit = given_values(trials=trials, samples=samples, subsample=subsample, seed=seed, unit=unit)
+    if epsilon is not None:
+        audit["epsilons"] = [epsilon]
+    if "repetitions" in given_values(repetitions=repetitions):
+        audit["repetitions"] = _numbers(repetitions, "--repetitions")
+    cfg = build_config(CanaryAuditConfig, config_file=config, flag_of=FLAG_OF,
+                       **audit, **({"generator": generator} if generator else {}))
     training, data_hash = training_pairs(data, split, pairs)
-    generator = build_config(GeneratorSettings, model=model, **fine_tuning, seed=seed)
-    cfg = build_config(CanaryAuditConfig, flag_of={"candidates": "--candidates"},
-                       epsilons=numbers(epsilons, "--epsilons", float), trials=trials,
-                       repetitions=numbers(repetitions, "--repetitions", int), candidates=candidates,
-                       samples=samples, top_p=top_p, subsample=subsample, alpha=alpha, seed=seed, generator=generator,
-                       unit=unit)
     report = run_canary_audit(training, out_dir, cfg, data_hash=data_hash,
                               dataset_id=dataset_id(training, dataset_name), budget=policy,
                               allow_private_output_in_run=allow_private_output_in_run)
     typer.echo(canary_table_markdown(report))
     out.print(f"written: {out_dir / 'canaries.json'} (holds private data: see its first key)")
+
+
+def _numbers(text: str, field: str) -> list[int]:
+    try:
+        return [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise InputError(f"'{text}' is not a comma-separated list of whole numbers", field=field) from None

@@ -6,74 +6,77 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Optional, get_args
 
+import click
 import typer
 
 from privret.cli.common import budget_policy, build_config, given_flags, out
 from privret.cli.options import (ENCODER_HELP, AllowOverOpt, BudgetCapOpt, ConfigDeviceOpt, DatasetNameOpt,
-                                 checked_device)
+                                 checked_device, config_file_option)
 from privret.errors import InputError
+from privret.settings.federated import FedConfig
+
+FedConfigOpt = config_file_option("FedConfig (privret.settings.federated; configs/fed-squad.yaml)")
+
+
+def _choices(field: str) -> click.Choice:
+    """The values of a FedConfig field typed as a Literal, as a Click choice."""
+    return click.Choice(get_args(FedConfig.model_fields[field].annotation))
+
 
 app = typer.Typer(help="Federated dense retrieval for answer sentence selection (PDD-AS2, Flower).",
                   no_args_is_help=True)
 
+# FedConfig's fields whose flag is not -- + their name
+FLAG_OF = {"dp_clip_norm": "--clip-norm", "dp_noise_multiplier": "--noise-multiplier",
+           "evaluation_split": "--eval-split"}
 
-def _fed_config(config: Path | None, **overrides):
-    """The run's FedConfig: the ``--config`` file's fields, then the flags given over them. A bad value is named
-    where the user wrote it: the file and its field when it came from the file, else the flag."""
-    from pydantic import ValidationError
 
-    from privret.errors import invalid_input
-    from privret.federated.config import FedConfig
-    from privret.io import read_yaml_mapping
+def _fed_config(config: Path | None, **flags) -> FedConfig:
+    """The run's FedConfig: the ``--config`` file's fields, then the flags given (not None) over them."""
+    return build_config(FedConfig, config_file=config, flag_of=FLAG_OF,
+                        **{name: value for name, value in flags.items() if value is not None})
 
-    from_file = read_yaml_mapping(config) if config is not None else {}
-    unknown = sorted(set(from_file) - set(FedConfig.model_fields))
-    if unknown:
-        raise InputError("unknown field", path=config, field=unknown[0])
-    flags = {k: v for k, v in overrides.items() if v is not None}
-    values = from_file | flags
-    try:
-        return FedConfig(**values)
-    except ValidationError as err:
-        location = err.errors()[0]["loc"]
-        from_the_file = location[0] in from_file and location[0] not in flags if location else not flags
-        if from_the_file:  # a field of the file, or (no flag given) the file's fields together
-            raise invalid_input(err, path=config) from None
-    return build_config(FedConfig, **values)  # raises, naming the flags
+
+BASELINES = ("pdd-as2", "local-only", "central", "bm25", "zero-shot")
 
 
 @app.command("train")
 def federated_train(
     data: Annotated[Path, typer.Option("--data", help="Fed-SQuAD directory (privret data fed-squad)")],
     out_dir: Annotated[Path, typer.Option("--out", help="run directory (checkpoints, results.json, ledger)")],
-    config: Annotated[Optional[Path], typer.Option(help="YAML with FedConfig fields (configs/fed-squad.yaml)")] = None,
-    baseline: Annotated[str, typer.Option(help="pdd-as2 (Flower), local-only, central, bm25 or zero-shot")] = "pdd-as2",
+    config: FedConfigOpt = None,
+    baseline: Annotated[str, typer.Option(click_type=click.Choice(BASELINES),
+                                          help="pdd-as2 trains with Flower; the others are references")] = "pdd-as2",
     model: Annotated[Optional[str], typer.Option(help=ENCODER_HELP)] = None,
     rounds: Annotated[Optional[int], typer.Option(help="FedAvg rounds")] = None,
     warmup_rounds: Annotated[Optional[int], typer.Option(help="rounds with BM25 negatives")] = None,
     local_epochs: Annotated[Optional[int], typer.Option()] = None,
     learning_rate: Annotated[Optional[float], typer.Option(
-        help="AdamW learning rate of local training (default 3e-5; BitFit wants about 1e-3)")] = None,
+        "--lr", help="AdamW learning rate of local training (default 3e-5; BitFit wants about 1e-3)")] = None,
     train_fraction: Annotated[Optional[float], typer.Option(help="share of each client's training questions")] = None,
     trainable: Annotated[Optional[str], typer.Option(
         help="parameters trained and exchanged: layers (default; embeddings frozen), all, top:K, lora, "
              "bias (BitFit) or bias-top:K (BitFit of the top K layers)")] = None,
-    wire_dtype: Annotated[Optional[str], typer.Option(
-        help="float16 (default), bfloat16 or float32: weights down, updates up")] = None,
+    wire_dtype: Annotated[Optional[str], typer.Option(click_type=_choices("wire_dtype"),
+                                                      help="weights down, updates up (default float16)")] = None,
     remine_every: Annotated[Optional[int], typer.Option(help="re-mine hard negatives every k-th hard round")] = None,
     eval_every: Annotated[Optional[int], typer.Option(help="evaluate every k rounds (0: at the end only)")] = None,
     evaluation_split: Annotated[Optional[str], typer.Option(
+        "--eval-split", click_type=_choices("evaluation_split"),
         help="test (default) or validation: the training questions --train-fraction leaves out, to choose "
              "settings without looking at test")] = None,
-    dp: Annotated[Optional[str], typer.Option(help="none, server or client (Flower DP-FedAvg wrappers)")] = None,
+    dp: Annotated[Optional[str], typer.Option(click_type=_choices("dp"),
+                                              help="Flower's DP-FedAvg wrappers (default none)")] = None,
     dp_noise_multiplier: Annotated[Optional[float], typer.Option(
-        help="noise std / clip norm of DP-FedAvg (--dp server or client); or let --dp-epsilon set it")] = None,
-    dp_epsilon: Annotated[Optional[float], typer.Option(
+        "--noise-multiplier", help="noise std / clip norm of DP-FedAvg (--dp server or client); or let --epsilon "
+                                   "set it")] = None,
+    epsilon: Annotated[Optional[float], typer.Option(
         help="target client-level epsilon over --rounds: sets the noise multiplier, over a --config's "
              "dp_noise_multiplier (--dp server or client)")] = None,
-    dp_clip_norm: Annotated[Optional[float], typer.Option()] = None,
+    dp_clip_norm: Annotated[Optional[float], typer.Option(
+        "--clip-norm", help="DP-FedAvg: clipping norm of a client's update")] = None,
     threads: Annotated[int, typer.Option(help="torch CPU threads")] = 1,
     resume: Annotated[bool, typer.Option(
         help="continue from the last finished round in --out; a baseline's saved result with these settings and "
@@ -95,19 +98,19 @@ def federated_train(
                       learning_rate=learning_rate, evaluation_split=evaluation_split,
                       remine_every=remine_every, eval_every=eval_every, dp=dp, dp_noise_multiplier=dp_noise_multiplier,
                       dp_clip_norm=dp_clip_norm, device=device)
-    if baseline != "pdd-as2" and (cfg.dp != "none" or dp_epsilon is not None):
-        field = "--dp-epsilon" if dp_epsilon is not None else "--dp" if dp is not None else "dp"
+    if baseline != "pdd-as2" and (cfg.dp != "none" or epsilon is not None):
+        field = "--epsilon" if epsilon is not None else "--dp" if dp is not None else "dp"
         raise InputError(f"--baseline {baseline} trains without DP (DP-FedAvg is --baseline pdd-as2's)", field=field,
                          path=config if field == "dp" else None)
-    if dp_epsilon is not None:
+    if epsilon is not None:
         from privret.federated.strategy import with_target_epsilon
 
         if cfg.dp == "none":
-            raise InputError("--dp-epsilon needs --dp server or --dp client", field="--dp-epsilon")
+            raise InputError("--epsilon needs --dp server or --dp client", field="--epsilon")
         if dp_noise_multiplier is not None:
-            raise InputError("sets the noise multiplier that --dp-noise-multiplier gives: give one of them",
-                             field="--dp-epsilon")
-        cfg = with_target_epsilon(cfg, dp_epsilon)
+            raise InputError("sets the noise multiplier that --noise-multiplier gives: give one of them",
+                             field="--epsilon")
+        cfg = with_target_epsilon(cfg, epsilon)
     checked_device(cfg.device, field="--device" if device is not None else "device",
                    path=None if device is not None else config)
     _refuse_budget_flags_without_dp(cfg)
@@ -137,7 +140,7 @@ def federated_flower_app(
     app_dir: Annotated[Path, typer.Option("--app", help="directory to write the Flower App into")],
     out_dir: Annotated[str, typer.Option("--out", help="where the ServerApp writes results (on the SuperLink host)")],
     num_clients: Annotated[int, typer.Option(help="SuperNodes to wait for")] = 10,
-    config: Annotated[Optional[Path], typer.Option(help="YAML with FedConfig fields")] = None,
+    config: FedConfigOpt = None,
     budget_cap: BudgetCapOpt = None,
     allow_over_budget: AllowOverOpt = None,
     dataset_name: Annotated[Optional[str], typer.Option(

@@ -1,5 +1,8 @@
-"""``privret generator train`` (DP fine-tuning of the query generator) and ``privret generator prompt`` (the
-untrained generator with public few-shot examples: the epsilon = 0 row every DP generator must beat)."""
+"""``privret generator``: fine-tuning of the query generator without DP (``train``: on public pairs, or the private
+log's non-private ceiling) and with DP (``train-dp``: DP-Adam, per-unit clipping, Poisson sampling), and the untrained
+generator prompted with public examples (``prompt``: the epsilon = 0 row every DP generator must beat).
+
+Every default is a field of :class:`~privret.settings.training.GeneratorTrainConfig`, read from it here."""
 
 from __future__ import annotations
 
@@ -9,15 +12,13 @@ from typing import Annotated, Optional
 
 import typer
 
-from privret.cli.common import budget_policy, build_config, given_flags, hold_out_partition, out, training_pairs
+from privret.cli.common import budget_policy, build_config, given_values, hold_out_partition, out, training_pairs
 from privret.cli.options import (
-    ACCOUNTANT_HELP,
     DELTA_HELP,
     MODEL_HELP,
-    UNIT_HELP,
+    AccountantOpt,
     AllowOverOpt,
     BudgetCapOpt,
-    CheckpointEveryOpt,
     DataOpt,
     DatasetNameOpt,
     HoldOutOpt,
@@ -27,77 +28,129 @@ from privret.cli.options import (
     SecureRngOpt,
     SeedOpt,
     SplitOpt,
+    UnitOpt,
+    config_file_option,
     device_option,
-    generator_training_options,
 )
+from privret.errors import InputError
+from privret.settings.training import GeneratorTrainConfig
 
-app = typer.Typer(help="DP fine-tuning of the query generator, and the generators made without private data.",
-                  no_args_is_help=True)
+app = typer.Typer(help="Fine-tuning of the query generator, without and with DP, and the generator prompted with "
+                       "public examples.", no_args_is_help=True)
+
+DEFAULT = {name: field.default for name, field in GeneratorTrainConfig.model_fields.items()}
+REGIME = (f"LoRA rank {DEFAULT['lora_rank']} on the top {DEFAULT['trained_layers']} layers, documents cut at "
+          f"{DEFAULT['max_doc_tokens']} tokens, a checkpoint every {DEFAULT['checkpoint_every']} steps")
+ConfigOpt = config_file_option("GeneratorTrainConfig")
+OutOpt = Annotated[Path, typer.Option("--out", help="output directory (generator + privacy ledger)")]
+ModelOpt = Annotated[str, typer.Option(help=f"the public generator to start from: {MODEL_HELP}")]
+WarmStartOpt = Annotated[Optional[Path], typer.Option(
+    "--warm-start", help="start from this generator, which must have been made from public data only "
+                         "(generator train --public-pairs)")]
+BatchSizeOpt = Annotated[int, typer.Option(help="expected units per step (Poisson; without DP: units per step)")]
+EpochsOpt = Annotated[float, typer.Option(help="passes over the units (expected)")]
+LrOpt = Annotated[float, typer.Option("--lr", help="Adam learning rate")]
+# the fields of a DP fine-tune that a non-private one has no use for
+DP_ONLY = ("epsilon", "delta", "clip_norm", "accountant", "secure_rng", "hold_out")
 
 
-@app.command("train")
+@app.command("train", help=(
+    "Fine-tune a generator without DP on document -> query pairs: on public pairs (--public-pairs: no private data "
+    "read, an epsilon 0 ledger), or on the private log (--data or --pairs: the non-private ceiling of the DP "
+    "generator, an epsilon inf ledger, to be released to no one).\n\n"
+    f"Rarely changed settings come from --config ({REGIME} by default)."))
 @device_option
-@generator_training_options(clip_norm=1.0, batch_size=64, epochs=3.0, learning_rate=2e-3, trainable="lora",
-                            lora_rank=8, trained_layers=8, max_doc_tokens=128)
 def generator_train(
-    out_dir: Annotated[Path, typer.Option("--out", help="output directory (generator + privacy ledger)")],
+    out_dir: OutOpt,
     data: DataOpt = None, split: SplitOpt = "train", pairs: PairsOpt = None,
     public_pairs: Annotated[Optional[Path], typer.Option(
-        "--public-pairs", help="train on these PUBLIC pairs ({query, doc} JSONL) without DP instead of private "
-                               "data: a generator with no private data (epsilon 0 ledger)")] = None,
-    warm_start: Annotated[Optional[Path], typer.Option(
-        "--warm-start", help="start from this generator, which must have been made from public data only "
-                             "(--public-pairs)")] = None,
-    model: Annotated[str, typer.Option(help=MODEL_HELP)] = "smollm2-135m",
-    epsilon: Annotated[Optional[float], typer.Option(
-        help="target epsilon (default 8); 'inf' for non-private; not with --public-pairs")] = None,
-    delta: Annotated[Optional[float], typer.Option(help=DELTA_HELP)] = None,
-    unit: Annotated[str, typer.Option(help=UNIT_HELP)] = "query",
-    fine_tuning: dict = None,  # --clip-norm ... --max-doc-tokens, see @generator_training_options
-    accountant: Annotated[str, typer.Option(help=ACCOUNTANT_HELP)] = "prv",
-    seed: SeedOpt = 0,
+        "--public-pairs", help="train on these PUBLIC pairs ({query, doc} JSONL) instead of a private log")] = None,
+    warm_start: WarmStartOpt = None,
+    model: ModelOpt = DEFAULT["model"],
+    unit: UnitOpt = DEFAULT["unit"].value,
+    batch_size: BatchSizeOpt = DEFAULT["batch_size"],
+    epochs: EpochsOpt = DEFAULT["epochs"],
+    learning_rate: LrOpt = DEFAULT["learning_rate"],
+    seed: SeedOpt = DEFAULT["seed"],
     resume: ResumeOpt = False,
-    checkpoint_every: CheckpointEveryOpt = 10,
-    secure_rng: SecureRngOpt = False,
+    config: ConfigOpt = None,
+) -> None:
+    from privret.train.generator import train_generator
+    from privret.train.public import train_public_generator
+
+    if public_pairs is not None and (data, pairs, warm_start) != (None, None, None):
+        raise InputError("trains on public data only; drop --data, --pairs and --warm-start", field="--public-pairs")
+    from_file = build_config(GeneratorTrainConfig, config_file=config).model_fields_set if config else set()
+    dp_only = [f for f in DP_ONLY if f in from_file]
+    if dp_only:
+        raise InputError("applies to privret generator train-dp only (train fine-tunes without DP)", path=config,
+                         field=dp_only[0])
+    cfg = build_config(GeneratorTrainConfig, config_file=config, epsilon=math.inf,
+                       **given_values(model=model, unit=unit, batch_size=batch_size, epochs=epochs,
+                                      learning_rate=learning_rate, seed=seed))
+    if public_pairs is not None:
+        ledger = train_public_generator(public_pairs, out_dir, cfg, resume=resume)
+    else:
+        training, data_hash = training_pairs(data, split, pairs)
+        ledger = train_generator(training, out_dir, cfg, data_hash=data_hash, resume=resume, warm_start=warm_start)
+    out.print(f"generator written to {out_dir}: {ledger.summary()}")
+
+
+@app.command("train-dp", help=(
+    "DP fine-tune a generator on the private log's document -> query pairs (DP-Adam, per-unit clipping, Poisson "
+    "sampling): a DP release, charged to the data's privacy-budget registry.\n\n"
+    "The defaults are the regime docs/results.md measures (\"DP synthetic queries\"): "
+    f"{REGIME}, DP-Adam lr {DEFAULT['learning_rate']:g}, expected batch {DEFAULT['batch_size']} units, "
+    f"{DEFAULT['epochs']:g} epochs (38 steps on SciFact's 807 units), C = {DEFAULT['clip_norm']:g}, the "
+    f"{DEFAULT['accountant'].upper()} accountant. Rarely changed settings come from --config."))
+@device_option
+def generator_train_dp(
+    out_dir: OutOpt,
+    data: DataOpt = None, split: SplitOpt = "train", pairs: PairsOpt = None,
+    warm_start: WarmStartOpt = None,
+    public_examples: Annotated[Optional[Path], typer.Option(
+        "--public-examples", help="PUBLIC pairs ({query, doc} JSONL): the first 3 are shown in every prompt of the "
+                                  "default prompted start (without it: privret's generic examples; --config start: "
+                                  "pretrained for the zero-shot prompt)")] = None,
+    model: ModelOpt = DEFAULT["model"],
+    epsilon: Annotated[float, typer.Option(help="target epsilon (finite)")] = DEFAULT["epsilon"],
+    delta: Annotated[Optional[float], typer.Option(help=DELTA_HELP)] = None,
+    unit: UnitOpt = DEFAULT["unit"].value,
+    clip_norm: Annotated[float, typer.Option(help="per-unit L2 clipping norm C")] = DEFAULT["clip_norm"],
+    batch_size: BatchSizeOpt = DEFAULT["batch_size"],
+    epochs: EpochsOpt = DEFAULT["epochs"],
+    learning_rate: LrOpt = DEFAULT["learning_rate"],
+    accountant: AccountantOpt = DEFAULT["accountant"],
+    seed: SeedOpt = DEFAULT["seed"],
+    resume: ResumeOpt = False,
+    secure_rng: SecureRngOpt = DEFAULT["secure_rng"],
     hold_out: HoldOutOpt = None,
     hold_out_salt: HoldOutSaltOpt = None,
     budget_cap: BudgetCapOpt = None,
     allow_over_budget: AllowOverOpt = None,
     dataset_name: DatasetNameOpt = None,
+    config: ConfigOpt = None,
 ) -> None:
-    """DP fine-tune a generator on document -> query pairs (DP-Adam, per-unit clipping, Poisson).
-
-    With --public-pairs, fine-tune it without DP on public pairs instead: no private data is read.
-    """
-    from privret.errors import InputError
+    from privret.data.pairs import examples_from_pairs
     from privret.privacy.budget import dataset_id
     from privret.train.generator import train_generator
-    from privret.train.settings import GeneratorTrainConfig
-    from privret.train.public import train_public_generator
 
-    if public_pairs is not None and any(v is not None for v in (epsilon, data, pairs, warm_start)):
-        raise InputError("--public-pairs trains without DP on public data only; drop --epsilon, --data, --pairs and "
-                         "--warm-start",
-                         field="--public-pairs")
-    non_private = public_pairs is not None or (epsilon is not None and math.isinf(epsilon))
-    dp_only = given_flags("delta", "clip_norm", "accountant", "secure_rng", "budget_cap", "allow_over_budget",
-                          "dataset_name") if non_private else []
-    if dp_only:
-        raise InputError("applies to DP fine-tuning only: a non-private one (--epsilon inf, --public-pairs) adds no "
-                         "noise and spends no budget", field=dp_only[0])
-    values = dict(model=model, delta=delta, unit=unit, **fine_tuning, accountant=accountant, seed=seed,
-                  checkpoint_every=checkpoint_every, secure_rng=secure_rng,
-                  hold_out=hold_out_partition(hold_out, hold_out_salt))
-    if public_pairs is not None:
-        cfg = build_config(GeneratorTrainConfig, epsilon=math.inf, **values)
-        ledger = train_public_generator(public_pairs, out_dir, cfg, resume=resume)
-    else:
-        policy = budget_policy(budget_cap, allow_over_budget)
-        training, data_hash = training_pairs(data, split, pairs)
-        cfg = build_config(GeneratorTrainConfig, epsilon=8.0 if epsilon is None else epsilon, **values)
-        ledger = train_generator(training, out_dir, cfg, data_hash=data_hash,
-                                 dataset_id=dataset_id(training, dataset_name), resume=resume, budget=policy,
-                                 warm_start=warm_start)
+    if not math.isfinite(epsilon):
+        raise InputError("must be finite: a non-private fine-tune is privret generator train", field="--epsilon")
+    policy = budget_policy(budget_cap, allow_over_budget)
+    flags = given_values(model=model, epsilon=epsilon, delta=delta, unit=unit, clip_norm=clip_norm,
+                         batch_size=batch_size, epochs=epochs, learning_rate=learning_rate, accountant=accountant,
+                         seed=seed, secure_rng=secure_rng)
+    if hold_out is not None or hold_out_salt is not None:
+        flags["hold_out"] = hold_out_partition(hold_out, hold_out_salt)
+    cfg = build_config(GeneratorTrainConfig, config_file=config, **flags)
+    if not math.isfinite(cfg.epsilon):
+        raise InputError("must be finite: a non-private fine-tune is privret generator train", path=config,
+                         field="epsilon")
+    shown = examples_from_pairs(public_examples, 3) if public_examples is not None else None
+    training, data_hash = training_pairs(data, split, pairs)
+    ledger = train_generator(training, out_dir, cfg, data_hash=data_hash, dataset_id=dataset_id(training, dataset_name),
+                             resume=resume, budget=policy, warm_start=warm_start, public_examples=shown)
     out.print(f"generator written to {out_dir}: {ledger.summary()}")
 
 
@@ -108,16 +161,17 @@ def generator_prompt(
     public_pairs: Annotated[Path, typer.Option(
         "--public-pairs", help="PUBLIC pairs ({query, doc} JSONL); the first --examples of them go in the prompt")],
     examples: Annotated[int, typer.Option(help="how many public pairs the prompt shows", min=1, max=32)] = 3,
-    model: Annotated[str, typer.Option(help=MODEL_HELP)] = "smollm2-135m",
-    unit: Annotated[str, typer.Option(help=UNIT_HELP)] = "query",
-    max_doc_tokens: Annotated[int, typer.Option(help="document tokens shown per example and per prompt", min=1)] = 128,
-    max_query_tokens: Annotated[int, typer.Option(min=1)] = 48,
+    model: Annotated[str, typer.Option(help=MODEL_HELP)] = DEFAULT["model"],
+    unit: UnitOpt = DEFAULT["unit"].value,
+    max_doc_tokens: Annotated[int, typer.Option(help="document tokens shown per example and per prompt", min=1)]
+    = DEFAULT["max_doc_tokens"],
+    max_query_tokens: Annotated[int, typer.Option(min=1)] = DEFAULT["max_query_tokens"],
 ) -> None:
     """Save the public generator, untrained, prompted with public examples: a generator with no private data.
 
     Its queries are the epsilon = 0 "prompted" row (docs/privacy.md, "Rows without private data"): it reads
     only the public model and the public pairs, so its ledger says epsilon 0 and records the examples' hash.
-    Sample from it with `privret generate`, as from a trained generator.
+    Sample from it with `privret synth generate`, as from a trained generator.
     """
     from privret.data.pairs import examples_from_pairs
     from privret.train.public import write_prompted_generator

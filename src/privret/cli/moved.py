@@ -50,6 +50,17 @@ FLAGS |= {(("retriever", command), "--" + field.replace("_", "-").replace(".", "
                         "max_doc_tokens", "seed")
           for command in ("train", "train-dp") if command == "train-dp" or field not in RETRIEVER_TRAIN_FLAGS}
 
+# the generator's rarely changed settings: fields of a --config FILE (the canary audit's in its generator section)
+FLAGS |= {(("generator", command), "--" + field.replace("_", "-")):
+          f"the field {field} of a --config FILE of privret generator {command}"
+          for field in ("trainable", "lora_rank", "trained_layers", "max_doc_tokens", "checkpoint_every")
+          for command in ("train", "train-dp")}
+FLAGS |= {(("audit", "canaries"), "--" + field.replace("_", "-")):
+          f"the field {section}{field} of a --config FILE of privret audit canaries"
+          for section, fields in (("", ("candidates", "top_p", "alpha")),
+                                  ("generator.", ("trainable", "lora_rank", "trained_layers", "max_doc_tokens")))
+          for field in fields}
+
 
 def _command_words(argv: Sequence[str]) -> tuple[list[str], int]:
     """The words naming the command (and its positional arguments) up to its first option, and where they end."""

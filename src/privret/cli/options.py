@@ -1,8 +1,7 @@
 """Options that several commands share, each defined (and its help text written) once.
 
-Single options are ``Annotated`` types: ``data: DataOpt = None``. The generator fine-tuning options,
-which ``generator train`` and ``audit canaries`` both take (with different defaults), come as a block
-from :func:`generator_training_options`.
+Single options are ``Annotated`` types: ``data: DataOpt = None``; privacy units and accountants are Click
+choices; ``--config FILE`` is :func:`config_file_option`, ``--device`` the decorator :func:`device_option`.
 """
 
 from __future__ import annotations
@@ -12,6 +11,7 @@ import inspect
 from pathlib import Path
 from typing import Annotated, Optional
 
+import click
 import typer
 
 from privret.audit.private_output import ALLOW_FLAG
@@ -22,6 +22,12 @@ ENCODER_HELP = f"encoder: {MODEL_HELP}"
 DELTA_HELP = "default 1/(2n), n units"
 UNIT_HELP = "privacy unit: query, pair or user"
 ACCOUNTANT_HELP = "prv or rdp"
+# Click choices, so that --help lists them and Click refuses another value (the accountants are
+# privret.privacy.accounting.ACCOUNTANTS, which imports opacus: too slow for --help; a test checks they agree)
+UNITS = ("query", "pair", "user")
+ACCOUNTANTS = ("prv", "rdp")
+UnitOpt = Annotated[str, typer.Option(click_type=click.Choice(UNITS), help="privacy unit")]
+AccountantOpt = Annotated[str, typer.Option(click_type=click.Choice(ACCOUNTANTS), help="privacy accountant")]
 
 # the private training pairs: a BEIR split, or a pairs file
 DataOpt = Annotated[Optional[Path], typer.Option("--data", help="BEIR dataset directory")]
@@ -103,19 +109,6 @@ AllowPrivateOutputOpt = Annotated[bool, typer.Option(
 JsonResultOpt = Annotated[Optional[Path], typer.Option("--json", help="write the result here (JSON)",
                                                        callback=output_file)]
 
-# GeneratorTrainConfig fields, in --help order
-_GENERATOR_TRAINING = {
-    "clip_norm": Annotated[float, typer.Option(help="per-unit L2 clipping norm C")],
-    "batch_size": Annotated[int, typer.Option(help="expected units per step (Poisson)")],
-    "epochs": EpochsOpt,
-    "learning_rate": LearningRateOpt,
-    "trainable": Annotated[str, typer.Option(help="lora or full")],
-    "lora_rank": Annotated[int, typer.Option()],
-    "trained_layers": Annotated[int, typer.Option(help="train the top k layers (0 = all)")],
-    "max_doc_tokens": Annotated[int, typer.Option()],
-}
-
-
 def checked_device(spec: str, *, field: str = "--device", path: Path | None = None) -> str:
     """``spec`` if it names a device present here; else a one-line :class:`~privret.errors.InputError`
     naming ``field`` (and the config file ``path``)."""
@@ -147,40 +140,3 @@ def device_option(command):
     on_device.__annotations__ = {p.name: p.annotation for p in parameters}
     on_device.__annotations__["return"] = signature.return_annotation
     return on_device
-
-
-def generator_training_options(*, clip_norm: float, batch_size: int, epochs: float, learning_rate: float,
-                               trainable: str, lora_rank: int, trained_layers: int, max_doc_tokens: int):
-    """Decorator: the command's ``fine_tuning`` parameter becomes the generator fine-tuning options
-    (``--clip-norm`` ... ``--max-doc-tokens``, at its place in ``--help``) with these defaults.
-
-    The command receives them as one dict of :class:`~privret.settings.training.GeneratorTrainConfig`
-    fields, ``--trained-layers 0`` (all layers) given as ``trained_layers=None``.
-    """
-    defaults = dict(clip_norm=clip_norm, batch_size=batch_size, epochs=epochs, learning_rate=learning_rate,
-                    trainable=trainable, lora_rank=lora_rank, trained_layers=trained_layers,
-                    max_doc_tokens=max_doc_tokens)
-
-    def decorate(command):
-        signature = inspect.signature(command, eval_str=True)
-        parameters = []
-        for parameter in signature.parameters.values():
-            if parameter.name != "fine_tuning":
-                parameters.append(parameter)
-                continue
-            parameters += [inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=defaults[name],
-                                             annotation=annotation)
-                           for name, annotation in _GENERATOR_TRAINING.items()]
-
-        @functools.wraps(command)
-        def with_fine_tuning(**values):
-            fine_tuning = {name: values.pop(name) for name in _GENERATOR_TRAINING}
-            fine_tuning["trained_layers"] = fine_tuning["trained_layers"] or None
-            return command(**values, fine_tuning=fine_tuning)
-
-        with_fine_tuning.__signature__ = signature.replace(parameters=parameters)
-        with_fine_tuning.__annotations__ = {p.name: p.annotation for p in parameters}
-        with_fine_tuning.__annotations__["return"] = signature.return_annotation
-        return with_fine_tuning
-
-    return decorate

@@ -1,0 +1,70 @@
+"""The command line's grammar: every command within 25 options, and each renamed command or flag refused with a
+one-line error naming its new spelling (exit 2)."""
+
+from __future__ import annotations
+
+import click
+import pytest
+import typer.main
+
+from helpers import run_cli
+
+MAX_OPTIONS = 25
+
+
+def _commands(command: click.Command, path: tuple[str, ...] = ("privret",)):
+    """Every command, groups included (a group's own options count too), with its path."""
+    yield path, command
+    if isinstance(command, click.Group):
+        for name, sub in command.commands.items():
+            yield from _commands(sub, (*path, name))
+
+
+def option_counts() -> dict[str, int]:
+    """Each command's number of options (``--help`` not counted), by its path."""
+    from privret.cli import app
+
+    return {" ".join(path): sum(isinstance(p, click.Option) and p.name != "help" for p in command.params)
+            for path, command in _commands(typer.main.get_command(app))}
+
+
+def test_no_command_has_more_than_25_options():
+    counts = option_counts()
+    assert len(counts) > 20 and "privret generator train-dp" in counts and "privret synth generate" in counts
+    assert {path: n for path, n in counts.items() if n > MAX_OPTIONS} == {}
+
+
+def test_the_count_sees_every_option():
+    """The count is of options, not of arguments: ``report`` takes RUN_DIR and five options."""
+    assert option_counts()["privret report"] == 5
+
+
+@pytest.mark.parametrize("args, message", [
+    (["generate", "--generator", "g"], "privret generate is now privret synth generate"),
+    (["--verbose", "filter", "--synthetic", "s"], "privret filter is now privret synth filter"),
+    (["synth", "generate", "--generator", "g"], "privret synth generate --generator is now --model"),
+    (["generator", "train", "--data", "d", "--epsilon", "8"],
+     "privret generator train --epsilon is now privret generator train-dp --epsilon (generator train fine-tunes "
+     "without DP)"),
+    (["audit", "canaries", "--epsilons=inf,16"],
+     "privret audit canaries --epsilons is now --epsilon (one target; several in a --config file's epsilons)"),
+    (["federated", "train", "--learning-rate", "1e-3"], "privret federated train --learning-rate is now --lr"),
+    (["federated", "train", "--dp-epsilon", "8"], "privret federated train --dp-epsilon is now --epsilon"),
+    (["federated", "train", "--evaluation-split", "validation"],
+     "privret federated train --evaluation-split is now --eval-split"),
+    (["federated", "train", "--dp-clip-norm", "1"], "privret federated train --dp-clip-norm is now --clip-norm"),
+    (["federated", "train", "--dp-noise-multiplier", "1"],
+     "privret federated train --dp-noise-multiplier is now --noise-multiplier"),
+])
+def test_an_old_spelling_names_the_new_one(args, message):
+    result = run_cli(*args)
+    assert result.returncode == 2 and result.stderr.strip() == f"error: {message}"
+
+
+def test_a_new_spelling_is_not_taken_for_an_old_one(tmp_path):
+    """A flag of the same name under another command, or a value that looks like an old flag, is left to Click."""
+    from privret.cli.moved import moved_spelling
+
+    assert moved_spelling(["generator", "train-dp", "--epsilon", "8"]) is None
+    assert moved_spelling(["retriever", "train", "--out", "--learning-rate"]) is None
+    assert moved_spelling(["data", "validate", "generate"]) is None
