@@ -130,7 +130,7 @@ def test_pipeline_rows_ledgers_and_resume(tiny_config, tmp_path, monkeypatch):
     assert trained["batch-clip"]["trainable"] == "top:1" and trained["public-negatives"]["trainable"] == "all"
     for name in ("train_generator", "generate_synthetic", "filter_round_trip", "train_retriever",
                  "train_dp_retriever", "evaluate_per_query"):
-        monkeypatch.setattr(pipeline, name, must_not_run)
+        monkeypatch.setattr(_caller(name), name, must_not_run)
     again = pipeline.run_pipeline(tiny_config, run_dir)
     assert [r["ndcg@10"] for r in again] == [r["ndcg@10"] for r in rows]
 
@@ -194,7 +194,7 @@ def test_dp_synthetic_set_is_never_filtered_by_private_text(tiny_config, tmp_pat
 def test_default_documents_do_not_depend_on_the_private_log(tiny_config, tmp_path):
     """The documents stage of two runs whose private logs point at different documents is identical."""
     from privret.data.pairs import QueryDocPair, TrainingPairs
-    from privret.pipeline import run as pipeline
+    from privret.pipeline import rows as pipeline_rows
     from privret.pipeline.stages import plan_stages
 
     dataset = load_beir(tiny_config.dataset)
@@ -206,8 +206,8 @@ def test_default_documents_do_not_depend_on_the_private_log(tiny_config, tmp_pat
         for cfg in (tiny_config, tiny_config.model_copy(update={"synthetic_documents": DocumentChoice(sample=3)})):
             run_dir = tmp_path / name / str(cfg.synthetic_documents.sample)
             plan = plan_stages(cfg, run_dir, data_hash=name, evaluation="e", corpus="c", few_shot=None)
-            run = pipeline.Run(cfg, run_dir, dataset, pairs, name, name, cfg.budget.policy())
-            docs, selection = pipeline._synthetic_documents(plan.documents, run)
+            run = pipeline_rows.Run(cfg, run_dir, dataset, pairs, name, name, cfg.budget.policy())
+            docs, selection = pipeline_rows.synthetic_documents(plan.documents, run)
             assert selection is None
             chosen.append([d.id for d in docs])
     assert chosen[0] == chosen[2] == ids and chosen[1] == chosen[3] and len(chosen[1]) == 3
@@ -220,7 +220,7 @@ def test_dp_document_choice_is_a_recorded_release_and_an_empty_one_is_refused(ti
     threshold with probability delta, one with 200 votes always does."""
     from privret.data.pairs import QueryDocPair, TrainingPairs
     from privret.errors import InputError
-    from privret.pipeline import run as pipeline
+    from privret.pipeline import rows as pipeline_rows
     from privret.pipeline.stages import plan_stages
     from privret.privacy import budget
     from privret.privacy.ledger import PrivacyLedger
@@ -234,8 +234,8 @@ def test_dp_document_choice_is_a_recorded_release_and_an_empty_one_is_refused(ti
         pairs = TrainingPairs(pairs=[QueryDocPair(f"query {k}", doc) for k, doc in enumerate(voted)],
                               corpus=dataset.corpus)
         plan = plan_stages(cfg, tmp_path / name, data_hash=name, evaluation="e", corpus="c", few_shot=None)
-        run = pipeline.Run(cfg, tmp_path / name, dataset, pairs, name, name, cfg.budget.policy())
-        return plan.documents, lambda: pipeline._synthetic_documents(plan.documents, run)
+        run = pipeline_rows.Run(cfg, tmp_path / name, dataset, pairs, name, name, cfg.budget.policy())
+        return plan.documents, lambda: pipeline_rows.synthetic_documents(plan.documents, run)
 
     stage, select = choose("popular", [ids[0]] * 200)
     docs, selection = select()
@@ -428,14 +428,19 @@ def _changed(cfg: PipelineConfig, section: str, **settings) -> PipelineConfig:
     return cfg.model_copy(update={section: getattr(cfg, section).model_copy(update=settings)})
 
 
-def _forbid_work(monkeypatch, *names):
-    from privret.pipeline import run as pipeline
+def _caller(name: str):
+    """The pipeline module that calls ``name`` (a trainer, a generator, the evaluation), where a test replaces it."""
+    from privret.pipeline import evaluation, rows, run
 
+    return next(module for module in (run, rows, evaluation) if hasattr(module, name))
+
+
+def _forbid_work(monkeypatch, *names):
     def must_not_run(*_a, **_k):
         raise AssertionError("a stage that should have been kept ran again")
 
     for name in names:
-        monkeypatch.setattr(pipeline, name, must_not_run)
+        monkeypatch.setattr(_caller(name), name, must_not_run)
 
 
 def test_stage_records_and_a_changed_generator_setting_is_refused(small_config, small_run_dir):
@@ -561,23 +566,24 @@ def test_stage_times_survive_a_crash_and_every_row_is_timed(small_config, tmp_pa
     """Each stage's seconds reach timing.json as the stage ends: a crash in a row's retriever keeps its generator's
     and its generation's, and the resumed run completes the row, so the report times every row."""
     from privret.pipeline import run as pipeline
+    from privret.pipeline import rows as pipeline_rows
     from privret.report import collect
     from privret.report.cost import stage_seconds
 
     run_dir = tmp_path / "run"
-    real = pipeline.train_retriever
+    real = pipeline_rows.train_retriever
 
     def crash_on_synthetic(pairs, out_dir, cfg, **kw):
         if "eps-" in str(out_dir):
             raise KeyboardInterrupt
         return real(pairs, out_dir, cfg, **kw)
 
-    monkeypatch.setattr(pipeline, "train_retriever", crash_on_synthetic)
+    monkeypatch.setattr(pipeline_rows, "train_retriever", crash_on_synthetic)
     with pytest.raises(KeyboardInterrupt):
         pipeline.run_pipeline(small_config, run_dir)
     assert set(json.loads((run_dir / "eps-inf" / "timing.json").read_text())) == {"generator_seconds",
                                                                                     "generate_seconds"}
-    monkeypatch.setattr(pipeline, "train_retriever", real)
+    monkeypatch.setattr(pipeline_rows, "train_retriever", real)
     pipeline.run_pipeline(small_config, run_dir)
     rows = collect(run_dir).rows
     assert [r.key for r in rows] == ["zero_shot", "original", "eps-inf"]
@@ -590,6 +596,7 @@ def test_interrupted_direct_dp_stage_resumes_with_its_settings_only(small_config
     """A direct-DP row killed mid-training resumes from its checkpoint on the next run (charging the lost
     steps), and is refused, not restarted, when its settings changed."""
     from privret.pipeline import run as pipeline
+    from privret.pipeline import rows as pipeline_rows
     from privret.errors import InputError
     from privret.privacy import budget
     from privret.privacy.ledger import PrivacyLedger
@@ -617,7 +624,7 @@ def test_interrupted_direct_dp_stage_resumes_with_its_settings_only(small_config
     with pytest.raises(InputError, match="direct-batch-clip-eps-4/retriever.*learning_rate.*interrupted run"):
         pipeline.run_pipeline(_changed(cfg, "direct_dp", settings=faster), tmp_path / "run")
     seen = []
-    monkeypatch.setattr(pipeline, "train_dp_retriever", lambda *a, **kw: seen.append(kw["resume"]) or
+    monkeypatch.setattr(pipeline_rows, "train_dp_retriever", lambda *a, **kw: seen.append(kw["resume"]) or
                         dp_retriever.train_dp_retriever(*a, **kw))
     rows = pipeline.run_pipeline(cfg, tmp_path / "run")  # the same settings: resumes
     ledger = PrivacyLedger.load(stage)
@@ -632,7 +639,7 @@ def test_interrupted_direct_dp_stage_resumes_with_its_settings_only(small_config
 def _finished_rows(run_dir, stages) -> list[dict]:
     """Finished metrics stages written by hand: (directory, label, epsilon, delta, NDCG@10, per-query NDCG@10
     or None, as an older privret left it) -> the pipeline's rows."""
-    from privret.pipeline.run import evaluate_stage
+    from privret.pipeline.evaluation import evaluate_stage
     from privret.pipeline.stages import make_stage
 
     rows = []
@@ -742,6 +749,7 @@ def test_selected_row_composes_one_generator_ledger_with_the_choice(tiny_config,
     generator's epsilon plus the choice's, it is a recorded release, its metrics are its own model's, the report
     shows it, and a re-run skips it."""
     from privret.pipeline import run as pipeline
+    from privret.pipeline import rows as pipeline_rows
     from privret.privacy import budget
     from privret.report.collect import collect
     from privret.settings.training import SelectionSettings
@@ -769,7 +777,7 @@ def test_selected_row_composes_one_generator_ledger_with_the_choice(tiny_config,
     report = {r.key: r for r in collect(run_dir).rows}
     assert report["eps-4-selected"].method == "dp-synthetic-selected"
     assert report["eps-4-selected"].epsilon == pytest.approx(selected["epsilon"])
-    monkeypatch.setattr(pipeline, "select_retriever", lambda *a, **k: pytest.fail("finished choice ran again"))
+    monkeypatch.setattr(pipeline_rows, "select_retriever", lambda *a, **k: pytest.fail("finished choice ran again"))
     again = pipeline.run_pipeline(cfg, run_dir)
     assert [r["ndcg@10"] for r in again] == [r["ndcg@10"] for r in rows]
 
@@ -796,6 +804,7 @@ def test_a_direct_row_that_holds_units_out_is_followed_by_a_free_choice_on_them(
     a config with a choice but no held-out units is refused; a re-run skips the finished choice."""
     from privret.settings.pipeline import load_config
     from privret.pipeline import run as pipeline
+    from privret.pipeline import rows as pipeline_rows
     from privret.privacy.hold_out import UnitPartition
     from privret.report.collect import collect
 
@@ -829,7 +838,7 @@ def test_a_direct_row_that_holds_units_out_is_followed_by_a_free_choice_on_them(
     report = {r.key: r for r in collect(run_dir).rows}
     assert report["direct-batch-clip-eps-4-selected"].method == "direct-batch-clip-selected"
     assert report["direct-batch-clip-eps-4-selected"].label.startswith("direct batch-clip, chosen with DP on held-out")
-    monkeypatch.setattr(pipeline, "select_retriever", lambda *a, **k: pytest.fail("finished choice ran again"))
+    monkeypatch.setattr(pipeline_rows, "select_retriever", lambda *a, **k: pytest.fail("finished choice ran again"))
     assert [r["ndcg@10"] for r in pipeline.run_pipeline(cfg, run_dir)] == [r["ndcg@10"] for r in rows]
     config = tmp_path / "c.yaml"
     config.write_text(f"name: t\ndataset: {tiny_config.dataset}\nepsilons: [4]\ndirect_dp:\n  methods: [batch-clip]\n"

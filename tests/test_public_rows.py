@@ -211,7 +211,7 @@ def test_public_rows_refuse_dp_selected_documents():
 def test_prompted_and_public_pairs_rows_never_open_the_private_files(toy_beir, tiny_llama_dir, tiny_bert_dir,
                                                                      public_pairs, tmp_path, monkeypatch):
     """The pipeline with both public rows and a warm start, on a private dataset whose queries and qrels raise
-    if opened while the pipeline builds either public row (:func:`privret.pipeline.run._public_row`)."""
+    if opened while the pipeline builds either public row (:func:`privret.pipeline.rows.public_row`)."""
     from privret.settings.pipeline import GeneratorStage
     from privret.pipeline import run as pipeline
     from privret.pipeline.run import run_pipeline
@@ -224,7 +224,7 @@ def test_prompted_and_public_pairs_rows_never_open_the_private_files(toy_beir, t
         generate=GenerateConfig(num_queries=1, max_new_tokens=4, batch_size=4),
         retriever=RetrieverTrainConfig(model=str(tiny_bert_dir), epochs=1, batch_size=4, bf16=False),
         public_rows={"prompted": True, "public_pairs": public_pairs, "examples": 2})
-    built, build_row = [], pipeline._public_row
+    built, build_row = [], pipeline.public_row
 
     def build_without_private_files(run, row, make_generator, documents):
         with private_files_unreadable(run.cfg.dataset):
@@ -233,7 +233,7 @@ def test_prompted_and_public_pairs_rows_never_open_the_private_files(toy_beir, t
             built.append(row.directory.name)
             return build_row(run, row, make_generator, documents)
 
-    monkeypatch.setattr(pipeline, "_public_row", build_without_private_files)
+    monkeypatch.setattr(pipeline, "public_row", build_without_private_files)
     run_dir = tmp_path / "run"
     rows = {r["row"]: r for r in run_pipeline(cfg, run_dir)}
     assert built == ["public-prompted", "public-pairs"]

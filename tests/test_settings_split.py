@@ -11,7 +11,7 @@ import pytest
 from helpers import TOY_DOCS, TOY_TEST, TOY_TRAIN, write_beir_dir
 from pydantic import ValidationError
 
-from privret.config import PipelineConfig, load_config
+from privret.settings.pipeline import PipelineConfig, load_config
 from privret.data.beir import load_beir
 from privret.errors import InputError
 
@@ -42,7 +42,7 @@ def _refusal(dataset: Path, tmp_path: Path, monkeypatch) -> InputError | None:
     def started(*args):
         raise _Started
 
-    monkeypatch.setattr(pipeline_run, "_check_dp_budgets", started)
+    monkeypatch.setattr(pipeline_run, "check_dp_budgets", started)
     cfg = PipelineConfig(name="toy", dataset=dataset, epsilons=[math.inf], settings_chosen_on="validation")
     try:
         pipeline_run.run_pipeline(cfg, tmp_path / "run")
@@ -89,7 +89,7 @@ def test_the_shipped_squad_config_trains_its_dp_rows_without_the_validation_arti
     """The command in the config's header (``--validation-articles 4``) gives a log of 28 articles that the
     pipeline accepts; the 32-article log, which holds the 1,095 questions the regime was scored on, is refused."""
     from privret.data.squad_beir import build_squad_beir
-    from privret.pipeline.run import _check_settings_split
+    from privret.pipeline.preflight import check_settings_split
 
     cfg = load_config(REPO / "configs" / "squad.yaml")
     header = (REPO / "configs" / "squad.yaml").read_text()
@@ -97,10 +97,10 @@ def test_the_shipped_squad_config_trains_its_dp_rows_without_the_validation_arti
     build_squad_beir(REAL_SQUAD, tmp_path / "val", validation_articles=4)
     build_squad_beir(REAL_SQUAD, tmp_path / "all")
     val = load_beir(tmp_path / "val", splits=["train", "test"])
-    _check_settings_split(cfg, val)
+    check_settings_split(cfg, val)
     assert len(val.split("train")) == 5767
     with pytest.raises(InputError) as err:
-        _check_settings_split(cfg, load_beir(tmp_path / "all", splits=["train", "test"]))
+        check_settings_split(cfg, load_beir(tmp_path / "all", splits=["train", "test"]))
     assert err.value.field == "settings_chosen_on"
 
 
