@@ -9,9 +9,9 @@ on another device, and no ledger depends on it. :func:`use_device` sets it for a
 its model there and batches follow the model. DP noise is drawn on the CPU (a CPU ``torch.Generator`` or the OS
 CSPRNG) and moved to the gradient's device, so its source and secrecy are the same everywhere.
 
-Autocast is bf16 where the device runs it natively (CUDA compute capability 8.0 and later), else none (float32).
-fp16 is not used: its loss scaling skips steps whose gradients overflow, and under DP-SGD a skipped step is still
-charged while clipping would act on scaled gradients; float32 keeps clipping and noise as the accountant assumes.
+Autocast is bf16 where the device runs it natively (:func:`native_bf16`: Ampere or later GPUs, CPUs with
+AVX512-BF16 or AMX), else none (float32). fp16 is not used: its loss scaling skips steps whose gradients overflow,
+and under DP-SGD a skipped step is still charged while clipping would act on scaled gradients.
 """
 
 from __future__ import annotations
