@@ -119,12 +119,13 @@ def _guarantee(directory: Path) -> str:
 
 
 def test_the_cli_under_torchrun_writes_the_ledger_of_one_process(tiny_llama_dir, toy_beir, tmp_path):
-    """``torchrun --nproc_per_node 2 -m privret.cli generator train ...`` trains, writes the same ledger
+    """``torchrun --nproc_per_node 2 -m privret.cli generator train-dp ...`` trains, writes the same ledger
     (every field that defines the guarantee, byte for byte) as the one-process command, records one release
     in the budget registry, and rank 1 prints nothing."""
-    args = ["generator", "train", "--data", str(toy_beir), "--model", str(tiny_llama_dir), "--epsilon", "8",
-            "--batch-size", "2", "--epochs", "1", "--trained-layers", "1", "--lora-rank", "4",
-            "--accountant", "rdp"]
+    config = tmp_path / "generator.yaml"
+    config.write_text("trained_layers: 1\nlora_rank: 4\n")
+    args = ["generator", "train-dp", "--data", str(toy_beir), "--model", str(tiny_llama_dir), "--epsilon", "8",
+            "--batch-size", "2", "--epochs", "1", "--config", str(config), "--accountant", "rdp"]
     outputs = {}
     for world in (1, 2):
         out, budget = tmp_path / f"gen{world}", tmp_path / f"budget{world}"

@@ -16,7 +16,7 @@ from privret.privacy.partition_selection import (
     selection_ledger,
     selection_threshold,
 )
-from privret.privacy.partition_selection_config import PartitionSelectionConfig
+from privret.settings.partition_selection import PartitionSelectionConfig
 from privret.privacy.secure_rng import SecureRandom
 
 
@@ -91,12 +91,13 @@ def test_cli_selection_is_recorded_and_composed_into_the_synthetic_ledger(tmp_pa
     selection = json.loads((tmp_path / "sel" / "privacy_ledger.json").read_text())
     assert selection["mechanism"] == "laplace-partition-selection"
     assert "d1" in (tmp_path / "sel" / "documents.txt").read_text().split()  # 12 units: far above the threshold
-    gen = runner.invoke(app, ["generator", "train", "--data", str(toy_beir), "--pairs", str(pairs),
-                              "--out", str(tmp_path / "g"),
-                              "--model", str(tiny_llama_dir), "--epsilon", "4", "--batch-size", "2", "--epochs", "1",
-                              "--trained-layers", "1", "--lora-rank", "4"])
+    config = tmp_path / "generator.yaml"
+    config.write_text("trained_layers: 1\nlora_rank: 4\n")
+    gen = runner.invoke(app, ["generator", "train-dp", "--data", str(toy_beir), "--pairs", str(pairs),
+                              "--out", str(tmp_path / "g"), "--model", str(tiny_llama_dir), "--epsilon", "4",
+                              "--batch-size", "2", "--epochs", "1", "--config", str(config)])
     assert gen.exit_code == 0, gen.output
-    result = runner.invoke(app, ["generate", "--generator", str(tmp_path / "g"), "--data", str(toy_beir),
+    result = runner.invoke(app, ["synth", "generate", "--model", str(tmp_path / "g"), "--data", str(toy_beir),
                                  "--out", str(tmp_path / "syn"), "--documents", str(tmp_path / "sel")])
     assert result.exit_code == 0, result.output
     generator = json.loads((tmp_path / "g" / "privacy_ledger.json").read_text())

@@ -225,7 +225,7 @@ BILLION_LAUGHS = ("a: &a [x, x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a,
 @example(data=b"\xff\xfe\x00n\x00a")
 @example(data=b"!!python/object/apply:os.system ['echo pwned']\n")
 def test_pipeline_yaml(scratch, data):
-    from privret.config import load_config
+    from privret.settings.pipeline import load_config
 
     path = scratch / "pipeline.yaml"
     path.write_bytes(data)
@@ -248,8 +248,7 @@ flag_values = st.one_of(
     st.integers(-(10 ** 20), 10 ** 20).map(str),
     st.sampled_from(["nan", "inf", "-inf", "NaN", "1e999", "-0", "0", "1e-320", "0x10", "", " ", "1,5", "abc", "1e3",
                      "99999999999999999999999", "--help"]))
-GENERATOR_FLAGS = ["--epsilon", "--delta", "--batch-size", "--epochs", "--lr", "--clip-norm", "--lora-rank",
-                   "--trained-layers", "--max-doc-tokens", "--seed", "--budget-cap"]
+GENERATOR_FLAGS = ["--epsilon", "--delta", "--batch-size", "--epochs", "--lr", "--clip-norm", "--seed", "--budget-cap"]
 GENERATE_FLAGS = ["--num-queries", "--top-p", "--batch-size", "--seed"]
 RETRIEVER_FLAGS = ["--epochs", "--batch-size", "--lr", "--temperature", "--seed"]
 
@@ -295,7 +294,8 @@ def stubbed(monkeypatch):
             raise InputError("too many steps", field="epochs")
         return 1.0
 
-    def train_generator(pairs, out_dir, cfg, *, data_hash, dataset_id="", resume=False, budget=None, warm_start=None):
+    def train_generator(pairs, out_dir, cfg, *, data_hash, dataset_id="", resume=False, budget=None, warm_start=None,
+                        public_examples=None):
         sample_rate, steps, delta, sigma = gtrain._plan(cfg, len(pairs.units(cfg.unit)))
         assert 0 < sample_rate <= 1 and 0 < steps <= accounting.MAX_STEPS and math.isfinite(sigma)
         if math.isfinite(cfg.epsilon):
@@ -320,20 +320,20 @@ def stubbed(monkeypatch):
 @SETTINGS
 @given(values=st.dictionaries(st.sampled_from(GENERATOR_FLAGS), flag_values, min_size=1, max_size=4))
 def test_generator_train_flags(stubbed, toy_beir_module, scratch, values):
-    args = ["generator", "train", "--data", str(toy_beir_module), "--out", str(scratch / "gen-out")]
+    args = ["generator", "train-dp", "--data", str(toy_beir_module), "--out", str(scratch / "gen-out")]
     for flag, value in values.items():
         args += [flag, value]
-    _invoke("CLI flags: generator train", args)
+    _invoke("CLI flags: generator train-dp", args)
 
 
 @SETTINGS
 @given(values=st.dictionaries(st.sampled_from(GENERATE_FLAGS), flag_values, min_size=1, max_size=3))
 def test_generate_flags(stubbed, toy_beir_module, scratch, values):
-    args = ["generate", "--generator", str(scratch / "gen"), "--data", str(toy_beir_module), "--out",
+    args = ["synth", "generate", "--model", str(scratch / "gen"), "--data", str(toy_beir_module), "--out",
             str(scratch / "syn-out")]
     for flag, value in values.items():
         args += [flag, value]
-    _invoke("CLI flags: generate", args)
+    _invoke("CLI flags: synth generate", args)
 
 
 @SETTINGS

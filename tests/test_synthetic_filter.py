@@ -12,7 +12,7 @@ from privret.data.beir import load_beir, load_corpus
 from privret.errors import InputError
 from privret.privacy.ledger import LEDGER_FILE, PrivacyLedger
 from privret.synth.filter import filter_round_trip
-from privret.synth.settings import RoundTripFilterConfig
+from privret.settings.synthesis import RoundTripFilterConfig
 
 
 LEDGER = PrivacyLedger(mechanism="dp-sgd", epsilon=4.0, delta=1e-3, noise_multiplier=1.1, sample_rate=0.1, steps=10,
@@ -116,7 +116,7 @@ def test_cli_filter(synthetic_dir, tmp_path, tiny_bert_dir):
     from helpers import run_cli
 
     out = tmp_path / "filtered"
-    args = ["filter", "--synthetic", str(synthetic_dir), "--data", str(synthetic_dir), "--out", str(out), "--encoder",
+    args = ["synth", "filter", "--synthetic", str(synthetic_dir), "--data", str(synthetic_dir), "--out", str(out), "--encoder",
             str(tiny_bert_dir), "--top-k", "1"]
     result = run_cli(*args, "--cache-dir", str(tmp_path / "cache"))
     assert result.returncode == 0, result.stderr

@@ -1,4 +1,4 @@
-"""``privret filter``: round-trip consistency filter of a synthetic set with a public encoder."""
+"""``privret synth filter``: round-trip consistency filter of a synthetic set with a public encoder."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from privret.cli.options import ENCODER_HELP, device_option
 
 @device_option
 def filter_synthetic(
-    synthetic: Annotated[Path, typer.Option(help="synthetic BEIR dataset written by `privret generate`")],
+    synthetic: Annotated[Path, typer.Option(help="synthetic BEIR dataset written by `privret synth generate`")],
     data: Annotated[Path, typer.Option("--data", help="BEIR dataset whose (public) corpus is searched")],
     out_dir: Annotated[Path, typer.Option("--out", help="filtered synthetic BEIR dataset to write")],
     encoder: Annotated[str, typer.Option(help=f"public {ENCODER_HELP}; never one trained on the private data")]
@@ -26,7 +26,7 @@ def filter_synthetic(
     """Keep the synthetic pairs whose document a public encoder ranks in the query's top k (same ledger)."""
     from privret.data.beir import load_corpus
     from privret.synth.filter import filter_round_trip
-    from privret.synth.settings import RoundTripFilterConfig
+    from privret.settings.synthesis import RoundTripFilterConfig
 
     cfg = build_config(RoundTripFilterConfig, encoder=encoder, top_k=top_k, batch_size=batch_size)
     manifest = filter_round_trip(synthetic, load_corpus(data / "corpus.jsonl"), out_dir, cfg, cache_dir=cache_dir)

@@ -1,4 +1,4 @@
-"""``privret generate``: synthetic queries for public documents."""
+"""``privret synth generate``: synthetic queries for public documents."""
 
 from __future__ import annotations
 
@@ -13,7 +13,9 @@ from privret.cli.options import device_option
 
 @device_option
 def generate(
-    generator: Annotated[Path, typer.Option(help="directory written by `privret generator train`")],
+    model: Annotated[Path, typer.Option(
+        "--model", help="the generator to sample: a directory written by `privret generator train`, `train-dp` or "
+                        "`prompt`")],
     data: Annotated[Path, typer.Option("--data", help="BEIR dataset with the public documents")],
     out_dir: Annotated[Path, typer.Option("--out", help="synthetic BEIR dataset to write")],
     documents: Annotated[str, typer.Option(
@@ -37,10 +39,9 @@ def generate(
     outputs are filtered only by the public --blocklist."""
     from privret.data.beir import load_corpus
     from privret.privacy.ledger import PrivacyLedger
+    from privret.settings.synthesis import DocumentChoice, GenerateConfig
     from privret.synth.documents import SELECTED_IDS_FILE, read_document_ids, sampled
-    from privret.synth.settings import DocumentChoice
     from privret.synth.generate import generate_synthetic
-    from privret.synth.settings import GenerateConfig
 
     corpus = load_corpus(data / "corpus.jsonl")
     selection = None
@@ -54,7 +55,7 @@ def generate(
     docs = [corpus[d] for d in sampled(ids, build_config(DocumentChoice, sample=sample, seed=sample_seed))]
     blocked = _read_lines(blocklist) if blocklist is not None else []
     cfg = build_config(GenerateConfig, num_queries=num_queries, top_p=top_p, batch_size=batch_size, seed=seed)
-    manifest = generate_synthetic(generator, docs, out_dir, cfg, blocklist=blocked, document_selection=selection,
+    manifest = generate_synthetic(model, docs, out_dir, cfg, blocklist=blocked, document_selection=selection,
                                   resume=resume)
     out.print(f"{manifest['kept']} synthetic queries for {manifest['documents']} documents in {out_dir} "
               f"({manifest['dropped_empty']} empty and {manifest['dropped_blocklisted']} blocklisted outputs dropped; "
