@@ -68,3 +68,26 @@ def test_a_new_spelling_is_not_taken_for_an_old_one(tmp_path):
     assert moved_spelling(["generator", "train-dp", "--epsilon", "8"]) is None
     assert moved_spelling(["retriever", "train", "--out", "--learning-rate"]) is None
     assert moved_spelling(["data", "validate", "generate"]) is None
+
+
+def test_the_choices_are_the_library_values():
+    from privret.cli.options import ACCOUNTANTS, UNITS
+    from privret.data.pairs import PrivacyUnit
+    from privret.privacy.accounting import ACCOUNTANTS as ACCOUNTANTS_OF_THE_LIBRARY
+
+    assert ACCOUNTANTS == ACCOUNTANTS_OF_THE_LIBRARY and set(UNITS) == {unit.value for unit in PrivacyUnit}
+
+
+def test_audit_canaries_shows_the_defaults_it_runs():
+    """Its flags override the settings only when given; the default --help shows is the settings model's."""
+    from privret.audit.canary_audit import CanaryAuditConfig
+    from privret.cli import app
+
+    command = typer.main.get_command(app).commands["audit"].commands["canaries"]
+    shown = {p.name: p.default for p in command.params}
+    cfg = CanaryAuditConfig()
+    assert (shown["trials"], shown["samples"], shown["seed"], shown["unit"], shown["subsample"]) == (
+        cfg.trials, cfg.samples, cfg.seed, cfg.unit.value, cfg.subsample)
+    assert [int(k) for k in shown["repetitions"].split(",")] == cfg.repetitions
+    assert {name: shown[name] for name in ("model", "clip_norm", "batch_size", "epochs", "learning_rate")} == \
+        cfg.generator.model_dump(include={"model", "clip_norm", "batch_size", "epochs", "learning_rate"})

@@ -8,8 +8,8 @@ from typing import Annotated, Optional
 import typer
 
 from privret.cli.common import flag, out
-from privret.cli.options import (UNIT_HELP, AllowOverOpt, BudgetCapOpt, DataOpt, DatasetNameOpt, PairsOpt,
-                                 SplitOpt, output_file)
+from privret.cli.options import (AllowOverOpt, BudgetCapOpt, DataOpt, DatasetNameOpt, PairsOpt, SplitOpt,
+                                 UnitOpt, output_file)
 
 app = typer.Typer(help="Validate and prepare datasets.", no_args_is_help=True)
 
@@ -84,7 +84,7 @@ def data_fed_squad(
 def data_select_documents(
     out_dir: Annotated[Path, typer.Option("--out", help="selection directory (documents.txt + privacy ledger)")],
     data: DataOpt = None, split: SplitOpt = "train", pairs: PairsOpt = None,
-    unit: Annotated[str, typer.Option(help=UNIT_HELP)] = "query",
+    unit: UnitOpt = "query",
     epsilon: Annotated[float, typer.Option(help="Laplace epsilon (the ledger adds ln(1/(1-delta)))")] = 1.0,
     delta: Annotated[Optional[float], typer.Option(help="default 1/(10n), n units")] = None,
     max_docs_per_unit: Annotated[int, typer.Option(help="documents one unit may count for (m)")] = 1,
@@ -95,13 +95,13 @@ def data_select_documents(
     """DP choice of the documents to write synthetic queries for (Laplace partition selection).
 
     A DP release on the private pairs, recorded in the budget registry; pass the directory to
-    `privret generate --documents`, which composes its ledger into the synthetic set's."""
+    `privret synth generate --documents`, which composes its ledger into the synthetic set's."""
     from privret.cli.common import budget_policy, build_config, training_pairs
     from privret.data.pairs import PrivacyUnit
     from privret.errors import InputError
     from privret.privacy import budget as budget_registry
     from privret.privacy.partition_selection import selection_threshold
-    from privret.privacy.partition_selection_config import PartitionSelectionConfig
+    from privret.settings.partition_selection import PartitionSelectionConfig
     from privret.synth.documents import SELECTED_IDS_FILE, recorded_dp_selection, write_selection
 
     if (out_dir / SELECTED_IDS_FILE).exists():
@@ -109,11 +109,7 @@ def data_select_documents(
     policy = budget_policy(budget_cap, allow_over_budget)
     training, data_hash = training_pairs(data, split, pairs)
     cfg = build_config(PartitionSelectionConfig, epsilon=epsilon, delta=delta, max_docs_per_unit=max_docs_per_unit)
-    try:
-        privacy_unit = PrivacyUnit(unit)
-    except ValueError:
-        raise InputError(f"unknown unit '{unit}' ({UNIT_HELP})", field="--unit") from None
-    ids, ledger = recorded_dp_selection(training, privacy_unit, cfg, data_hash=data_hash,
+    ids, ledger = recorded_dp_selection(training, PrivacyUnit(unit), cfg, data_hash=data_hash,
                                         dataset_id=budget_registry.dataset_id(training, dataset_name),
                                         directory=out_dir, budget=policy, field_name=flag)
     write_selection(out_dir, ids, ledger)
@@ -151,7 +147,7 @@ def data_squad_beir(
 @app.command("public-proxy")
 def data_public_proxy(
     synthetic: Annotated[Path, typer.Option(
-        help="an epsilon-0 synthetic set (privret generate with a prompted or public-pairs generator)")],
+        help="an epsilon-0 synthetic set (privret synth generate with a prompted or public-pairs generator)")],
     corpus: Annotated[Path, typer.Option(help="the public corpus: a BEIR directory or its corpus.jsonl")],
     out_dir: Annotated[Path, typer.Option("--out", help="BEIR directory to write (must not exist)")],
     train: Annotated[int, typer.Option(min=1, help="documents whose synthetic queries form the train split (the log)")],

@@ -15,16 +15,15 @@ import click
 import typer
 
 from privret.audit.private_output import ALLOW_FLAG
+from privret.data.pairs import PrivacyUnit
 from privret.errors import InputError
 
 MODEL_HELP = "registry name, local path or HF id"
 ENCODER_HELP = f"encoder: {MODEL_HELP}"
 DELTA_HELP = "default 1/(2n), n units"
-UNIT_HELP = "privacy unit: query, pair or user"
-ACCOUNTANT_HELP = "prv or rdp"
 # Click choices, so that --help lists them and Click refuses another value (the accountants are
 # privret.privacy.accounting.ACCOUNTANTS, which imports opacus: too slow for --help; a test checks they agree)
-UNITS = ("query", "pair", "user")
+UNITS = tuple(unit.value for unit in PrivacyUnit)
 ACCOUNTANTS = ("prv", "rdp")
 UnitOpt = Annotated[str, typer.Option(click_type=click.Choice(UNITS), help="privacy unit")]
 AccountantOpt = Annotated[str, typer.Option(click_type=click.Choice(ACCOUNTANTS), help="privacy accountant")]
@@ -50,7 +49,7 @@ DatasetNameOpt = Annotated[Optional[str], typer.Option(
 # the held-out part, composed in parallel
 HoldOutOpt = Annotated[Optional[float], typer.Option(
     "--hold-out", help="the expected share of privacy units held out of the log, in (0, 1), by a public salted hash "
-                       "of each unit's key: retriever train --dp and generator train train on the rest, retriever "
+                       "of each unit's key: retriever train-dp and generator train-dp train on the rest, retriever "
                        "select scores on these; with the same --hold-out and --hold-out-salt the two cost the larger "
                        "epsilon, not the sum")]
 HoldOutSaltOpt = Annotated[Optional[str], typer.Option(
@@ -58,18 +57,15 @@ HoldOutSaltOpt = Annotated[Optional[str], typer.Option(
                             "default privret-hold-out)")]
 
 # training
-EpochsOpt = Annotated[float, typer.Option()]
 LearningRateOpt = Annotated[float, typer.Option("--lr")]
 SeedOpt = Annotated[int, typer.Option(help="seed of the randomness that is not a DP mechanism's; a DP training run "
                                        "ignores it (its draws seeded from os.urandom on every start; with "
                                        "--secure-rng, all but dropout drawn from it)")]
-# crash safety and DP randomness of the DP trainers (generator train, retriever train --dp)
+# crash safety and DP randomness of the DP trainers (generator train-dp, retriever train-dp)
 ResumeOpt = Annotated[bool, typer.Option(help="continue an interrupted run in --out")]
 SecureRngOpt = Annotated[bool, typer.Option(help="every draw of the DP mechanism (noise, sampling, a step's negatives) "
                                                  "from the OS CSPRNG (os.urandom); dropout masks never (the ledger's "
                                                  "random_sources names each draw's source)")]
-CheckpointEveryOpt = Annotated[int, typer.Option(
-    min=1, help="DP training: write a resumable checkpoint every N steps (one write of the trained weights)")]
 
 
 def config_file_option(settings: str):
