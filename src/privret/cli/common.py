@@ -21,7 +21,7 @@ FLAG_OF_FIELD = {"learning_rate": "--lr", "cap": "--budget-cap", "allow_over": "
 # Fields that library functions raise errors on and that the commands take as flags of the same name: a bare
 # name here is always that flag (config files name their fields with a path, or with their section: a.b).
 OPTION_FIELDS = ("datasets", "label", "max_texts", "min_tokens", "sample", "subsample", "md5", "archive", "resume",
-                 "trust_remote_pickle", "unit", "run_dir", "weight", "test_articles")
+                 "trust_remote_pickle", "unit", "run_dir", "weight", "test_articles", "public")
 
 
 def flag(field: str) -> str:
@@ -143,18 +143,13 @@ def budget_policy(cap: float | None, allow_over: bool | None, base=None):
 
 
 def training_pairs(data: Path | None, split: str, pairs: Path | None):
-    """Pairs from a BEIR split, or from a pairs file (its doc_ids resolved against --data's corpus)."""
-    from privret.data.beir import dataset_hash, load_beir, load_corpus
-    from privret.data.pairs import load_pairs_jsonl, pairs_from_beir
-    from privret.io import file_sha256
+    """Pairs from a BEIR split, or from a pairs file (its doc_ids resolved against --data's corpus):
+    :func:`privret.data.sources.pairs_from_paths`, as the Python API reads them."""
+    from privret.data.sources import pairs_from_paths
 
-    if pairs is not None:
-        if given_flags("split"):
-            raise InputError("names a split of --data; --pairs is read whole (--data gives its corpus only)",
-                             field="--split")
-        corpus = load_corpus(data / "corpus.jsonl") if data is not None else None
-        return load_pairs_jsonl(pairs, corpus), file_sha256(pairs)
-    if data is None:
+    if pairs is not None and given_flags("split"):
+        raise InputError("names a split of --data; --pairs is read whole (--data gives its corpus only)",
+                         field="--split")
+    if pairs is None and data is None:
         raise InputError("give --data DIR (BEIR) or --pairs FILE", field="--data")
-    dataset = load_beir(data, splits=[split])
-    return pairs_from_beir(dataset, split), dataset_hash(dataset, split)
+    return pairs_from_paths(data, split, pairs)
