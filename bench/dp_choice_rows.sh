@@ -30,9 +30,9 @@ for step in "$@"; do
     synthetic:*)  # the shipped generator settings at epsilon 7, one query for each of 565 public documents (the
       # CLI default; configs/scifact.yaml writes two); the retriever's recipe chosen on its validation split
       s=${step#synthetic:}
-      [ -f "$work/gen-eps7-s$s/privacy_ledger.json" ] || $P generator train --data $D --split train --epsilon 7 \
+      [ -f "$work/gen-eps7-s$s/privacy_ledger.json" ] || $P generator train-dp --data $D --split train --epsilon 7 \
           --seed "$s" --out "$work/gen-eps7-s$s" --allow-over-budget --resume
-      [ -f "$work/syn-eps7-s$s/manifest.json" ] || $P generate --generator "$work/gen-eps7-s$s" --data $D \
+      [ -f "$work/syn-eps7-s$s/manifest.json" ] || $P synth generate --model "$work/gen-eps7-s$s" --data $D \
           --documents corpus --sample 565 --num-queries 1 --seed "$s" --out "$work/syn-eps7-s$s"
       [ -d "$work/ret-eps7-s$s" ] || $P retriever train --data "$work/syn-eps7-s$s" --out "$work/ret-eps7-s$s" \
           --select default
@@ -46,16 +46,18 @@ print(c['epochs'], c['max_doc_tokens'])" "$work/ret-eps7-s$g/recipe_selection.js
           --max-doc-tokens "$tokens" --seed "$r"
       choose "$out" "$work/sel-eps7-s$g-r$r" 0.5,1 ;;
     direct)  # whole log per step (q = 1), 5 steps, BitFit, lr 2e-3, public negatives; fixed before any run
-      [ -f "$work/direct-bitfit-eps7/privacy_ledger.json" ] || $P retriever train --dp public-negatives --data $D \
+      printf 'physical_batch: 64\n' > "$work/direct-bitfit-eps7.yaml"  # memory only
+      [ -f "$work/direct-bitfit-eps7/privacy_ledger.json" ] || $P retriever train-dp --data $D \
           --out "$work/direct-bitfit-eps7" --epsilon 7 --batch-size 807 --epochs 5 --trainable bias --lr 2e-3 \
-          --dropout --physical-batch 64 --allow-over-budget --resume
+          --hard-negatives 0 --public-negatives 32 --dropout --config "$work/direct-bitfit-eps7.yaml" \
+          --allow-over-budget --resume
       choose "$work/direct-bitfit-eps7" "$work/sel-direct-bitfit-eps7" 0.25,0.5,1 ;;
     ceiling:*)  # synthetic:<s> with the generator fine-tuned WITHOUT DP (epsilon inf): the most this route can
       # give at these settings (565 documents, one query each, the same recipe rule); no privacy claim
       s=${step#ceiling:}
-      [ -f "$work/gen-inf-s$s/privacy_ledger.json" ] || $P generator train --data $D --split train --epsilon inf \
+      [ -f "$work/gen-inf-s$s/privacy_ledger.json" ] || $P generator train --data $D --split train \
           --seed "$s" --out "$work/gen-inf-s$s"
-      [ -f "$work/syn-inf-s$s/manifest.json" ] || $P generate --generator "$work/gen-inf-s$s" --data $D \
+      [ -f "$work/syn-inf-s$s/manifest.json" ] || $P synth generate --model "$work/gen-inf-s$s" --data $D \
           --documents corpus --sample 565 --num-queries 1 --seed "$s" --out "$work/syn-inf-s$s"
       [ -d "$work/ret-inf-s$s" ] || $P retriever train --data "$work/syn-inf-s$s" --out "$work/ret-inf-s$s" \
           --select default
@@ -67,7 +69,7 @@ print(c['epochs'], c['max_doc_tokens'])" "$work/ret-eps7-s$g/recipe_selection.js
       scifact_public_claims $D/corpus.jsonl "$work/public-claims.jsonl"
       [ -d "$work/gen-prompted" ] || $P generator prompt --public-pairs "$work/public-claims.jsonl" --examples 3 \
           --out "$work/gen-prompted"
-      [ -f "$work/syn-prompted-s$s/manifest.json" ] || $P generate --generator "$work/gen-prompted" --data $D \
+      [ -f "$work/syn-prompted-s$s/manifest.json" ] || $P synth generate --model "$work/gen-prompted" --data $D \
           --documents corpus --sample 565 --num-queries 1 --seed "$s" --out "$work/syn-prompted-s$s"
       [ -d "$work/ret-prompted-s$s" ] || $P retriever train --data "$work/syn-prompted-s$s" \
           --out "$work/ret-prompted-s$s" --select default
@@ -79,7 +81,7 @@ print(c['epochs'], c['max_doc_tokens'])" "$work/ret-eps7-s$g/recipe_selection.js
           --paragraphs 1000 --seed 0 --out "$work/squad-pairs.jsonl"
       [ -f "$work/gen-public-pairs/privacy_ledger.json" ] || $P generator train --public-pairs "$work/squad-pairs.jsonl" \
           --out "$work/gen-public-pairs" --resume
-      [ -f "$work/syn-public-pairs-s$s/manifest.json" ] || $P generate --generator "$work/gen-public-pairs" --data $D \
+      [ -f "$work/syn-public-pairs-s$s/manifest.json" ] || $P synth generate --model "$work/gen-public-pairs" --data $D \
           --documents corpus --sample 565 --num-queries 1 --seed "$s" --out "$work/syn-public-pairs-s$s"
       [ -d "$work/ret-public-pairs-s$s" ] || $P retriever train --data "$work/syn-public-pairs-s$s" \
           --out "$work/ret-public-pairs-s$s" --select default

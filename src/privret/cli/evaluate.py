@@ -126,7 +126,7 @@ def _evaluate_one(model: str, data: Path, split: str, json_out: Path | None, per
 @app.command("similarity")
 @device_option
 def evaluate_similarity(
-    synthetic: Annotated[Path, typer.Option(help="synthetic BEIR dataset written by `privret generate`")],
+    synthetic: Annotated[Path, typer.Option(help="synthetic BEIR dataset written by `privret synth generate`")],
     data: PrivateDataOpt,
     split: Annotated[str, typer.Option(help="private split the generator was trained on")] = "train",
     featurizer: Annotated[str, typer.Option(help="sentence encoder for MAUVE features (registry name or path)")]
