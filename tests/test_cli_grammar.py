@@ -55,6 +55,14 @@ def test_the_count_sees_every_option():
     (["federated", "train", "--dp-clip-norm", "1"], "privret federated train --dp-clip-norm is now --clip-norm"),
     (["federated", "train", "--dp-noise-multiplier", "1"],
      "privret federated train --dp-noise-multiplier is now --noise-multiplier"),
+    (["generator", "train-dp", "--lora-rank", "16"],
+     "privret generator train-dp --lora-rank is now the field lora_rank of a --config FILE of privret generator "
+     "train-dp"),
+    (["audit", "canaries", "--trained-layers", "4"],
+     "privret audit canaries --trained-layers is now the field generator.trained_layers of a --config FILE of "
+     "privret audit canaries"),
+    (["audit", "canaries", "--candidates", "50"],
+     "privret audit canaries --candidates is now the field candidates of a --config FILE of privret audit canaries"),
 ])
 def test_an_old_spelling_names_the_new_one(args, message):
     result = run_cli(*args)

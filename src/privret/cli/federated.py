@@ -103,14 +103,7 @@ def federated_train(
         raise InputError(f"--baseline {baseline} trains without DP (DP-FedAvg is --baseline pdd-as2's)", field=field,
                          path=config if field == "dp" else None)
     if epsilon is not None:
-        from privret.federated.strategy import with_target_epsilon
-
-        if cfg.dp == "none":
-            raise InputError("--epsilon needs --dp server or --dp client", field="--epsilon")
-        if dp_noise_multiplier is not None:
-            raise InputError("sets the noise multiplier that --noise-multiplier gives: give one of them",
-                             field="--epsilon")
-        cfg = with_target_epsilon(cfg, epsilon)
+        cfg = _with_target_epsilon(cfg, epsilon, noise_multiplier_given=dp_noise_multiplier is not None)
     checked_device(cfg.device, field="--device" if device is not None else "device",
                    path=None if device is not None else config)
     _refuse_budget_flags_without_dp(cfg)
@@ -125,6 +118,17 @@ def federated_train(
         out.print(f"{name}: sentence MRR@10 {s['mrr@10']:.3f} R@1 {s['recall@1']:.3f} R@20 {s['recall@20']:.3f} "
                   f"R@100 {s['recall@100']:.3f} | passage MRR@10 {p['mrr@10']:.3f} R@1 {p['recall@1']:.3f}")
     out.print(f"results in {out_dir}")
+
+
+def _with_target_epsilon(cfg: FedConfig, epsilon: float, *, noise_multiplier_given: bool) -> FedConfig:
+    """``cfg`` with the noise multiplier whose ``rounds`` releases spend at most ``epsilon`` (``--epsilon``)."""
+    from privret.federated.strategy import with_target_epsilon
+
+    if cfg.dp == "none":
+        raise InputError("--epsilon needs --dp server or --dp client", field="--epsilon")
+    if noise_multiplier_given:
+        raise InputError("sets the noise multiplier that --noise-multiplier gives: give one of them", field="--epsilon")
+    return with_target_epsilon(cfg, epsilon)
 
 
 def _refuse_budget_flags_without_dp(cfg) -> None:
