@@ -1,0 +1,48 @@
+"""The generator and synthesis commands end to end on the tiny fixtures: `generator train` fine-tunes without DP
+(on the private log: an epsilon inf ledger; on public pairs: an epsilon 0 ledger), `generator train-dp` with DP,
+`synth generate --model` samples any of them, and the rarely changed settings come from --config."""
+
+from __future__ import annotations
+
+import json
+import math
+
+from helpers import run_cli
+from privret.privacy.ledger import PrivacyLedger
+
+
+def _tiny_fine_tune(tmp_path):
+    """A --config file that keeps the tiny Llama's fine-tune small, and the flags of a one-epoch run."""
+    config = tmp_path / "generator.yaml"
+    config.write_text("trained_layers: 1\nlora_rank: 4\nbf16: false\n")
+    return ["--config", str(config), "--batch-size", "2", "--epochs", "1"]
+
+
+def test_generator_train_without_dp_then_synth_generate(tiny_llama_dir, toy_beir, tmp_path):
+    fine_tune = _tiny_fine_tune(tmp_path)
+    done = run_cli("generator", "train", "--data", str(toy_beir), "--model", str(tiny_llama_dir), "--out",
+                   str(tmp_path / "ceiling"), *fine_tune)
+    assert done.returncode == 0, done.stderr
+    ceiling = PrivacyLedger.load(tmp_path / "ceiling")
+    assert (ceiling.mechanism, ceiling.epsilon, ceiling.steps) == ("none", math.inf, ceiling.planned_steps)
+    pairs = tmp_path / "public.jsonl"
+    pairs.write_text("".join(json.dumps({"query": q, "doc": d}) + "\n" for q, d in
+                             (("aspirin heart risk", "aspirin and the heart"), ("sleep memory", "sleep and memory"))))
+    done = run_cli("generator", "train", "--public-pairs", str(pairs), "--model", str(tiny_llama_dir), "--out",
+                   str(tmp_path / "public"), *fine_tune)
+    assert done.returncode == 0, done.stderr
+    assert PrivacyLedger.load(tmp_path / "public").epsilon == 0
+    done = run_cli("synth", "generate", "--model", str(tmp_path / "public"), "--data", str(toy_beir), "--out",
+                   str(tmp_path / "synthetic"), "--sample", "3")
+    assert done.returncode == 0, done.stderr
+    assert PrivacyLedger.load(tmp_path / "synthetic").epsilon == 0 and "synthetic queries for 3 documents" in done.stdout
+
+
+def test_generator_train_dp_writes_a_dp_ledger(tiny_llama_dir, toy_beir, tmp_path, monkeypatch):
+    monkeypatch.setenv("PRIVRET_BUDGET_DIR", str(tmp_path / "budget"))
+    done = run_cli("generator", "train-dp", "--data", str(toy_beir), "--model", str(tiny_llama_dir), "--epsilon", "4",
+                   "--accountant", "rdp", "--out", str(tmp_path / "dp"), *_tiny_fine_tune(tmp_path))
+    assert done.returncode == 0, done.stderr
+    ledger = PrivacyLedger.load(tmp_path / "dp")
+    assert ledger.mechanism == "dp-sgd" and ledger.epsilon <= 4 and ledger.accountant == "rdp"
+    assert ledger.trainable == "lora:top1"
