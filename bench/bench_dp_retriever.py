@@ -43,7 +43,7 @@ def _worker(args: dict, queue) -> None:
     from privret.models.encoder import load_encoder
     from privret.train.clipped_sums import StepBatch, _encode, clipped_sum
     from privret.models.trainable import make_trainable
-    from privret.train.settings import DPRetrieverConfig
+    from privret.settings.training import DPRetrieverConfig
 
     n, method = args["batch"], args["method"]
     pairs = pairs_from_beir(load_beir(args["data"], splits=["train"]), "train")
@@ -63,7 +63,8 @@ def _worker(args: dict, queue) -> None:
     params = list(make_trainable(model, args["trainable"], lora_rank=8).values())
     cfg = DPRetrieverConfig(method=method if method in ("naive", "batch-clip", "logit-dp", "public-negatives")
                             else "logit-dp", clip_norm=1.0, max_query_tokens=args["query_tokens"],
-                            max_doc_tokens=args["doc_tokens"], public_negatives=args["negatives"], temperature=0.05)
+                            max_doc_tokens=args["doc_tokens"], public_negatives=args["negatives"], temperature=0.05,
+                            hard_negatives=0, physical_batch=None)  # the grid's random negatives, one pass
     cuda = torch.cuda.is_available()
 
     def non_private_step():

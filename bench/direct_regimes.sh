@@ -14,10 +14,14 @@ S=../shared/data/scifact
 D=$work/squad-val
 # The log: SQuAD's 32 training articles less 4 validation articles (5,767 questions); validation: the 1,095 questions
 # of those 4 articles; test: the 1,535 questions of the 8 test articles. Every regime is public-negatives with each
-# unit's own hard public negatives (docs/direct-dp.md); dp_base DATA WORK holds the options they share.
+# unit's own hard public negatives (docs/direct-dp.md); dp_base DATA WORK holds the options they share, dp_config
+# FILE SEED [YAML lines] writes the fields they take from --config (documents cut at 256 tokens: the default).
 dp_base() {
-  echo "--dp public-negatives --data $1 --hard-negatives 2 --max-doc-tokens 256 --physical-batch ${PB:-32} --seed 0" \
-       "--allow-over-budget --resume --checkpoint-every 2 --cache-dir $2/cache"
+  echo "--method public-negatives --data $1 --hard-negatives 2 --allow-over-budget --resume --cache-dir $2/cache"
+}
+dp_config() {
+  local file=$1 seed=$2; shift 2
+  printf '%s\n' "physical_batch: ${PB:-32}" "checkpoint_every: 2" "seed: $seed" "$@" > "$file"
 }
 # The candidates compared on validation by `choose` (what each trains and how it steps); the chosen one,
 # top3-b512-c1-e4-nodrop-pn1, is configs/squad.yaml's and configs/scifact.yaml's public-negatives row
@@ -32,16 +36,20 @@ declare -A REGIMES=(
   [top3-b512-c3-e4]="--trainable bias-top:3 --batch-size 512 --epochs 4 --clip-norm 3 --lr 2e-3 --dropout"
   [top3-b512-c1-e4-nodrop]="--trainable bias-top:3 --batch-size 512 --epochs 4 --clip-norm 1 --lr 2e-3 --no-dropout"
   [bias-b512-c1-e4-nodrop]="--trainable bias --batch-size 512 --epochs 4 --clip-norm 1 --lr 2e-3 --no-dropout"
-  [lora4-b512-c1-e4-nodrop]="--trainable lora --lora-rank 4 --batch-size 512 --epochs 4 --clip-norm 1 --lr 2e-3 --no-dropout"
+  [lora4-b512-c1-e4-nodrop]="--trainable lora --batch-size 512 --epochs 4 --clip-norm 1 --lr 2e-3 --no-dropout"
   [top3-b512-c03-e4-nodrop]="--trainable bias-top:3 --batch-size 512 --epochs 4 --clip-norm 0.3 --lr 2e-3 --no-dropout"
   [top3-b512-c1-e4-nodrop-pn1]="--trainable bias-top:3 --batch-size 512 --epochs 4 --clip-norm 1 --lr 2e-3 --no-dropout --public-negatives 1"
   [top3-b512-c1-e4-nodrop-pn0]="--trainable bias-top:3 --batch-size 512 --epochs 4 --clip-norm 1 --lr 2e-3 --no-dropout --public-negatives 0"
 )
+declare -A REGIME_CONFIG=([lora4-b512-c1-e4-nodrop]="lora_rank: 4")  # what a regime sets in --config
 ev() { evaluate_once "$1" "$D" "$2" "$3" --no-bf16; }  # $1 model, $2 split, $3 out dir (float32, as the headline)
-dp_train() {  # $1 out dir, $2 regime, $3 data, then options that override the regime's: the DP run, unless done
-  local out=$1 n=$2 data=$3; shift 3
-  [ -f "$out/privacy_ledger.json" ] || $P retriever train $(dp_base "$data" "$work") ${REGIMES[$n]} "$@" \
-      --out "$out"
+dp_train() {  # $1 out dir, $2 regime, $3 data, $4 seed, then options that override the regime's (a --config's YAML
+  # lines after --yaml): the DP run, unless done
+  local out=$1 n=$2 data=$3 seed=$4 flags=() yaml=(); shift 4
+  while [ $# -gt 0 ]; do [ "$1" = --yaml ] && { yaml+=("$2"); shift 2; } || { flags+=("$1"); shift; }; done
+  [ -f "$out/privacy_ledger.json" ] && return 0
+  mkdir -p "$(dirname "$out")"; dp_config "$out.yaml" "$seed" ${REGIME_CONFIG[$n]:+"${REGIME_CONFIG[$n]}"} "${yaml[@]}"
+  $P retriever train-dp $(dp_base "$data" "$work") ${REGIMES[$n]} --config "$out.yaml" "${flags[@]}" --out "$out"
 }
 scifact_steps() {  # $1 regime: the steps it takes on SciFact, 12 per SQuAD epoch (each taking all 807 units)
   local re='--epochs ([0-9]+)'; [[ ${REGIMES[$1]} =~ $re ]]; echo $((12 * BASH_REMATCH[1]))
@@ -57,7 +65,7 @@ keep_records() {  # $1 run dir, $2 kept dir: the run's ledger, mechanism, settin
   done
 }
 both_splits() {  # $1 regime, $2 epsilon, $3 seed, $4 out dir: the DP run (unless done), evaluated on both splits
-  dp_train "$4" "$1" "$D" --epsilon "$2" --seed "$3"
+  dp_train "$4" "$1" "$D" "$3" --epsilon "$2"
   ev "$4" validation "$4-validation"; ev "$4" test "$4-test"
   echo "$1 at epsilon $2, seed $3: validation $(ndcg "$4-validation"), test $(ndcg "$4-test")"
 }
@@ -74,7 +82,7 @@ for step in "$@"; do
       echo "original: validation $(ndcg "$work/original-28-validation"), test $(ndcg "$work/original-28-test")" ;;
     run:*)  # run:<regime>: its DP run at epsilon 8, evaluated on validation
       n=${step#run:}
-      dp_train "$work/$n" "$n" "$D" --epsilon 8
+      dp_train "$work/$n" "$n" "$D" 0 --epsilon 8
       ev "$work/$n" validation "$work/$n-validation"; echo "$n validation: $(ndcg "$work/$n-validation")" ;;
     choose)  # the regime with the best validation NDCG@10, averaged over its epsilon-8 runs (run: and seed:), or
       # the public encoder when none beats it -> WORK/choice.txt; only float32 evaluations compete; never test
@@ -114,7 +122,7 @@ EOF
       IFS=: read -r n e s <<<"${step#scifact:}"; s=${s:-0}
       out=$work/scifact/$n-eps$e; [ "$s" = 0 ] || out=$out-seed$s
       D=$S ev minilm-l6 test "$work/scifact/zero-shot-test"
-      dp_train "$out" "$n" "$S" --batch-size 807 --epochs "$(scifact_steps "$n")" --epsilon "$e" --seed "$s"
+      dp_train "$out" "$n" "$S" "$s" --batch-size 807 --epochs "$(scifact_steps "$n")" --epsilon "$e"
       D=$S ev "$out" test "$out-test"; echo "SciFact $n at epsilon $e, seed $s: test $(ndcg "$out-test")" ;;
     heldout:*)  # heldout:<seed>: the chosen regime on SciFact's log less a held-out 20% (public salted hash), then a DP
       # choice of the step on the held-out units (privret retriever select, w in 0.25..1): epsilon 8 for both by
@@ -124,7 +132,8 @@ EOF
           bench/results/heldout_choice/seed0/fit/train_config.json)
       s=${step#heldout:}; R=top3-b512-c1-e4-nodrop-pn1; hold=(--hold-out 0.2 --hold-out-salt "$salt")
       fit=$work/scifact-heldout/$R-eps8-fit-seed$s; chosen=$work/scifact-heldout/choice-seed$s
-      dp_train "$fit" "$R" "$S" --batch-size 807 --epochs 48 --epsilon 8 --seed "$s" "${hold[@]}"
+      dp_train "$fit" "$R" "$S" "$s" --batch-size 807 --epochs 48 --epsilon 8 --hold-out 0.2 \
+          --yaml "hold_out: {salt: \"$salt\"}"
       [ -f "$chosen/privacy_ledger.json" ] || $P retriever select --data "$S" --candidate "$fit" --epsilon 8 \
           --weights 0.25,0.5,0.75,1 "${hold[@]}" --allow-over-budget --out "$chosen"
       D=$S ev "$chosen" test "$chosen-test"

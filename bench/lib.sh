@@ -1,7 +1,7 @@
 # Shell helpers of bench/direct_regimes.sh and bench/dp_choice_rows.sh (sourced, not run; reproduces no table itself).
 # Each script sets P, the privret command.
 
-# evaluate_once MODEL DATA SPLIT OUT [privret evaluate options...]
+# evaluate_once MODEL DATA SPLIT OUT [privret evaluate retrieval options...]
 #   NDCG@10 and friends of MODEL on DATA's SPLIT, into OUT/metrics.json and OUT/per_query.json (the per-query
 #   scores bench/seed_rows.py pairs); skipped when OUT/per_query.json exists, so a script that stopped half-way can
 #   be run again and redoes only what is missing.
@@ -9,7 +9,7 @@ evaluate_once() {
   local model=$1 data=$2 split=$3 out=$4; shift 4
   [ -f "$out/per_query.json" ] && return 0
   mkdir -p "$out"
-  "$P" evaluate --model "$model" --data "$data" --split "$split" --per-query "$out/per_query.json" \
+  "$P" evaluate retrieval --model "$model" --data "$data" --split "$split" --per-query "$out/per_query.json" \
       --json "$out/metrics.json" "$@"
 }
 

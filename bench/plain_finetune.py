@@ -1,7 +1,7 @@
 """The plain non-private fine-tune by sentence-transformers' own trainer, beside privret's (--trainer privret).
 Reproduces docs/results.md, "Direct DP training of the retriever" (privret's trainer against a plain fine-tune).
     OMP_NUM_THREADS=2 .venv/bin/python bench/plain_finetune.py --data ../shared/data/scifact --out runs/plain/st-s0
-    (then privret evaluate --per-query and bench/seed_rows.py: bench/README.md)
+    (then privret evaluate retrieval --per-query and bench/seed_rows.py: bench/README.md)
 2 CPU cores: about 10 min of training a run (privret's trainer 583 s, sentence-transformers' about 1.1 times that)."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from privret.errors import InputError
 from privret.io import atomic_path
 from privret.models.encoder import load_encoder
 from privret.train.retriever import fit_retriever, non_private_ledger
-from privret.train.settings import RetrieverTrainConfig
+from privret.settings.training import RetrieverTrainConfig
 
 
 def training_columns(pairs: TrainingPairs) -> dict[str, list[str]]:

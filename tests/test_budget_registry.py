@@ -9,7 +9,7 @@ import unicodedata
 import pytest
 
 from helpers import TOY_DOCS, TOY_TRAIN
-from privret.config import BudgetSettings, PipelineConfig
+from privret.settings.pipeline import BudgetSettings, PipelineConfig
 from privret.data.beir import load_beir
 from privret.data.pairs import load_pairs_jsonl, pairs_from_beir
 from privret.cli.common import as_flags
@@ -150,8 +150,8 @@ def test_cli_second_release_on_a_reformatted_copy_passes_the_default_cap(toy_bei
     from privret.cli import app
 
     def args(out, *data):
-        return ["retriever", "train", *data, "--out", str(tmp_path / out), "--model", str(tiny_bert_dir), "--dp",
-                "batch-clip", "--epsilon", "8", "--batch-size", "2", "--trainable", "top:1"]
+        return ["retriever", "train-dp", *data, "--out", str(tmp_path / out), "--model", str(tiny_bert_dir),
+                "--method", "batch-clip", "--epsilon", "8", "--batch-size", "2", "--trainable", "top:1"]
 
     copy = _pairs_file(tmp_path / "copy.jsonl", _toy_rows()[::-1])
     assert CliRunner().invoke(app, args("r1", "--data", str(toy_beir))).exit_code == 0

@@ -60,7 +60,7 @@ def test_evaluate_no_bf16_reaches_the_search(monkeypatch, tiny_bert_dir, toy_bei
     seen, real = [], metrics.evaluate_per_query
     monkeypatch.setattr(metrics, "evaluate_per_query", lambda *a, **kw: seen.append(kw["bf16"]) or real(*a, **kw))
     for flag in ([], ["--no-bf16"]):
-        result = CliRunner().invoke(app, ["evaluate", "--model", str(tiny_bert_dir), "--data", str(toy_beir), *flag])
+        result = CliRunner().invoke(app, ["evaluate", "retrieval", "--model", str(tiny_bert_dir), "--data", str(toy_beir), *flag])
         assert result.exit_code == 0, result.output
     assert seen == [True, False]
 
@@ -77,7 +77,7 @@ def test_evaluate_records_the_number_format_it_encoded_in(monkeypatch, tiny_bert
     for native, flag in [(True, []), (True, ["--no-bf16"]), (False, [])]:
         monkeypatch.setattr(device, "native_bf16", lambda _device, native=native: native)
         out = tmp_path / f"{native}{flag}.json"
-        result = CliRunner().invoke(app, ["evaluate", "--model", str(tiny_bert_dir), "--data", str(toy_beir),
+        result = CliRunner().invoke(app, ["evaluate", "retrieval", "--model", str(tiny_bert_dir), "--data", str(toy_beir),
                                           "--json", str(out), *flag])
         assert result.exit_code == 0, result.output
         seen.append(json.loads(out.read_text())["precision"])
@@ -94,7 +94,7 @@ def test_trained_models_record_the_number_format_their_bf16_setting_resolved_to(
     from privret.data.pairs import QueryDocPair, TrainingPairs
     from privret.train.generator import train_generator
     from privret.train.retriever import non_private_ledger, train_retriever
-    from privret.train.settings import GeneratorTrainConfig, RetrieverTrainConfig
+    from privret.settings.training import GeneratorTrainConfig, RetrieverTrainConfig
 
     pairs = TrainingPairs([QueryDocPair(f"gene {w}", f"d{i}") for i, w in enumerate(WORDS[:4])],
                           {f"d{i}": Document(f"d{i}", "", f"{w} study") for i, w in enumerate(WORDS[:4])})
@@ -184,20 +184,20 @@ def test_use_device_sets_where_models_go_and_restores_it(monkeypatch, tiny_bert_
 def test_cli_device_errors_are_one_line_naming_the_flag(toy_beir, tmp_path):
     from test_cli import run_cli
 
-    for args in (["evaluate", "--model", "minilm-l6", "--data", str(toy_beir), "--device", "gpu"],
+    for args in (["evaluate", "retrieval", "--model", "minilm-l6", "--data", str(toy_beir), "--device", "gpu"],
                  ["retriever", "train", "--data", str(toy_beir), "--out", str(tmp_path / "r"), "--device", "cuda:x"]):
         proc = run_cli(*args)
         assert proc.returncode == 2, proc.stderr
         assert len(proc.stderr.strip().splitlines()) == 1 and "field '--device'" in proc.stderr
         assert "is not a device" in proc.stderr
     if NO_CUDA:
-        proc = run_cli("evaluate", "--model", "minilm-l6", "--data", str(toy_beir), "--device", "cuda")
+        proc = run_cli("evaluate", "retrieval", "--model", "minilm-l6", "--data", str(toy_beir), "--device", "cuda")
         assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
         assert "field '--device'" in proc.stderr and "CUDA is not available" in proc.stderr
 
 
 def test_pipeline_config_device_field_is_checked(tmp_path):
-    from privret.config import load_config
+    from privret.settings.pipeline import load_config
     from privret.errors import InputError
 
     path = tmp_path / "c.yaml"
@@ -213,7 +213,7 @@ def _dp_ledger(tmp_path, tiny_bert_dir, spec: str, name: str):
     from privret.data.beir import Document
     from privret.data.pairs import QueryDocPair, TrainingPairs
     from privret.train.dp_retriever import train_dp_retriever
-    from privret.train.settings import DPRetrieverConfig
+    from privret.settings.training import DPRetrieverConfig
 
     corpus = {f"d{i}": Document(f"d{i}", "", f"document {w}") for i, w in enumerate(WORDS[:8])}
     pairs = TrainingPairs(pairs=[QueryDocPair(query=f"what {w}", doc_id=f"d{i}", query_id=f"q{i}")
@@ -275,7 +275,7 @@ def test_dp_generator_on_cuda_has_the_cpu_ledger_and_samples(tmp_path, tiny_llam
     from helpers import toy_pairs
     from privret.models.generator import load_trained_generator
     from privret.train.generator import train_generator
-    from privret.train.settings import GeneratorTrainConfig
+    from privret.settings.training import GeneratorTrainConfig
 
     cfg = GeneratorTrainConfig(model=str(tiny_llama_dir), epsilon=8.0, batch_size=4, epochs=1, trained_layers=1,
                                lora_rank=4)

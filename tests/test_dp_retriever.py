@@ -9,7 +9,7 @@ import shutil
 import pytest
 import torch
 
-from helpers import WORDS, record_first_results, record_updates
+from helpers import WORDS, record_first_results, record_updates, run_cli
 from privret.data.beir import Document
 from privret.data.pairs import QueryDocPair, TrainingPairs
 from privret.errors import InputError
@@ -22,7 +22,7 @@ from privret.train.clipped_sums import (StepBatch, _encode, _grads, _masked_logi
                                         false_negative_mask, public_negative_losses)
 from privret.train.dp_retriever import (build_batch, dp_step, draw_negatives, negative_pool, plan, sensitivity,
                                         train_dp_retriever)
-from privret.train.settings import DPRetrieverConfig
+from privret.settings.training import DPRetrieverConfig
 from privret.models.trainable import make_trainable
 
 torch.set_num_threads(1)
@@ -73,8 +73,9 @@ def tiny(tiny_bert_dir):
 
 
 def _cfg(method, tiny_bert_dir, **kw):
-    base = dict(method=method, model=str(tiny_bert_dir), clip_norm=0.02, batch_size=4, max_query_tokens=32,
-                max_doc_tokens=32, temperature=0.5)
+    base = dict(method=method, model=str(tiny_bert_dir), clip_norm=0.02, batch_size=4, epochs=1.0, max_query_tokens=32,
+                max_doc_tokens=32, temperature=0.5, trainable="all", learning_rate=2e-5, public_negatives=32,
+                hard_negatives=0, physical_batch=None)
     base.update(kw)
     return DPRetrieverConfig(**base)
 
@@ -320,8 +321,8 @@ def test_config_rejects_bad_options(tiny_bert_dir):
     assert DPRetrieverConfig(method="naive", trainable="lora").unused(options) == list(options[:3])
     assert DPRetrieverConfig(method="public-negatives", hard_negatives=2).unused(options) == [
         "max_batch_units", "lora_rank"]
-    assert DPRetrieverConfig(method="public-negatives").unused(["hard_negative_depth", "clip_norm"]) == [
-        "hard_negative_depth"]
+    assert DPRetrieverConfig(method="public-negatives", hard_negatives=0).unused(["hard_negative_depth",
+                                                                                  "clip_norm"]) == ["hard_negative_depth"]
     assert DPRetrieverConfig(method="naive", max_batch_units=40).cap == 40
     assert DPRetrieverConfig(method="public-negatives", physical_batch=4).physical_batch == 4
     for spec in ("top:0", "bias-top:0", "bias-top", "top-bias:1"):
@@ -477,7 +478,7 @@ def test_dp_training_runs_without_dropout_unless_asked(tmp_path, toy_beir, tiny_
         raise SystemExit(0)
 
     monkeypatch.setattr(dptrain, "train_dp_retriever", record)
-    base = ["retriever", "train", "--dp", "public-negatives", "--data", str(toy_beir), "--model", str(tiny_bert_dir)]
+    base = ["retriever", "train-dp", "--data", str(toy_beir), "--model", str(tiny_bert_dir)]
     for extra in ([], ["--dropout"], ["--no-dropout"]):
         CliRunner().invoke(app, base + ["--out", str(tmp_path / f"r{len(seen)}"), *extra], catch_exceptions=False)
     assert [cfg.dropout for cfg in seen] == [False, True, False]
@@ -562,9 +563,12 @@ def test_cli_dp_flag_draws_negatives_from_data_never_from_inline_pairs(tmp_path,
     monkeypatch.setattr(dptrain, "build_batch", spy)
     pairs_file = _pairs_file(tmp_path, INLINE_ROWS + [{"query": "what aspirin", "doc_id": "d1"}])
     runner = CliRunner()
-    res = runner.invoke(app, ["retriever", "train", "--pairs", str(pairs_file), "--data", str(toy_beir),
-                              "--out", str(tmp_path / "o"), "--model", str(tiny_bert_dir), "--dp", "public-negatives",
-                              "--epsilon", "8", "--batch-size", "3", "--trainable", "bias", "--physical-batch", "2"])
+    config = tmp_path / "dp.yaml"
+    config.write_text("physical_batch: 2\n")
+    res = runner.invoke(app, ["retriever", "train-dp", "--pairs", str(pairs_file), "--data", str(toy_beir),
+                              "--out", str(tmp_path / "o"), "--model", str(tiny_bert_dir), "--config", str(config),
+                              "--epsilon", "8", "--batch-size", "3", "--epochs", "1", "--trainable", "bias",
+                              "--hard-negatives", "0"])
     assert res.exit_code == 0, res.output
     assert PrivacyLedger.load(tmp_path / "o").mechanism == "direct-public-negatives"
     settings = json.loads((tmp_path / "o" / "train_config.json").read_text())
@@ -572,8 +576,8 @@ def test_cli_dp_flag_draws_negatives_from_data_never_from_inline_pairs(tmp_path,
     public = {d.full_text for d in load_corpus(toy_beir / "corpus.jsonl").values()}
     assert len(sampled) >= 3 * 32 and {n.full_text for n in sampled} <= public
     assert not {n.full_text for n in sampled} & {r["doc"] for r in INLINE_ROWS}
-    res = runner.invoke(app, ["retriever", "train", "--pairs", str(pairs_file), "--out", str(tmp_path / "o2"),
-                              "--model", str(tiny_bert_dir), "--dp", "bogus"])
+    res = runner.invoke(app, ["retriever", "train-dp", "--pairs", str(pairs_file), "--out", str(tmp_path / "o2"),
+                              "--model", str(tiny_bert_dir), "--method", "bogus"])
     assert res.exit_code != 0 and not (tmp_path / "o2").exists()
 
 
@@ -916,10 +920,11 @@ def test_secure_rng_covers_every_draw_of_a_public_negatives_step(tmp_path, tiny_
 
 
 def _cli_batch_clip_args(tmp_path, tiny_bert_dir) -> list[str]:
-    """``retriever train --dp batch-clip`` on 10 pairs written to tmp_path/pairs.jsonl: 5 steps into tmp_path/o."""
+    """``retriever train-dp --method batch-clip`` on 10 pairs written to tmp_path/pairs.jsonl: 5 steps into
+    tmp_path/o."""
     pairs_file = _pairs_file(tmp_path, [{"query": f"what {w}", "doc": f"document about {w}"} for w in WORDS[:10]])
-    return ["retriever", "train", "--pairs", str(pairs_file), "--out", str(tmp_path / "o"), "--model",
-            str(tiny_bert_dir), "--dp", "batch-clip", "--epsilon", "8", "--batch-size", "4", "--epochs", "2",
+    return ["retriever", "train-dp", "--pairs", str(pairs_file), "--out", str(tmp_path / "o"), "--model",
+            str(tiny_bert_dir), "--method", "batch-clip", "--epsilon", "8", "--batch-size", "4", "--epochs", "2",
             "--trainable", "top:1"]
 
 
@@ -938,14 +943,16 @@ def test_cli_dp_resume(tmp_path, tiny_bert_dir, monkeypatch):
     assert isinstance(res.exception, InputError) and "interrupted run" in str(res.exception)
     assert res.exception.field == "resume"  # shown as --resume by the CLI's entry point
     # the lost branch's 5 steps take epsilon 8 past the default cap
-    res = truth.attempt(runner.invoke, app, args + ["--resume", "--secure-rng", "--allow-over-budget"])
+    secure = tmp_path / "secure.yaml"
+    secure.write_text("secure_rng: true\n")
+    res = truth.attempt(runner.invoke, app, args + ["--resume", "--config", str(secure), "--allow-over-budget"])
     assert res.exit_code == 0, res.output
     ledger = PrivacyLedger.load(tmp_path / "o")
     # the first branch's 5 announced steps and the 5 of the resumed one; the first branch was not secure
     assert ledger.planned_steps == 5 and ledger.steps == 10 >= truth.steps and not ledger.secure_rng
-    res = runner.invoke(app, ["retriever", "train", "--pairs", str(pairs_file), "--out", str(tmp_path / "n"),
-                              "--model", str(tiny_bert_dir), "--resume"])
-    assert isinstance(res.exception, InputError) and "--resume" in str(res.exception)
+    res = run_cli("retriever", "train", "--pairs", str(pairs_file), "--out", str(tmp_path / "n"), "--model",
+                  str(tiny_bert_dir), "--resume")  # training without DP keeps no checkpoint
+    assert res.returncode == 2 and "--resume is now privret retriever train-dp --resume" in res.stderr
 
 
 def test_cli_checkpoint_every(tmp_path, tiny_bert_dir, monkeypatch):
@@ -954,13 +961,16 @@ def test_cli_checkpoint_every(tmp_path, tiny_bert_dir, monkeypatch):
     from privret.cli import app
     from privret.train.checkpointing import CHECKPOINT_DIR
 
-    args = _cli_batch_clip_args(tmp_path, tiny_bert_dir) + ["--checkpoint-every", "2"]
+    config = tmp_path / "dp.yaml"
+    config.write_text("checkpoint_every: 2\n")
+    args = _cli_batch_clip_args(tmp_path, tiny_bert_dir) + ["--config", str(config)]
     truth = _Truth(monkeypatch, crash_at_final=True)  # 5 steps: checkpoints after steps 2 and 4, then killed
     assert truth.attempt(CliRunner().invoke, app, args, catch_exceptions=False) is None
     state = json.loads((tmp_path / "o" / CHECKPOINT_DIR / "state.json").read_text())
     assert state["step"] == 4
-    res = CliRunner().invoke(app, args[:-1] + ["0"])
-    assert res.exit_code == 2 and "--checkpoint-every" in res.output
+    config.write_text("checkpoint_every: 0\n")
+    res = run_cli(*args)
+    assert res.returncode == 2 and f"{config}, field 'checkpoint_every'" in res.stderr
 
 
 @pytest.mark.parametrize("flag", [["--resume"], ["--secure-rng"], ["--hard-negatives", "2"],
@@ -974,20 +984,27 @@ def test_cli_dp_only_flags_are_refused_without_dp(flag, tmp_path, toy_beir, tiny
 
     result = run_cli("retriever", "train", "--data", str(toy_beir), "--model", str(tiny_bert_dir), "--out",
                      str(tmp_path / "r"), *flag)
-    assert result.returncode == 2 and flag[0] in result.stderr and "--dp" in result.stderr
+    assert result.returncode == 2 and flag[0] in result.stderr and "retriever train-dp" in result.stderr
     assert not (tmp_path / "r").exists()
 
 
-@pytest.mark.parametrize("args, flag", [(["public-negatives", "--cache-dir", "e"], "--cache-dir"),
-                                        (["batch-clip", "--physical-batch", "4"], "--physical-batch"),
-                                        (["public-negatives", "--max-batch-units", "40"], "--max-batch-units"),
-                                        (["naive", "--lora-rank", "4"], "--lora-rank")])
-def test_cli_options_the_method_ignores_are_refused(args, flag, tmp_path, toy_beir, tiny_bert_dir):
+@pytest.mark.parametrize("args, settings, field", [
+    (["public-negatives", "--hard-negatives", "0", "--cache-dir", "e"], "{}", "--cache-dir"),
+    (["batch-clip", "--public-negatives", "4"], "{}", "--public-negatives"),
+    (["batch-clip"], "physical_batch: 4", "physical_batch"),
+    (["public-negatives"], "max_batch_units: 40", "max_batch_units"),
+    (["naive"], "lora_rank: 4", "lora_rank"),
+    (["public-negatives", "--hard-negatives", "0"], "hard_negative_depth: 4", "hard_negative_depth")])
+def test_cli_options_the_method_ignores_are_refused(args, settings, field, tmp_path, toy_beir, tiny_bert_dir):
+    """A flag or a --config field the method would ignore is refused, naming the flag, or the file and its field."""
     from helpers import run_cli
 
-    result = run_cli("retriever", "train", "--data", str(toy_beir), "--model", str(tiny_bert_dir), "--out",
-                     str(tmp_path / "r"), "--dp", *args)
-    assert result.returncode == 2 and f"field '{flag}'" in result.stderr and not (tmp_path / "r").exists()
+    config = tmp_path / "dp.yaml"
+    config.write_text(settings + "\n")
+    result = run_cli("retriever", "train-dp", "--data", str(toy_beir), "--model", str(tiny_bert_dir), "--out",
+                     str(tmp_path / "r"), "--config", str(config), "--method", *args)
+    named = f"field '{field}'" if field.startswith("--") else f"{config}, field '{field}'"
+    assert result.returncode == 2 and named in result.stderr and not (tmp_path / "r").exists()
 
 
 def test_a_private_runs_global_randomness_is_fresh_and_a_non_private_ones_is_seeded(monkeypatch, tmp_path,
@@ -997,7 +1014,8 @@ def test_a_private_runs_global_randomness_is_fresh_and_a_non_private_ones_is_see
     a non-private run with its seed."""
     from privret.train import dp_run
 
-    private = dp_run.plan_run(DPRetrieverConfig(method="public-negatives", epsilon=8.0, batch_size=4, seed=0), 100)
+    private = dp_run.plan_run(DPRetrieverConfig(method="public-negatives", epsilon=8.0, batch_size=4, epochs=1.0,
+                                                seed=0), 100)
     draws = {dp_run._global_seed(private, 0) for _ in range(3)}
     assert len(draws) == 3 and 0 not in draws
     monkeypatch.setattr(dp_run.os, "urandom", lambda n: b"\x07" * n)
@@ -1035,7 +1053,7 @@ def test_hold_out_trains_on_the_fit_part_only_and_its_ledger_says_so(tmp_path, t
     """With ``hold_out`` every trained row is a fit unit's, q and the ledger count the fit units, and the release is
     charged to the whole log's dataset (its budget), marked with its part."""
     from privret.privacy import budget
-    from privret.privacy.partition import FIT, UnitPartition
+    from privret.privacy.hold_out import FIT, UnitPartition
 
     pairs = _pairs()
     partition = UnitPartition(salt="held", heldout_fraction=0.4)
@@ -1063,7 +1081,7 @@ def test_cli_hold_out_reaches_the_dp_config_and_is_refused_without_dp(tmp_path, 
 
     from helpers import run_cli
     from privret.cli import app
-    from privret.privacy.partition import UnitPartition
+    from privret.privacy.hold_out import UnitPartition
 
     seen = {}
 
@@ -1072,14 +1090,16 @@ def test_cli_hold_out_reaches_the_dp_config_and_is_refused_without_dp(tmp_path, 
         raise SystemExit(0)
 
     monkeypatch.setattr(dptrain, "train_dp_retriever", record)
-    CliRunner().invoke(app, ["retriever", "train", "--data", str(toy_beir), "--model", str(tiny_bert_dir), "--out",
-                             str(tmp_path / "r"), "--dp", "batch-clip", "--hold-out", "0.25", "--hold-out-salt",
-                             "mine"], catch_exceptions=False)
+    config = tmp_path / "salt.yaml"
+    config.write_text("hold_out: {salt: mine}\n")
+    CliRunner().invoke(app, ["retriever", "train-dp", "--data", str(toy_beir), "--model", str(tiny_bert_dir), "--out",
+                             str(tmp_path / "r"), "--method", "batch-clip", "--hold-out", "0.25", "--config",
+                             str(config)], catch_exceptions=False)
     assert seen["cfg"].hold_out == UnitPartition(salt="mine", heldout_fraction=0.25)
-    for flags in (["--hold-out", "0.2"], ["--dp", "batch-clip", "--hold-out", "1"],
-                  ["--dp", "batch-clip", "--hold-out-salt", "s"]):
-        result = run_cli("retriever", "train", "--data", str(toy_beir), "--model", str(tiny_bert_dir), "--out",
+    for command, flags in ((["train"], ["--hold-out", "0.2"]), (["train-dp"], ["--hold-out", "1"]),
+                           (["train"], ["--hold-out-salt", "s"])):
+        result = run_cli("retriever", *command, "--data", str(toy_beir), "--model", str(tiny_bert_dir), "--out",
                          str(tmp_path / "o"), *flags)
-        assert result.returncode == 2 and ("--hold-out-salt" if "--hold-out-salt" in flags else "--hold-out") in \
-            result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
+        assert result.returncode == 2 and flags[0] in result.stderr and len(result.stderr.strip().splitlines()) == 1, \
+            result.stderr
         assert not (tmp_path / "o").exists()

@@ -139,7 +139,7 @@ def test_a_corrupt_entry_is_ignored_and_replaced(model, corpus, tmp_path, damage
 
 def test_cli_evaluate_takes_a_cache_dir(toy_beir, tiny_bert_dir, tmp_path):
     cache = tmp_path / "cache"
-    args = ["evaluate", "--model", str(tiny_bert_dir), "--data", str(toy_beir), "--cache-dir", str(cache)]
+    args = ["evaluate", "retrieval", "--model", str(tiny_bert_dir), "--data", str(toy_beir), "--cache-dir", str(cache)]
     metrics = []
     for run in range(2):
         result = run_cli(*args, "--json", str(tmp_path / f"m{run}.json"))

@@ -35,7 +35,7 @@ def root(tmp_path):
 
 def test_table5_over_two_datasets_matches_single_evaluations(root, tiny_bert_dir, tmp_path):
     out_json = tmp_path / "zs.json"
-    result = CliRunner().invoke(app, ["evaluate", "--model", str(tiny_bert_dir), "--datasets", "alpha,beta,gamma",
+    result = CliRunner().invoke(app, ["evaluate", "retrieval", "--model", str(tiny_bert_dir), "--datasets", "alpha,beta,gamma",
                                       "--data-root", str(root), "--label", "tiny", "--json", str(out_json)])
     assert result.exit_code == 0, result.output
     saved = json.loads(out_json.read_text())
@@ -68,7 +68,7 @@ def test_two_models_and_epsilon_from_the_ledger(root, tiny_bert_dir, tmp_path):
                   planned_steps=10, accountant="prv", unit="query", n_units=100, n_pairs=100, clip_norm=1.0,
                   model="tiny", trainable="full", data_hash="x").save(private)
     out_json = tmp_path / "zs.json"
-    result = CliRunner().invoke(app, ["evaluate", "--model", str(tiny_bert_dir), "--model", str(private),
+    result = CliRunner().invoke(app, ["evaluate", "retrieval", "--model", str(tiny_bert_dir), "--model", str(private),
                                       "--datasets", f"{root / 'alpha'},{root / 'beta'}", "--json", str(out_json)])
     assert result.exit_code == 0, result.output
     rows = json.loads(out_json.read_text())["rows"]
@@ -85,6 +85,6 @@ def test_two_models_and_epsilon_from_the_ledger(root, tiny_bert_dir, tmp_path):
     (["--datasets", "alpha", "--per-query", "p.json"], "field '--per-query': applies with --data only"),
 ])
 def test_bad_input_exits_2(root, tiny_bert_dir, args, message):
-    proc = run_cli("evaluate", "--model", str(tiny_bert_dir), "--data-root", str(root), *args)
+    proc = run_cli("evaluate", "retrieval", "--model", str(tiny_bert_dir), "--data-root", str(root), *args)
     assert proc.returncode == 2, proc.stderr
     assert message in proc.stderr

@@ -18,15 +18,16 @@ from privret.train.clipped_sums import (StepBatch, _encode, _grads, _norm, clipp
                                         false_negative_mask, public_negative_losses)
 from privret.train.dp_retriever import build_batch, negative_pool, sensitivity, train_dp_retriever
 from privret.train.hard_negatives import mine_candidates
-from privret.train.settings import DPRetrieverConfig
+from privret.settings.training import DPRetrieverConfig
 
 torch.set_num_threads(1)
 K = 2
 
 
 def _cfg(tiny_bert_dir, **kw):
-    base = dict(method="public-negatives", model=str(tiny_bert_dir), clip_norm=0.02, batch_size=4,
-                max_query_tokens=32, max_doc_tokens=32, temperature=0.5, hard_negatives=K)
+    base = dict(method="public-negatives", model=str(tiny_bert_dir), clip_norm=0.02, batch_size=4, epochs=1.0,
+                max_query_tokens=32, max_doc_tokens=32, temperature=0.5, hard_negatives=K, trainable="all",
+                learning_rate=2e-5, public_negatives=32, physical_batch=None)
     base.update(kw)
     return DPRetrieverConfig(**base)
 
@@ -121,7 +122,7 @@ def test_without_public_negatives_the_clipped_sum_is_the_hard_negative_softmax_b
 
 def test_a_row_needs_a_negative():
     with pytest.raises(ValueError, match="needs a negative per row"):
-        DPRetrieverConfig(method="public-negatives", public_negatives=0)
+        DPRetrieverConfig(method="public-negatives", public_negatives=0, hard_negatives=0)
     assert DPRetrieverConfig(method="public-negatives", public_negatives=0, hard_negatives=1).public_negatives == 0
     with pytest.raises(ValueError, match="public_negatives\n.*greater than or equal to 0"):
         DPRetrieverConfig(method="public-negatives", public_negatives=-1, hard_negatives=1)

@@ -78,9 +78,9 @@ def test_bad_index_options_are_refused(fields):
 def test_cli_and_pipeline_config_name_the_bad_index_option(tmp_path, toy_beir):
     from test_cli import run_cli
 
-    from privret.config import load_config
+    from privret.settings.pipeline import load_config
 
-    proc = run_cli("evaluate", "--model", "minilm-l6", "--data", str(toy_beir), "--index", "annoy")
+    proc = run_cli("evaluate", "retrieval", "--model", "minilm-l6", "--data", str(toy_beir), "--index", "annoy")
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1 and "field '--index'" in proc.stderr
     path = tmp_path / "c.yaml"
     path.write_text("name: x\ndataset: d\nepsilons: [8]\nsearch: {index: hnsw, hnsw_m: 0}\n")
@@ -91,7 +91,7 @@ def test_cli_and_pipeline_config_name_the_bad_index_option(tmp_path, toy_beir):
 
 
 def test_pipeline_metrics_fingerprint_names_an_approximate_index_only(tmp_path):
-    from privret.config import PipelineConfig
+    from privret.settings.pipeline import PipelineConfig
     from privret.pipeline.stages import plan_stages
 
     def fingerprint(**fields):

@@ -14,7 +14,7 @@ from privret.models.model_card import (EVALUATIONS_FILE, guarantee_text, record_
 from privret.privacy.commitment import commit
 from privret.privacy.ledger import PrivacyLedger
 from privret.train.retriever import non_private_ledger, train_retriever
-from privret.train.settings import RetrieverTrainConfig
+from privret.settings.training import RetrieverTrainConfig
 
 METRICS = {"ndcg@10": 0.61234, "recall@10": 0.8, "recall@100": 0.93456, "mrr@10": 0.57891, "queries": 300}
 
@@ -118,7 +118,7 @@ def test_a_trained_retriever_carries_privrets_card_not_the_base_models(tiny_bert
 
 def test_a_direct_dp_retriever_carries_its_guarantee_in_its_card(tiny_bert_dir, tmp_path):
     from privret.train.dp_retriever import train_dp_retriever
-    from privret.train.settings import DPRetrieverConfig
+    from privret.settings.training import DPRetrieverConfig
 
     words = ("risk", "drug", "sleep", "diet", "gene", "virus")
     pairs = TrainingPairs([QueryDocPair(f"what {w}", f"d{i}") for i, w in enumerate(words)],
@@ -136,7 +136,7 @@ def test_a_direct_dp_retriever_carries_its_guarantee_in_its_card(tiny_bert_dir, 
 
 
 def test_the_card_of_a_held_out_choice_says_its_parts_count_in_parallel(tmp_path):
-    from privret.privacy.partition import FIT, HELDOUT, UnitPartition
+    from privret.privacy.hold_out import FIT, HELDOUT, UnitPartition
     from privret.privacy.private_selection import selection_ledger
 
     split = UnitPartition(salt="s", heldout_fraction=0.2)
@@ -156,13 +156,13 @@ def test_cli_evaluate_keeps_the_training_split_off_a_dp_models_card(toy_beir, ti
     from helpers import run_cli
 
     out = tmp_path / "r"
-    trained = run_cli("retriever", "train", "--data", str(toy_beir), "--split", "train", "--out", str(out),
-                      "--model", str(tiny_bert_dir), "--dp", "batch-clip", "--epsilon", "8", "--batch-size", "2",
+    trained = run_cli("retriever", "train-dp", "--data", str(toy_beir), "--split", "train", "--out", str(out),
+                      "--model", str(tiny_bert_dir), "--method", "batch-clip", "--epsilon", "8", "--batch-size", "2",
                       "--epochs", "1", "--trainable", "top:1", "--allow-over-budget")
     assert trained.returncode == 0, trained.stderr
-    on_train = run_cli("evaluate", "--model", str(out), "--data", str(toy_beir), "--split", "train")
+    on_train = run_cli("evaluate", "retrieval", "--model", str(out), "--data", str(toy_beir), "--split", "train")
     assert on_train.returncode == 0 and "not added to" in on_train.stdout
     assert not (out / EVALUATIONS_FILE).exists() and "## Evaluation" not in (out / "README.md").read_text()
-    on_test = run_cli("evaluate", "--model", str(out), "--data", str(toy_beir), "--split", "test")
+    on_test = run_cli("evaluate", "retrieval", "--model", str(out), "--data", str(toy_beir), "--split", "test")
     assert on_test.returncode == 0 and "not added to" not in on_test.stdout
     assert [e["split"] for e in json.loads((out / EVALUATIONS_FILE).read_text())] == ["test"]

@@ -20,7 +20,7 @@ from privret.progress import Progress
 from privret.train import dp_retriever as dptrain
 from privret.train import dp_run
 from privret.train import generator as gtrain
-from privret.train.settings import DPRetrieverConfig, GeneratorTrainConfig
+from privret.settings.training import DPRetrieverConfig, GeneratorTrainConfig
 
 
 NON_DP_KEYS = {"loss", "losses", "train_loss", "clipped", "clip_fraction", "clipped_fraction"}
@@ -128,7 +128,7 @@ def test_dp_training_writes_no_loss_or_clip_statistics(tiny_llama_dir, tiny_bert
         checkpoint_every=1, accountant="rdp"), data_hash="h")  # RDP: the ledgers' epsilon in ms, not seconds
     dptrain.train_dp_retriever(pairs, tmp_path / "ret", DPRetrieverConfig(
         method="public-negatives", model=str(tiny_bert_dir), epsilon=8.0, batch_size=2, epochs=1, trainable="top:1",
-        max_query_tokens=32, max_doc_tokens=32, public_negatives=3, checkpoint_every=1,
+        max_query_tokens=32, max_doc_tokens=32, public_negatives=3, hard_negatives=0, checkpoint_every=1,
         accountant="rdp"), data_hash="h", public_corpus=pairs.corpus,
         budget=BudgetPolicy(allow_over=True))  # the second epsilon-8 release on this data passes the default cap
 

@@ -26,7 +26,8 @@ def _tiny_config(dataset, tiny_llama_dir, tiny_bert_dir) -> PipelineConfig:
         generate=GenerateConfig(num_queries=2, max_new_tokens=6, batch_size=4),
         retriever=RetrieverTrainConfig(model=str(tiny_bert_dir), epochs=1, batch_size=4, bf16=False),
         direct_dp=DirectDPGrid(methods=["public-negatives", "batch-clip"], epsilons=[4.0],
-                               settings={"model": str(tiny_bert_dir), "batch_size": 2, "public_negatives": 3},
+                               settings={"model": str(tiny_bert_dir), "batch_size": 2, "epochs": 1, "trainable": "all",
+                                         "learning_rate": 2e-5, "public_negatives": 3, "hard_negatives": 0},
                                per_method={"batch-clip": {"trainable": "top:1"}}),
         synthetic_filter=RoundTripFilterConfig(encoder=str(tiny_bert_dir), top_k=2))
 
@@ -605,7 +606,7 @@ def test_interrupted_direct_dp_stage_resumes_with_its_settings_only(small_config
 
     cfg = small_config.model_copy(update={"direct_dp": small_config.direct_dp.model_copy(update={
         "methods": ["batch-clip"], "epsilons": [4.0],
-        "settings": DPRetrieverSettings(model=small_config.retriever.model, batch_size=2, trainable="top:1",
+        "settings": DPRetrieverSettings(model=small_config.retriever.model, batch_size=2, epochs=1, trainable="top:1",
                                         checkpoint_every=1)})})
     stage = tmp_path / "run" / "direct-batch-clip-eps-4" / "retriever"
     real = dp_run.save_checkpoint

@@ -13,16 +13,16 @@ import shutil
 
 import pytest
 
-from privret.config import PipelineConfig
+from privret.settings.pipeline import PipelineConfig
 from privret.data.beir import Document
 from privret.data.pairs import QueryDocPair, TrainingPairs
 from privret.errors import InputError
 from privret.io import file_sha256
 from privret.privacy.ledger import LEDGER_FILE, PrivacyLedger
-from privret.train.interpolated import save_interpolated
+from privret.train.interpolated_release import save_interpolated
 from privret.train.private_selection import select_retriever
 from privret.train.retriever import non_private_ledger, train_retriever
-from privret.train.settings import PrivateSelectionConfig, RetrieverTrainConfig
+from privret.settings.training import PrivateSelectionConfig, RetrieverTrainConfig
 
 from helpers import run_cli
 
@@ -133,7 +133,7 @@ def test_a_warm_start_needs_a_public_ledger_of_the_same_base_model(tmp_path):
 
 def test_generator_training_refuses_a_private_base_model(tmp_path, tiny_llama_dir):
     from privret.train.generator import train_generator
-    from privret.train.settings import GeneratorTrainConfig
+    from privret.settings.training import GeneratorTrainConfig
 
     base = shutil.copytree(tiny_llama_dir, tmp_path / "dp-generator")
     PRIVATE.save(base)
@@ -170,7 +170,14 @@ def test_a_retriever_trained_on_declared_public_pairs_is_public_and_adds_nothing
 
 def test_public_training_refuses_dp_and_a_private_starting_model(private_encoder, tmp_path):
     pairs = _write_pairs(tmp_path / "public.jsonl")
-    for extra, field in ((["--dp", "naive"], "--public"), (["--model", str(private_encoder)], "model")):
+    # retriever train-dp takes no --public (DP training is for private data), and the start must be public
+    import typer.main
+
+    from privret.cli import app
+
+    train_dp = typer.main.get_command(app).commands["retriever"].commands["train-dp"]
+    assert "public" not in {p.name for p in train_dp.params} and "public_negatives" in {p.name for p in train_dp.params}
+    for extra, field in ((["--model", str(private_encoder)], "model"),):
         result = run_cli("retriever", "train", "--pairs", str(pairs), "--out", str(tmp_path / "r"), "--batch-size",
                          "2", "--public", *extra)
         assert result.returncode == 2 and field in result.stderr, result.stderr

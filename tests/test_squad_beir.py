@@ -125,7 +125,7 @@ def test_cli_data_squad_beir(tmp_path):
 
 
 def test_squad_config_loads_once_the_dataset_exists(tmp_path):
-    from privret.config import load_config
+    from privret.settings.pipeline import load_config
 
     config = tmp_path / "repo" / "configs" / "squad.yaml"
     config.parent.mkdir(parents=True)
@@ -148,20 +148,21 @@ def test_squad_config_loads_once_the_dataset_exists(tmp_path):
 
 @pytest.mark.skipif(not (SHARED_DATA / "scifact").is_dir(), reason="../shared/data/scifact not present")
 def test_scifact_config_carries_the_squad_regime_as_its_rule():
-    """configs/scifact.yaml's public-negatives row is the regime chosen on SQuAD's validation split, carried
-    unchanged in what it trains and how it steps, with every step taking all 807 units (q = 1) for the
-    12 steps per SQuAD epoch the rule fixed; the other methods keep the shared settings."""
+    """configs/scifact.yaml's public-negatives row is the regime chosen on SQuAD's validation split
+    (configs/squad.yaml's), carried unchanged in what it trains; by the rule of the log's size it takes all 807
+    units (q = 1) in each of 48 steps where SQuAD's 5,747 units take 512 for 4 epochs; the other methods keep the
+    baselines' settings."""
     import yaml
 
-    from privret.config import load_config
+    from privret.settings.pipeline import DirectDPGrid, load_config
 
     cfg = load_config(REPO / "configs" / "scifact.yaml")
     row = cfg.direct_dp.config("public-negatives", 8.0, cfg.unit)
-    squad = yaml.safe_load((REPO / "configs" / "squad.yaml").read_text())["direct_dp"]["settings"]
-    for field in ("trainable", "learning_rate", "clip_norm", "hard_negatives", "public_negatives", "dropout",
-                  "max_doc_tokens"):
-        assert getattr(row, field) == squad[field], field
-    assert (row.batch_size, row.epochs) == (807, 12 * squad["epochs"])
+    squad = DirectDPGrid(**yaml.safe_load((REPO / "configs" / "squad.yaml").read_text())["direct_dp"])
+    squad_row = squad.config("public-negatives", 8.0, cfg.unit)
+    assert row == squad_row
+    assert (row.scheduled(807).batch_size, row.scheduled(807).epochs) == (807, 48)
+    assert (squad_row.scheduled(5747).batch_size, squad_row.scheduled(5747).epochs) == (512, 4)
     assert cfg.direct_dp.config("batch-clip", 8.0, cfg.unit).trainable != "bias-top:3"
 
 
@@ -169,7 +170,7 @@ def test_scifact_config_carries_the_squad_regime_as_its_rule():
 def test_scifact_config_prompted_bar_shows_the_benchmarks_public_claims():
     """configs/scifact.yaml's epsilon = 0 prompted row shows exactly the examples the benchmarks' prompted bar
     showed (bench/scifact_public_claims.tsv: corpus id, claim), its documents read from the corpus by id."""
-    from privret.config import load_config
+    from privret.settings.pipeline import load_config
 
     cfg = load_config(REPO / "configs" / "scifact.yaml")
     corpus = load_beir(cfg.dataset, splits=[]).corpus

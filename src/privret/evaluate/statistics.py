@@ -151,7 +151,7 @@ def precision_sentence(rows: Sequence[tuple[str, str | None]]) -> str:
         return f"Every row was encoded in {next(iter(formats))} for evaluation."
     parts = "; ".join(f"{fmt}: {', '.join(labels)}" for fmt, labels in formats.items())
     return (f"Warning: the rows were encoded in different number formats ({parts}), so their differences include about "
-            "0.001 NDCG@10 of rounding; evaluate them again on one machine (`privret evaluate --no-bf16`) to compare.")
+            "0.001 NDCG@10 of rounding; evaluate them again on one machine (`privret evaluate retrieval --no-bf16`) to compare.")
 
 
 def bar_sentence(bar_label: str, bar_ndcg: float, rows: Sequence[tuple[str, float | None, Versus | None]]) -> str:

@@ -47,7 +47,7 @@ def corpus_embeddings(model, corpus: dict[str, Document], *, batch_size: int = 6
     Privacy: a cache entry holds what ``model`` computes from the corpus, so it reveals what the
     model does. The pipeline caches only a *public* encoder's embeddings of the *public* corpus
     (its zero-shot encoder and the round-trip filter's); embeddings by retrievers trained on
-    private data are never cached there. ``privret evaluate --cache-dir`` caches whatever model it
+    private data are never cached there. ``privret evaluate retrieval --cache-dir`` caches whatever model it
     evaluates: give it for a model trained on private data only where that model may be kept.
     """
     doc_ids = list(corpus)

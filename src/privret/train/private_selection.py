@@ -120,7 +120,7 @@ def select_retriever(pairs: TrainingPairs, out_dir: str | Path, cfg: PrivateSele
     """Score the candidates on ``pairs`` (the private log), choose one with epsilon-DP, save it to ``out_dir``.
 
     ``cfg.hold_out``: score on that partition's held-out part only. Candidates trained with DP on its fit part
-    (``retriever train --dp`` with the same partition) then compose with the choice in parallel: the chosen
+    (``retriever train-dp`` with the same partition) then compose with the choice in parallel: the chosen
     model's ledger costs the larger of the two epsilons, not their sum (:mod:`privret.privacy.hold_out`).
 
     Returns the record written to ``private_selection.json``. The release is recorded in the budget
