@@ -78,7 +78,7 @@ class QueryGenerator:
         layers = self._trained_layer_indices()
         if self.trained_layers is not None and layers is None:  # else all layers would train, the ledger saying k
             raise InputError(f"privret trains the top k layers of causal LMs with a decoder stack only; {self.name} "
-                             "trains whole (give none: --trained-layers 0)", field="trained_layers")
+                             "trains whole (give none: trained_layers: null)", field="trained_layers")
         for p in self.model.parameters():
             p.requires_grad_(False)
         if mode == "lora":
@@ -137,8 +137,11 @@ class QueryGenerator:
     # -- sampling --------------------------------------------------------------------------
     @torch.no_grad()
     def generate(self, docs: list[str], *, num_queries: int = 1, top_p: float = 0.8, temperature: float = 1.0,
-                 max_new_tokens: int = 48, seed: int | None = None) -> list[list[str]]:
-        """Nucleus-sample ``num_queries`` queries for each document (one batched call, KV cache)."""
+                 max_new_tokens: int = 48, seed: int | None = None,
+                 stop_at_sentence_end: bool = False) -> list[list[str]]:
+        """Nucleus-sample ``num_queries`` queries for each document (one batched call, KV cache); each query's
+        first line. ``stop_at_sentence_end``: a row may stop once its first sentence is complete (for a caller that
+        keeps only that, :func:`privret.models.decoding.first_sentence`)."""
         raise NotImplementedError
 
     def _decode(self, ids) -> str:
