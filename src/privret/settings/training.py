@@ -4,6 +4,8 @@
 (:mod:`privret.train.retriever`), :class:`GeneratorTrainConfig` (:class:`GeneratorSettings` with an epsilon)
 the (DP) generator (:mod:`privret.train.generator`), :class:`DPRetrieverConfig` the direct DP retriever
 (:mod:`privret.train.dp_retriever`). The privacy meaning of each field is stated in those modules.
+:class:`DPRetrieverConfig`'s defaults are the regime docs/results.md measures; a batch size or number of epochs left
+unset follows :func:`dp_schedule`, a rule of the number of units n, which privret treats as public.
 """
 
 from __future__ import annotations
