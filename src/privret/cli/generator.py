@@ -41,6 +41,7 @@ app = typer.Typer(help="Fine-tuning of the query generator, without and with DP,
 DEFAULT = {name: field.default for name, field in GeneratorTrainConfig.model_fields.items()}
 REGIME = (f"LoRA rank {DEFAULT['lora_rank']} on the top {DEFAULT['trained_layers']} layers, documents cut at "
           f"{DEFAULT['max_doc_tokens']} tokens, a checkpoint every {DEFAULT['checkpoint_every']} steps")
+SCIFACT_UNITS = 807  # the query units of SciFact's train qrels, the log docs/results.md measured the defaults on
 ConfigOpt = config_file_option("GeneratorTrainConfig")
 OutOpt = Annotated[Path, typer.Option("--out", help="output directory (generator + privacy ledger)")]
 ModelOpt = Annotated[str, typer.Option(help=f"the public generator to start from: {MODEL_HELP}")]
@@ -101,7 +102,8 @@ def generator_train(
     "sampling): a DP release, charged to the data's privacy-budget registry.\n\n"
     "The defaults are the regime docs/results.md measures (\"DP synthetic queries\"): "
     f"{REGIME}, DP-Adam lr {DEFAULT['learning_rate']:g}, expected batch {DEFAULT['batch_size']} units, "
-    f"{DEFAULT['epochs']:g} epochs (38 steps on SciFact's 807 units), C = {DEFAULT['clip_norm']:g}, the "
+    f"{DEFAULT['epochs']:g} epochs ({math.ceil(DEFAULT['epochs'] * SCIFACT_UNITS / DEFAULT['batch_size'])} steps "
+    f"on SciFact's {SCIFACT_UNITS} units), C = {DEFAULT['clip_norm']:g}, the "
     f"{DEFAULT['accountant'].upper()} accountant. Rarely changed settings come from --config."))
 @device_option
 def generator_train_dp(
