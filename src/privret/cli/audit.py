@@ -147,9 +147,9 @@ def audit_canaries(
 ) -> None:
     """Canary exposure audit of the DP generator (Carranza et al., section 6.3): rank, exposure, leaks, epsilon lower bound.
 
-    The audited fine-tune is the one privret generator train-dp makes (its defaults; --config sets the others, and
-    the candidates, top_p and alpha of the audit). Every DP trial counts in the data's privacy-budget registry, like
-    any DP training on it."""
+    The audited fine-tune is the one privret generator train-dp makes with its defaults; --config sets the others
+    (its generator section) and the audit's candidates, top_p and alpha. Every DP trial counts in the data's
+    privacy-budget registry, like any DP training on it."""
     from privret.audit.canary_audit import CanaryAuditConfig, canary_table_markdown, run_canary_audit
     from privret.privacy.budget import dataset_id
 

@@ -86,8 +86,10 @@ def federated_train(
     allow_over_budget: AllowOverOpt = None,
     dataset_name: DatasetNameOpt = None,
 ) -> None:
-    """PDD-AS2 + client-customized query encoders + Fed-Negative with the Flower apps on this machine (a DP run is a
-    release per client in the budget registry)."""
+    """PDD-AS2 + client-customized query encoders + Fed-Negative with the Flower apps on this machine.
+
+    A DP run (--dp server or client) is a release per client in the budget registry; rarely changed settings come
+    from --config."""
     import torch
 
     from privret.federated import runner

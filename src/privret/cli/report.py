@@ -28,10 +28,11 @@ def report(
         "retention}]}); needs the zero-shot and original rows",
         callback=output_file)] = None,
 ) -> None:
-    """One self-contained HTML report (plot, tables, examples, ledgers) + a Markdown summary; --utility-json adds
-    the privacy-utility JSON. By default it leaves out the private queries, how long the stages that read the
-    private log took and the log's pair counts; the --show-private-* flags add them, for those allowed to see the
-    private log."""
+    """One self-contained HTML report of a pipeline run (plot, tables, examples, ledgers) and a Markdown summary.
+
+    --utility-json adds the privacy-utility JSON. By default it leaves out the private queries, how long the stages
+    that read the private log took and the log's pair counts; the --show-private-* flags add them, for those
+    allowed to see the private log."""
     from privret.report import build_report
 
     html_path, md_path, markdown = build_report(run_dir, out=out_file, utility_out=utility_json,
