@@ -97,7 +97,7 @@ def test_bad_epsilon_and_delta_exit_2(toy_beir, tmp_path):
     assert result.returncode == 2 and "field '--lr'" in result.stderr  # the flag the user typed
     result = run_cli("generator", "train-dp", "--data", str(toy_beir), "--out", str(out), "--epsilon", "inf")
     assert result.returncode == 2 and "field '--epsilon'" in result.stderr and "generator train" in result.stderr
-    result = run_cli("generator", "train-dp", "--data", str(toy_beir), "--out", str(out), "--unit", "session")
+    result = run_cli("generator", "train-dp", "--data", str(toy_beir), "--out", str(out), "--unit", "household")
     assert result.returncode == 2 and "'--unit'" in result.stderr and "'query', 'pair', 'user'" in result.stderr
     assert not out.exists()
 
