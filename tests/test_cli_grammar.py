@@ -99,3 +99,22 @@ def test_audit_canaries_shows_the_defaults_it_runs():
     assert [int(k) for k in shown["repetitions"].split(",")] == cfg.repetitions
     assert {name: shown[name] for name in ("model", "clip_norm", "batch_size", "epochs", "learning_rate")} == \
         cfg.generator.model_dump(include={"model", "clip_norm", "batch_size", "epochs", "learning_rate"})
+
+
+def test_every_row_of_the_table_names_its_new_spelling():
+    """Each old command and flag of privret.cli.moved, given on a command line, ends in its own row's message; no
+    old flag is still an option of its command (the row would hide it)."""
+    from privret.cli import app
+    from privret.cli.moved import COMMANDS, FLAGS, moved_spelling
+
+    for old, new in COMMANDS.items():
+        assert moved_spelling([*old, "--help"]) == f"privret {' '.join(old)} is now {new}"
+    root = typer.main.get_command(app)
+    for (path, flag), new in FLAGS.items():
+        message = moved_spelling([*path, flag, "7"])
+        assert message == f"privret {' '.join(path)} {flag} is now {new.format(flag=flag, value='7')}"
+        command = root
+        for word in path:
+            command = command.commands[word]
+        options = {name for p in command.params if isinstance(p, click.Option) for name in (*p.opts, *p.secondary_opts)}
+        assert flag not in options, (path, flag)
