@@ -1,11 +1,14 @@
 """The generator and synthesis commands end to end on the tiny fixtures: `generator train` fine-tunes without DP
 (on the private log: an epsilon inf ledger; on public pairs: an epsilon 0 ledger), `generator train-dp` with DP,
-`synth generate --model` samples any of them, and the rarely changed settings come from --config."""
+`synth generate --model` samples any of them, `audit canaries` audits one; the rarely changed settings come from
+--config."""
 
 from __future__ import annotations
 
 import json
 import math
+
+import pytest
 
 from helpers import run_cli
 from privret.privacy.ledger import PrivacyLedger
@@ -46,3 +49,21 @@ def test_generator_train_dp_writes_a_dp_ledger(tiny_llama_dir, toy_beir, tmp_pat
     ledger = PrivacyLedger.load(tmp_path / "dp")
     assert ledger.mechanism == "dp-sgd" and ledger.epsilon <= 4 and ledger.accountant == "rdp"
     assert ledger.trainable == "lora:top1"
+
+
+@pytest.mark.slow
+def test_audit_canaries_on_the_tiny_llama(tiny_llama_dir, tmp_path, monkeypatch):
+    """One epsilon by flag, the generator's and the audit's rarely changed fields from --config: the audit trains
+    and scores one trial on 20 pairs of the bundled demo log and writes canaries.json at that epsilon."""
+    from privret.data.demo import demo_dataset_dir
+
+    monkeypatch.setenv("PRIVRET_BUDGET_DIR", str(tmp_path / "budget"))
+    config = tmp_path / "audit.yaml"
+    config.write_text("candidates: 10\ngenerator:\n  trained_layers: 1\n  lora_rank: 4\n  bf16: false\n")
+    done = run_cli("audit", "canaries", "--data", str(demo_dataset_dir()), "--out", str(tmp_path / "audit"), "--model",
+                   str(tiny_llama_dir), "--epsilon", "4", "--trials", "1", "--repetitions", "1,5", "--samples", "1",
+                   "--subsample", "20", "--epochs", "1", "--batch-size", "8", "--config", str(config))
+    assert done.returncode == 0, done.stderr
+    report = json.loads((tmp_path / "audit" / "canaries.json").read_text())
+    assert {row["epsilon"] for row in report["results"]} == {"4"} and report["candidates"] == 10
+    assert (report["generator"]["trained_layers"], report["generator"]["batch_size"]) == (1, 8)
