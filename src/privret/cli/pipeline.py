@@ -22,7 +22,7 @@ def pipeline(
     """Every row of a config's grid (references, public rows, DP synthetic, direct DP); re-runs skip finished stages.
 
     The budget flags override the config's budget section."""
-    from privret.config import PipelineConfig, load_config
+    from privret.settings.pipeline import PipelineConfig, load_config
     from privret.errors import InputError
     from privret.pipeline.run import run_pipeline
     from privret.pipeline.summary import summary_table
