@@ -109,8 +109,8 @@ GENERATOR = {name: field.default for name, field in GeneratorSettings.model_fiel
 # the audit's fields whose flag is not -- + their name: the generator's that audit canaries sets by a flag (its
 # --config sets any in its `generator` section), and the epsilon
 FLAG_OF = {"epsilons": "--epsilon", "generator_model": "--model", "generator_clip_norm": "--clip-norm",
-                   "generator_batch_size": "--batch-size", "generator_epochs": "--epochs",
-                   "generator_learning_rate": "--lr", "generator_seed": "--seed"}
+           "generator_batch_size": "--batch-size", "generator_epochs": "--epochs", "generator_learning_rate": "--lr",
+           "generator_seed": "--seed"}
 
 
 @app.command("canaries")
