@@ -8,9 +8,9 @@ from collections import Counter
 import pytest
 
 from privret.errors import InputError
-from privret.synth.queryness import (MAX_QUERY_WORDS, degeneracy, first_sentence, is_query_like, measure,
-                                     synthetic_queryness)
-from tests.helpers import write_beir_dir
+from privret.models.decoding import first_sentence, sentence_settled
+from privret.synth.queryness import MAX_QUERY_WORDS, degeneracy, is_query_like, measure, synthetic_queryness
+from helpers import write_beir_dir
 
 TITLE = "Cannot log in to the Travel and Expense Claims Portal"
 BODY = "The portal signs you in with your normal network account. Locked accounts are reset by support."
@@ -54,6 +54,29 @@ def test_first_sentence_cuts_at_the_first_sentence_end_followed_by_text():
     assert first_sentence('Is it "down?" yes') == 'Is it "down?"'
     assert first_sentence("  version 2.5 of the app  ") == "version 2.5 of the app"
     assert first_sentence("no end at all") == "no end at all"
+
+
+@pytest.mark.parametrize("text", ["Where is it? It", "Where is it?  x", 'Is it "down?" y', "a.b c. D", "x! \ufffd"])
+def test_once_a_first_sentence_is_settled_no_text_appended_changes_it(text):
+    assert sentence_settled(text)
+    for more in ("", " more. Text", "\nnext line", "?! x"):
+        assert first_sentence(text + more) == first_sentence(text)
+
+
+@pytest.mark.parametrize("text", ["Where is it?", "ok.", "a.b", "no end", 'Is it "down?"', ""])
+def test_an_unsettled_first_sentence_is_changed_by_one_more_word(text):
+    assert not sentence_settled(text)
+    assert first_sentence(text + "x more") != first_sentence(text)
+
+
+def test_stopping_rows_at_their_first_sentence_end_keeps_the_same_first_sentences(tiny_llama_dir):
+    from helpers import GENERATOR_DOCS
+    from privret.models.generator import load_generator
+
+    generator = load_generator(str(tiny_llama_dir), bf16=False)
+    whole, stopped = (generator.generate(GENERATOR_DOCS, num_queries=2, max_new_tokens=12, seed=5,
+                                         stop_at_sentence_end=stop) for stop in (False, True))
+    assert [[first_sentence(q) for q in qs] for qs in whole] == [[first_sentence(q) for q in qs] for qs in stopped]
 
 
 def test_measure_counts_shares_and_the_outputs_generation_dropped():

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from privret.models.decoding import sample_rows
+from privret.models.decoding import sample_rows, sentence_settled
 from privret.models.prompt_batch import PromptBatch, left_pad_after_prefix, shared_prefix_length
 from privret.models.query_generator import Example, QueryGenerator, first_line_settled, right_pad, without_dropout
 
@@ -186,14 +186,16 @@ class CausalQueryGenerator(QueryGenerator):
 
     @torch.no_grad()
     def generate(self, docs, *, num_queries=1, top_p=0.8, temperature=1.0, max_new_tokens=48, seed=None,
-                 reuse_prefix=True):
+                 reuse_prefix=True, stop_at_sentence_end=False):
         """``num_queries`` sampled queries for each of ``docs``. Each prompt's keys and values (all its tokens but
         the last) are computed once and repeated for its ``num_queries`` rows (:meth:`PromptBatch.own_cache`);
         sampling then starts from each row's last prompt token, so the draws are those of the whole prompts.
         With few-shot examples every prompt starts with the same tokens (instruction and examples): with
         ``reuse_prefix`` these are computed once per call and kept once for all rows (:meth:`PromptBatch.reading`).
         Without examples the batch is the plain left-padded one. A row leaves the batch once its first line is
-        complete or it has ended (:func:`privret.models.decoding.sample_rows`: the draws are ``generate``'s)."""
+        complete or it has ended (:func:`privret.models.decoding.sample_rows`: the draws are ``generate``'s), and
+        with ``stop_at_sentence_end`` once its first sentence is (for a caller that keeps only that,
+        :func:`~privret.models.decoding.first_sentence`: what it keeps is unchanged)."""
         if not docs:
             return []
         if seed is not None:
@@ -206,7 +208,8 @@ class CausalQueryGenerator(QueryGenerator):
             rows, own = batch.repeat(num_queries), slice(batch.shared, None)
             new = sample_rows(self.model, rows.ids[:, own], rows.mask[:, own], rows.positions[:, own], cache,
                               eos_token_ids=self._eos_token_ids(), max_new_tokens=max_new_tokens, top_p=top_p,
-                              temperature=temperature, settled=self._first_line_settled)
+                              temperature=temperature, settled=lambda ids: self._first_line_settled(
+                                  ids, sentence=stop_at_sentence_end))
         texts = [self._decode(row) for row in new]
         return [texts[i * num_queries: (i + 1) * num_queries] for i in range(len(docs))]
 
@@ -217,10 +220,12 @@ class CausalQueryGenerator(QueryGenerator):
         eos = self.tokenizer.eos_token_id if eos is None else eos
         return set(eos) if isinstance(eos, (list, tuple)) else {eos}
 
-    def _first_line_settled(self, ids: list[int]) -> bool:
+    def _first_line_settled(self, ids: list[int], *, sentence: bool = False) -> bool:
         """Whether no further token can change what :meth:`_decode` keeps of ``ids`` (:func:`first_line_settled`;
-        a line break ends any character still being spelled out in bytes, so the text before it is final)."""
-        return first_line_settled(self.tokenizer.decode(ids, skip_special_tokens=True))
+        a line break ends any character still being spelled out in bytes, so the text before it is final), or with
+        ``sentence`` the first sentence of that (:func:`~privret.models.decoding.sentence_settled`)."""
+        text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        return first_line_settled(text) or (sentence and sentence_settled(text))
 
     def prompt_batch(self, docs: list[str], *, reuse_prefix: bool = True) -> PromptBatch:
         """The prompts of ``docs`` as one batch; with few-shot examples and ``reuse_prefix`` their common start

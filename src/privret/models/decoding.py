@@ -15,9 +15,26 @@ distributions are unchanged.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
 import torch
+
+SENTENCE_END = re.compile(r"[.?!][\"')\]]*(?=\s+\S)")
+
+
+def first_sentence(text: str) -> str:
+    """``text`` up to and including its first sentence end (``.``, ``?`` or ``!``, closing quotes or brackets
+    kept) that more text follows; all of it when there is none (stripped)."""
+    text = text.strip()
+    end = SENTENCE_END.search(text)
+    return text[: end.end()] if end else text
+
+
+def sentence_settled(text: str) -> bool:
+    """Whether :func:`first_sentence` of ``text`` followed by anything is :func:`first_sentence` of ``text``: once
+    a sentence end is followed by white space and more text (the characters that decide it are all there)."""
+    return SENTENCE_END.search(text.strip()) is not None
 
 
 @torch.no_grad()

@@ -43,6 +43,13 @@ def load_generator(name: str, *, max_doc_tokens: int = 128, max_query_tokens: in
     return load_pretrained(name, build)
 
 
+def saved_examples(directory: str | Path) -> list[tuple[str, str]]:
+    """The few-shot (document, query) examples the prompts of the generator saved in ``directory`` show (none for
+    a zero-shot prompt), read from its settings without loading the model."""
+    meta = json.loads((Path(directory) / GENERATOR_FILE).read_text())
+    return [(doc, query) for doc, query in meta.get("examples", [])]
+
+
 def load_trained_generator(directory: str | Path, **settings) -> QueryGenerator:
     """Load what :meth:`QueryGenerator.save` wrote (LoRA adapters are merged for fast sampling).
 
@@ -57,7 +64,7 @@ def load_trained_generator(directory: str | Path, **settings) -> QueryGenerator:
         generator = load_trained_generator(directory / WARM_START_DIR, **settings)
     else:
         generator = load_generator(meta["base_model"], **settings)
-    generator.examples = [(doc, query) for doc, query in meta.get("examples", [])]
+    generator.examples = saved_examples(directory)
     if meta["trainable"] == "lora":
         from peft import PeftModel
 

@@ -49,7 +49,8 @@ class Seq2SeqQueryGenerator(QueryGenerator):
         return without_dropout(_Seq2SeqLoss(self.model))
 
     @torch.no_grad()
-    def generate(self, docs, *, num_queries=1, top_p=0.8, temperature=1.0, max_new_tokens=48, seed=None):
+    def generate(self, docs, *, num_queries=1, top_p=0.8, temperature=1.0, max_new_tokens=48, seed=None,
+                 stop_at_sentence_end=False):  # transformers' generate runs every row to its end: nothing to stop
         if seed is not None:
             torch.manual_seed(seed)
         enc = self.tokenizer([self.PREFIX + d for d in docs], return_tensors="pt", padding=True, truncation=True,

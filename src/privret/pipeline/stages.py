@@ -1,26 +1,17 @@
 """The stages of a pipeline run: where each writes, when it is done, and the fingerprint of its settings.
 
-Every stage is named (its path relative to the run directory) and given its "done" file once, in
-:func:`plan_stages`; the run (:mod:`privret.pipeline.run`) reads both from the plan.
+:func:`plan_stages` names every stage (its path in the run directory) and its "done" file once; the run
+(:mod:`privret.pipeline.run`) reads both from the plan. Every stage records the settings that made it
+(``<output>/stage.json``, or ``metrics.stage.json`` beside a ``metrics.json``): its pydantic config, the hashes (as
+commitments) of the data it read and, nested, the fingerprints of the stages it was made from, so a change upstream
+makes everything downstream stale.
 
-**Fingerprints.** Every stage records the exact settings that produced it: a directory output gets
-``<output>/stage.json``, a ``metrics.json`` gets ``metrics.stage.json`` beside it. The fingerprint
-is the stage's pydantic config dumped to JSON, the hashes of the data it read (the private training
-data; the corpus, queries and qrels of the evaluation split) and, nested, the fingerprints of the
-stages it was made from (a synthetic set holds its generator's, a retriever its synthetic set's,
-metrics their retriever's), so a change upstream makes everything downstream stale. Before any
-work, :func:`check_stages` compares every finished stage with what the current config would make:
-identical, it is skipped; different, the run stops with one :class:`~privret.errors.InputError`
-line naming the stage and the first differing field, old and new value. A finished stage whose
-upstream stage is missing (deleted, to be made anew) is refused too, and so is a finished stage
-without a record (made by a privret before stage records, or, for a trainer's output directory,
-cut between its output and its record): what made it cannot be proven. The stages whose "done"
-file the pipeline writes itself (metrics, the document choice) write their record first. The records of the DP trainers (generator, direct DP
-retriever) are also written when their training starts, so an interrupted one resumes only with the
-settings it started with. A direct DP retriever's fingerprint leaves out ``checkpoint_every``,
-``physical_batch`` (memory only) and ``secure_rng`` when off (:data:`~privret.train.dp_run.RESUME_FREE`: none
-changes the mechanism), so records written before these fields existed still match; a record holding a setting of
-:data:`~privret.train.dp_run.RETIRED_SETTINGS` at the value every run has matches too.
+Before any work :func:`check_stages` compares every finished stage with what the config would make: identical, it
+is skipped; different, the run stops with one :class:`~privret.errors.InputError` line naming the stage and the
+first differing field. A finished stage whose upstream stage is missing, or with no record (what made it cannot be
+proven), is refused. The DP trainers' records are written when training starts, so an interrupted one resumes only
+with its own settings. A direct DP retriever's fingerprint leaves out :data:`~privret.train.dp_run.RESUME_FREE`
+(none changes the mechanism) and accepts :data:`~privret.train.dp_run.RETIRED_SETTINGS` at their one value.
 """
 
 from __future__ import annotations
@@ -44,7 +35,7 @@ from privret.train.dp_retriever import MECHANISM_FILE
 from privret.settings.training import DPRetrieverConfig
 from privret.train.dp_run import RETIRED_SETTINGS, STAGE_FILE, resume_settings
 from privret.train.private_selection import SELECTION_FILE
-from privret.train.public import examples_hash
+from privret.train.public_start import examples_hash, start_examples
 
 STAGE_FORMAT = 1
 
@@ -178,10 +169,13 @@ def plan_stages(cfg: PipelineConfig, run_dir: Path, *, data_hash: str, evaluatio
             mode="json"), "public_pairs": file_sha256(public.public_pairs)}, done=GENERATOR_FILE, resumable=True)
         plan.public[PUBLIC_PAIRS] = _synthetic_row(plan, PUBLIC_PAIRS, warm_start, cfg, {}, metrics)
     warm = {"warm_start": cfg.generator.warm_start} if cfg.generator.warm_start else {}
+    shown = dp_start_examples(cfg, few_shot)
+    start = {"public_examples": examples_hash(shown)} if shown is not None else {}
     for epsilon in cfg.epsilons:
         row = f"{DP_ROW_PREFIX}{format_epsilon(epsilon)}"
         generator = plan.add(f"{row}/{GENERATOR}", {"generator": cfg.generator_config(epsilon).model_dump(
-            mode="json"), **train, **warm}, after=(warm_start,) if warm else (), done=GENERATOR_FILE, resumable=True)
+            mode="json"), **train, **warm, **start}, after=(warm_start,) if warm else (), done=GENERATOR_FILE,
+            resumable=True)
         plan.dp.append(_synthetic_row(plan, row, generator, cfg, train, metrics, epsilon=epsilon, corpus=corpus))
     for epsilon in cfg.direct_dp.epsilons:  # every method at the first epsilon before the next epsilon
         for method in cfg.direct_dp.methods:
@@ -199,6 +193,15 @@ def plan_stages(cfg: PipelineConfig, run_dir: Path, *, data_hash: str, evaluatio
                     done=SELECTION_FILE)
             plan.direct.append(direct)
     return plan
+
+
+def dp_start_examples(cfg: PipelineConfig, few_shot: list[tuple[str, str]] | None) -> list[tuple[str, str]] | None:
+    """The few-shot examples the DP generators' prompts show (:mod:`privret.train.public_start`): with the prompted
+    start and no warm start, the prompted row's (``few_shot``, so that before any private step the DP generator
+    writes what that epsilon-0 row writes), else privret's generic ones; None for another start."""
+    if cfg.generator.warm_start or cfg.generator.start != "prompted":
+        return None
+    return start_examples(few_shot)
 
 
 def _synthetic_row(plan: StagePlan, row: str, generator: Stage, cfg: PipelineConfig, data: dict, metrics: dict, *,

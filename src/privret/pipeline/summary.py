@@ -1,7 +1,7 @@
 """The summary of a pipeline run: ``summary.json``, ``summary.md`` (Table 3 layout of Carranza et al., with
 retention and the CI against zero-shot, and, when the run has rows made without private data, the CI
-against the best of them: the epsilon = 0 bar a DP row must clear) and ``budget.json`` (what releasing
-every row together costs)."""
+against the best of them: the epsilon = 0 bar a DP row must clear; then the query-ness of each synthetic set,
+:mod:`privret.synth.queryness`) and ``budget.json`` (what releasing every row together costs)."""
 
 from __future__ import annotations
 
@@ -10,14 +10,15 @@ from pathlib import Path
 
 from rich.table import Table
 
-from privret.config import PipelineConfig
+from privret.settings.pipeline import PipelineConfig
 from privret.evaluate.statistics import (BAR_HEADER, COVERAGE, EXPLANATION, Versus, bar_sentence, precision_sentence,
                                         versus_bar, versus_zero_shot)
 from privret.io import write_json_atomic, write_text_atomic
 from privret.run_layout import (BUDGET_FILE, CHOICE, DIRECT_ROW_PREFIX, DOCUMENTS, DP_ROW_PREFIX, GENERATOR,
-                                     RETRIEVER, SELECTED_SUFFIX, SUMMARY_FILE, SUMMARY_MARKDOWN)
+                                     RETRIEVER, SELECTED_SUFFIX, SUMMARY_FILE, SUMMARY_MARKDOWN, SYNTHETIC)
 from privret.privacy.ledger_composition import run_composition, run_composition_sentence
 from privret.privacy.ledger import LEDGER_FILE, format_epsilon
+from privret.synth.queryness import Queryness, synthetic_queryness
 
 SUMMARY_COLUMNS = ("training data", "epsilon", "delta", "NDCG@10", "retention", "ΔNDCG@10 vs zero-shot [95% CI]",
                    "Recall@10", "Recall@100", "MRR@10")
@@ -103,6 +104,31 @@ def summary_markdown(rows: list[dict], cfg: PipelineConfig) -> str:
     return "\n".join(lines) + "\n"
 
 
+def synthetic_sets_queryness(run_dir: Path, rows: list[dict]) -> dict[str, Queryness]:
+    """:func:`~privret.synth.queryness.synthetic_queryness` of the synthetic set of every row that trained on one,
+    by its stage (the set alone: post-processing of its generator's release)."""
+    return {r["stage"]: synthetic_queryness(run_dir / r["stage"] / SYNTHETIC) for r in rows
+            if (run_dir / r["stage"] / SYNTHETIC / "manifest.json").is_file()}
+
+
+def queryness_lines(rows: list[dict], measured: dict[str, Queryness]) -> list[str]:
+    """The summary.md table of each synthetic set's query-ness (empty without one)."""
+    if not measured:
+        return []
+    lines = ["| synthetic set of | query-like | degenerate | outputs | degenerate outputs by reason |",
+             "|---|---:|---:|---:|---|"]
+    for r in rows:
+        if (found := measured.get(r["stage"])) is not None:
+            reasons = ", ".join(f"{reason} {count}" for reason, count in sorted(found.reasons.items())) or "-"
+            lines.append(f"| {r['row']} | {found.query_like:.1%} | {found.degenerate:.1%} | {found.outputs} | "
+                         f"{reasons} |")
+    return ["", f"Query-ness of each synthetic set, computed on the set alone (post-processing): query-like = one "
+                f"sentence or question of at most {next(iter(measured.values())).max_words} words and not "
+                "degenerate; degenerate = empty, one word, a copy of the document's title or first sentence or of "
+                "a prompt's example query, or a repeated run (privret.synth.queryness); outputs generation dropped "
+                "count in both.", ""] + lines
+
+
 def run_releases(run_dir: Path) -> list[tuple[str, Path]]:
     """The releases of a run directory, each once: (row, directory holding its ledger).
 
@@ -126,9 +152,11 @@ def run_releases(run_dir: Path) -> list[tuple[str, Path]]:
 def write_summary(run_dir: Path, rows: list[dict], cfg: PipelineConfig) -> None:
     """``summary.json`` (each row's figures; no per-query scores and no timing, which the report shows only when
     asked: ``privret report --show-private-timings-and-counts``), ``budget.json`` and ``summary.md``."""
-    write_json_atomic(run_dir / SUMMARY_FILE, [{k: v for k, v in r.items() if k not in ("per_query", "eval_seconds")}
-                                               for r in rows])
+    measured = synthetic_sets_queryness(run_dir, rows)
+    write_json_atomic(run_dir / SUMMARY_FILE, [
+        {**{k: v for k, v in r.items() if k not in ("per_query", "eval_seconds")},
+         **({"queryness": measured[r["stage"]].as_dict()} if r["stage"] in measured else {})} for r in rows])
     joint = run_composition(run_releases(run_dir))  # what releasing every row together costs (docs/reliability.md)
     write_json_atomic(run_dir / BUDGET_FILE, joint)
-    write_text_atomic(run_dir / SUMMARY_MARKDOWN,
-                      summary_markdown(rows, cfg) + "\n" + run_composition_sentence(joint) + "\n")
+    write_text_atomic(run_dir / SUMMARY_MARKDOWN, summary_markdown(rows, cfg) + "\n".join(
+        queryness_lines(rows, measured) + ["", run_composition_sentence(joint), ""]))

@@ -2,9 +2,9 @@
 
 Required: at least one ``metrics.json`` row. Shown when present: ``zero_shot/`` and ``original/`` (the references);
 ``per_query.json`` beside a ``metrics.json`` (the paired bootstrap interval against zero-shot,
-:mod:`privret.evaluate.statistics`); ``eps-<e>/`` (metrics, the generator's ledger, ``synthetic/`` examples and
-manifest, ``timing.json``); ``direct-<method>-eps-<e>[-selected]/`` (metrics and ledger); ``similarity.json``,
-``canaries.json`` or ``canaries/canaries.json``; any top-level JSON shaped like ``privret evaluate --datasets``
+:mod:`privret.evaluate.statistics`); ``eps-<e>/`` (metrics, the generator's ledger, ``synthetic/`` examples,
+query-ness and manifest, ``timing.json``); ``direct-<method>-eps-<e>[-selected]/`` (metrics and ledger); ``similarity.json``,
+``canaries.json`` or ``canaries/canaries.json``; any top-level JSON shaped like ``privret evaluate retrieval --datasets``
 output; ``config.json``. See docs/report.md.
 
 A file that is present but unreadable is an :class:`InputError` naming it: a report that silently drops a row
@@ -25,6 +25,7 @@ from privret.run_layout import (CONFIG_FILE, DIRECT_ROW_PREFIX, DP_ROW_PREFIX, F
                                      ORIGINAL, PUBLIC_ROWS, RETRIEVER, SELECTED_SUFFIX, SUMMARY_FILE, SYNTHETIC,
                                      TIMING_FILE, ZERO_SHOT)
 from privret.privacy.ledger import LEDGER_FILE, format_epsilon
+from privret.synth.queryness import Queryness, synthetic_queryness
 
 EPS_DIR = re.compile(rf"^{re.escape(DP_ROW_PREFIX)}(?P<eps>inf|[0-9.eE+-]+?)"
                       rf"(?P<suffix>{re.escape(FILTERED_SUFFIX)}|{re.escape(SELECTED_SUFFIX)})?$")
@@ -46,6 +47,7 @@ class Row:
     timing: dict = field(default_factory=dict)
     per_query: dict[str, float] | None = None  # NDCG@10 per test query, when the run kept it
     grid_epsilon: float | None = None  # a DP row's epsilon in the run's grid (its directory name); None otherwise
+    queryness: Queryness | None = None  # of the synthetic set it trained on, when it has one
 
     @property
     def is_reference(self) -> bool:
@@ -181,6 +183,8 @@ def collect(run_dir: str | Path, *, show_private_queries: bool = False, show_pri
     rows += stages
     for r in rows:
         r.per_query = _per_query(run_dir / r.key / PER_QUERY_FILE)
+        if (run_dir / r.key / SYNTHETIC / "manifest.json").is_file():
+            r.queryness = synthetic_queryness(run_dir / r.key / SYNTHETIC)
         if r.method not in ("zero-shot",) and r.ledger is None:
             notes.append(f"{r.key}: no privacy ledger found")
     if not rows:
@@ -265,7 +269,7 @@ def _canaries(run_dir: Path) -> dict | None:
 
 
 def _zero_shot_datasets(run_dir: Path) -> list[dict]:
-    """Top-level JSON files in the ``privret evaluate --datasets`` shape: {split, datasets, rows}."""
+    """Top-level JSON files in the ``privret evaluate retrieval --datasets`` shape: {split, datasets, rows}."""
     found = []
     for path in sorted(run_dir.glob("*.json")):
         if path.name in (CONFIG_FILE, SUMMARY_FILE, "similarity.json", "canaries.json"):

@@ -19,6 +19,8 @@ from privret.report.sections import (bar_note, canary_rows, canary_section, exam
                                      ledger_summary, precision_note, retrieval_headers, retrieval_rows,
                                      similarity_section, zero_shot_section)
 from privret.report.wall_time import WALL_TIME_NOTE, wall_time_table
+from privret.run_layout import SYNTHETIC
+from privret.synth.queryness import MAX_QUERY_WORDS
 
 _CSS = """
 body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,"DejaVu Sans",sans-serif;margin:2em auto;max-width:1100px;
@@ -30,6 +32,21 @@ vertical-align:top}th{background:#f3f3f3}td.num{text-align:right;font-variant-nu
 figure{margin:0}figure img{max-width:100%;height:auto;border:1px solid #eee}
 code{background:#f5f5f5;padding:0 .2em}details{margin:.4em 0}summary{cursor:pointer}
 """
+
+
+QUERYNESS_HEADERS = ["synthetic set", "query-like", "degenerate", "outputs", "degenerate outputs by reason"]
+QUERYNESS_NOTE = (f"Computed on each synthetic set alone (post-processing of its generator's release): query-like = "
+                  f"one sentence or question of at most {MAX_QUERY_WORDS} words and not degenerate; degenerate = "
+                  "empty, one word, a copy of the document's title or first sentence or of a prompt's example query, "
+                  "or a repeated run (privret.synth.queryness). Outputs generation dropped count in both.")
+
+
+def queryness_rows(run: RunData) -> list[list[str]]:
+    """The escaped cells of :data:`QUERYNESS_HEADERS` for every row trained on a synthetic set."""
+    return [[escape(f"{r.key}/{SYNTHETIC}"), f"{r.queryness.query_like:.1%}", f"{r.queryness.degenerate:.1%}",
+             str(r.queryness.outputs),
+             escape(", ".join(f"{k} {n}" for k, n in sorted(r.queryness.reasons.items())) or "-")]
+            for r in run.rows if r.queryness is not None]
 
 
 def render_html(run: RunData) -> str:
@@ -75,6 +92,10 @@ def render_html(run: RunData) -> str:
                      "covered by the DP guarantee.</p>", similarity_section(run)]
     if run.canaries:
         sections += ["<h2 id='leakage'>Privacy leakage (Table 7 of Carranza et al.)</h2>", canary_section(run)]
+    if queryness := queryness_rows(run):
+        sections += ["<h2 id='queryness'>Query-ness of the synthetic sets</h2>",
+                     html_table(QUERYNESS_HEADERS, queryness, {1, 2, 3}),
+                     f"<p class='muted'>{escape(QUERYNESS_NOTE)}</p>"]
     if run.examples is not None:
         sections += ["<h2 id='examples'>Example synthetic queries (Table 2 of Carranza et al.)</h2>",
                      examples_section(run)]
@@ -108,6 +129,11 @@ def render_markdown(run: RunData) -> str:
         for row in result["rows"]:
             lines.append(f"| {row.get('source', '?')} | {epsilon_cell(epsilon_value(row.get('epsilon')))} | "
                          + " | ".join(number_cell((row["metrics"].get(d) or {}).get("ndcg@10")) for d in names) + " |")
+    if queryness := queryness_rows(run):
+        lines += ["", "## Query-ness of the synthetic sets", "", "| " + " | ".join(QUERYNESS_HEADERS) + " |",
+                  "|---|---:|---:|---:|---|"]
+        lines += ["| " + " | ".join(html.unescape(c) for c in row) + " |" for row in queryness]
+        lines += ["", QUERYNESS_NOTE]
     if run.similarity:
         lines += ["", "## Similarity", "", "| synthetic set | ε | BLEU | MAUVE |", "|---|---:|---:|---:|"]
         lines += [f"| {s['label']} | {epsilon_cell(s['epsilon'])} | {number_cell(s['bleu'])} | "

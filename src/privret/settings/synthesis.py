@@ -8,9 +8,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from privret.config_fields import ConfigPath, changed_from_default
+from privret.settings.fields import ConfigPath, changed_from_default
 from privret.models.registry import DEFAULT_ENCODER
-from privret.privacy.partition_selection_config import PartitionSelectionConfig
+from privret.settings.partition_selection import PartitionSelectionConfig
 
 
 class GenerateConfig(BaseModel):
@@ -22,6 +22,11 @@ class GenerateConfig(BaseModel):
     max_new_tokens: int = Field(48, gt=0)
     batch_size: int = Field(32, gt=0)
     seed: int = 0
+    first_sentence: bool = Field(True, description="keep each output up to its first sentence end (., ? or ! "
+                                                   "followed by more text): post-processing of the output alone")
+    drop_degenerate: bool = Field(True, description="drop empty, one-word, document-copy and repeated-run outputs "
+                                                    "(privret.synth.queryness): post-processing of the output and "
+                                                    "its public document")
 
 
 class RoundTripFilterConfig(BaseModel):

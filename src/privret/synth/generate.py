@@ -1,35 +1,17 @@
 """Write a synthetic BEIR dataset: each public document paired with queries a DP generator wrote.
 
-By the post-processing property of DP, the synthetic set carries the generator's guarantee
-(its ledger is copied into ``manifest.json``), provided nothing here reads the private log: the
-documents are chosen without it (:mod:`privret.synth.documents`) and the outputs are kept,
-dropped, counted and numbered by looking only at the outputs themselves and at public data.
-Dropping an output because it equals a private query would not be post-processing (if x is in
-the log, P[x released] becomes 0; the count and the gaps in the ids publish it too), so
-:func:`generate_synthetic` refuses private text when the generator is DP. Outputs equal to an
-entry of a *public* ``blocklist`` (after normalisation: case, whitespace) and empty outputs are
-dropped; query ids are ``syn-<doc>-<k>`` with k the sample's index, so a gap only ever marks a
-dropped output. The non-private reference (epsilon = inf, no claim) may also drop copies of
-the private queries (``private_copies``).
+Privacy: the set carries the generator's ledger (post-processing) as nothing here reads the private log: the
+documents are chosen without it (:mod:`privret.synth.documents`) and each output is cut, kept or dropped by
+looking at itself and public data only (cut at its first sentence end; dropped when empty, degenerate
+(:mod:`privret.synth.queryness`) or on a public ``blocklist``). Dropping outputs equal to private queries is
+refused for a DP generator (it would publish which are in the log); only the non-private reference may
+(``private_copies``). Query ids are ``syn-<doc>-<k>``, k the sample's index: a gap only marks a drop.
 
-Generation appends finished batches to ``<out>.partial/generated.jsonl`` (flushed and fsynced),
-so an interrupted run resumes where it stopped; the dataset directory appears only when done.
-
-Crash safety: one process per output (:class:`~privret.runlock.RunLock`); each batch is appended
-with one ``write`` and fsynced, so ``kill -9`` leaves whole batches (a torn last line, possible
-only on power loss, is cut off and its documents generated again). Batches are the fixed slices
-``documents[b B:(b + 1) B]`` sampled with seed ``seed * 1000003 + b B``, on resume as well, so a
-resumed generation writes exactly what an uninterrupted one writes. ``<out>.partial/meta.json`` pins
-the generator, the settings and the document list; a partial run made with others is refused.
-The dataset and its ledger are renamed into place together.
-
-**Several processes** (``torchrun``, :mod:`privret.distributed`): batch b goes to rank ``b mod W``, which
-appends it to its own file of the partial directory (``generated.jsonl`` for rank 0,
-``generated.rank<r>.jsonl`` for rank r; the directory must be on a file system every rank sees). A batch
-is generated with the seed of its index whichever rank generates it, every rank skips the documents any
-file already holds (a resume may use another number of processes), and rank 0 merges the files in the
-order of ``documents``, so the dataset is the one a single process writes with the same seed (on the same
-kind of device, with the same number of threads). Rank 0 alone checks and writes everything else.
+Resumption: finished batches are appended (one ``write``, fsynced) to ``<out>.partial/generated.jsonl``;
+batch b is ``documents[b B:(b + 1) B]`` sampled with seed ``seed * 1000003 + b B``, so a resumed run writes
+what an uninterrupted one writes; ``meta.json`` there pins the generator, settings and documents. Under
+``torchrun`` batch b goes to rank ``b mod W`` (its own file ``generated.rank<r>.jsonl``) and rank 0 merges
+the files in document order and writes the dataset and its ledger, renamed into place together.
 """
 
 from __future__ import annotations
@@ -46,11 +28,13 @@ from privret import distributed
 from privret.data.beir import BeirDataset, Document, write_beir
 from privret.errors import InputError
 from privret.io import atomic_path, write_json_atomic
-from privret.models.generator import load_trained_generator
+from privret.models.generator import load_trained_generator, saved_examples
 from privret.privacy.ledger import PrivacyLedger
 from privret.progress import Progress
 from privret.runlock import recover_directory
-from privret.synth.settings import GenerateConfig
+from privret.settings.synthesis import GenerateConfig
+from privret.models.decoding import first_sentence
+from privret.synth.queryness import degeneracy
 
 
 def normalise(text: str) -> str:
@@ -107,7 +91,7 @@ def generate_synthetic(generator_dir: str | Path, documents: list[Document], out
                        cfg: GenerateConfig, *, blocklist: Iterable[str] = (),
                        private_copies: Iterable[str] | None = None, document_selection: PrivacyLedger | None = None,
                        resume: bool = False) -> dict:
-    """Generate, drop empty and blocklisted outputs, and write the synthetic dataset; returns the manifest.
+    """Generate, cut and drop outputs (see the module docstring), and write the synthetic dataset; returns the manifest.
 
     ``blocklist``: public texts never to release. ``private_copies``: the private queries, accepted
     only from a non-private generator (its outputs claim no guarantee); with a DP generator it is
@@ -153,7 +137,8 @@ def _generate(generator_dir, ledger: PrivacyLedger, documents, out_dir: Path, cf
                     continue
                 outputs = generator.generate([d.full_text for d in batch], num_queries=cfg.num_queries,
                                              top_p=cfg.top_p, temperature=cfg.temperature,
-                                             max_new_tokens=cfg.max_new_tokens, seed=cfg.seed * 1_000_003 + lo)
+                                             max_new_tokens=cfg.max_new_tokens, seed=cfg.seed * 1_000_003 + lo,
+                                             stop_at_sentence_end=cfg.first_sentence)
                 lines = "".join(json.dumps({"doc_id": doc.id, "queries": queries}, ensure_ascii=False) + "\n"
                                 for doc, queries in zip(batch, outputs)).encode("utf-8")
                 _write_all(fd, lines)  # one batch, one append
@@ -200,10 +185,14 @@ def _write_dataset(generator_dir, ledger: PrivacyLedger, documents, out_dir: Pat
     qrels: dict[str, dict[str, int]] = {}
     dropped = {"empty": 0, "blocklisted": 0, "copies_of_private_queries": 0}
     by_id = {d.id: d for d in documents}
+    shown = [query for _, query in saved_examples(generator_dir)]
     for doc_id, texts in done.items():
-        for k, text in enumerate(texts):
+        for k, output in enumerate(texts):
+            text, degenerate = _formatted(output, by_id[doc_id], cfg, shown)
             if not text.strip():
                 dropped["empty"] += 1
+            elif degenerate is not None:
+                dropped[f"degenerate_{degenerate}"] = dropped.get(f"degenerate_{degenerate}", 0) + 1
             elif normalise(text) in blocked:
                 dropped["blocklisted"] += 1
             elif normalise(text) in copies:
@@ -224,6 +213,14 @@ def _write_dataset(generator_dir, ledger: PrivacyLedger, documents, out_dir: Pat
         ledger.save(staged)
     shutil.rmtree(partial_dir, ignore_errors=True)
     return manifest
+
+
+def _formatted(output: str, document: Document, cfg: GenerateConfig, shown: list[str]) -> tuple[str, str | None]:
+    """``output`` as released (cut at its first sentence end with ``cfg.first_sentence``) and why it is dropped as
+    degenerate (:func:`~privret.synth.queryness.degeneracy`; None: kept, or ``cfg.drop_degenerate`` off). Reads
+    the output, its public document and the public example queries the prompt ``shown`` only."""
+    text = first_sentence(output) if cfg.first_sentence else output.strip()
+    return text, degeneracy(text, document.title, document.text, shown) if cfg.drop_degenerate else None
 
 
 def _write_all(fd: int, data: bytes) -> None:

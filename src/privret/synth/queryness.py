@@ -2,9 +2,11 @@
 
 An output is *query-like* when it is not degenerate, is one sentence or question (no sentence end followed by
 more text) and has at most ``max_words`` whitespace-separated words. It is *degenerate* when it is empty, one
-word, a copy of its document's title or first sentence (after case and punctuation are dropped), or holds a
-repeated run: a word n-gram (n <= 4) three times in a row, or a non-digit 1-3 character group five times in a row.
-:func:`first_sentence` is the format step generation applies: the text up to its first sentence end.
+word, a copy of its document's title or first sentence or of a query the generator's prompt shows (after case
+and punctuation are dropped), or holds a repeated run: a word n-gram (n <= 8) three times in a row, or a non-digit
+1-3 character group five times in a row.
+:func:`~privret.models.decoding.first_sentence` is the format step generation applies: the text up to its first
+sentence end.
 
 Privacy: every figure reads only the synthetic set (the generator's release) and its public documents, never a
 private query, so it is post-processing of that release and carries its ledger.
@@ -15,34 +17,28 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
 from privret.data.beir import load_beir
 from privret.errors import InputError
+from privret.models.decoding import first_sentence
 
 MAX_QUERY_WORDS = 20
-_SENTENCE_END = re.compile(r"[.?!][\"')\]]*(?=\s+\S)")
-_WORD_RUN = re.compile(r"(?:^|\s)((?:\S+\s+){1,4}?)\1{2,}")
+_WORD_RUN = re.compile(r"(?:^|\s)((?:\S+\s+){1,8}?)\1{2,}")
 _CHARACTER_RUN = re.compile(r"(\D{1,3}?)\1{4,}")
 _PUNCTUATION = re.compile(r"[^\w\s]")
-
-
-def first_sentence(text: str) -> str:
-    """``text`` up to and including its first sentence end (``.``, ``?`` or ``!``, closing quotes or brackets
-    kept) that more text follows; all of it when there is none."""
-    text = text.strip()
-    end = _SENTENCE_END.search(text)
-    return text[: end.end()] if end else text
 
 
 def _plain(text: str) -> str:
     return " ".join(_PUNCTUATION.sub(" ", text.casefold()).split())
 
 
-def degeneracy(text: str, title: str, body: str) -> str | None:
-    """Why ``text``, written for the document (``title``, ``body``), is degenerate (``empty``, ``one-word``,
-    ``copy-of-document``, ``repeated-run``); None when it is not."""
+def degeneracy(text: str, title: str, body: str, shown: Collection[str] = ()) -> str | None:
+    """Why ``text``, written for the document (``title``, ``body``) by a generator whose prompt shows the queries
+    ``shown`` (public few-shot examples), is degenerate (``empty``, ``one-word``, ``copy-of-document``,
+    ``copy-of-example``, ``repeated-run``); None when it is not."""
     words = text.split()
     if not words:
         return "empty"
@@ -51,6 +47,8 @@ def degeneracy(text: str, title: str, body: str) -> str | None:
     plain = _plain(text)
     if plain in {_plain(title), _plain(first_sentence(body))} - {""}:
         return "copy-of-document"
+    if plain in {_plain(query) for query in shown}:
+        return "copy-of-example"
     if _WORD_RUN.search(text + " ") or _CHARACTER_RUN.search(text):
         return "repeated-run"
     return None

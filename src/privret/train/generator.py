@@ -10,9 +10,9 @@ the non-private reference with the same sampler and no clip or noise.
 The run (plan, ledger, budget registry, step log, checkpoints, resumption with fresh noise, atomic save) is
 :mod:`privret.train.dp_run`'s; under ``torchrun`` each rank clips its shard's units (:mod:`privret.train.dp_parallel`).
 ``public=True`` marks ``pairs`` as public: non-private training with a public ledger (epsilon 0, ``public-pairs``),
-nothing in the budget registry. ``warm_start`` replaces the pretrained ``cfg.model`` as the starting point; DP-SGD
-holds for any start chosen without the log, so only a public warm start is accepted, and the ledger records its
-provenance (a copy is saved in ``warm_start/``).
+nothing in the budget registry. The start (a public warm start, else by default the few-shot prompted model,
+:mod:`privret.train.public_start`) is chosen without the log, as DP-SGD requires: only a public warm start is
+accepted, and the ledger records the start as provenance (a warm start's copy is saved in ``warm_start/``).
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ from privret.progress import Progress
 from privret.train.dp_parallel import set_noisy_mean, sum_gradients
 from privret.train.dp_run import DPRun, RunPlan, plan_run, resume_settings, run_training
 from privret.settings.training import GeneratorTrainConfig
+from privret.train.public_start import prompted_provenance, start_examples
 
 
 def _plan(cfg: GeneratorTrainConfig, n_units: int) -> tuple[float, int, float, float]:
@@ -75,10 +76,31 @@ def warm_start_provenance(directory: str | Path, model: str) -> dict:
             "public_data_hash": ledger.provenance["public_data_hash"]}
 
 
+def public_start(cfg: GeneratorTrainConfig, warm_start: Path | None, public_examples: list[tuple[str, str]] | None,
+                 *, public: bool = False) -> tuple[dict, list[tuple[str, str]]]:
+    """The provenance a ledger records of the run's start and the few-shot examples its prompts show without a
+    warm start (the rule of :mod:`privret.train.public_start`; a warm start keeps its own; training on public
+    pairs starts from the pretrained model)."""
+    if public:  # public pairs teach the format themselves
+        return {}, []
+    if warm_start is not None:
+        if public_examples:
+            raise InputError("a warm start keeps its own prompt: give public examples or a warm start, not both",
+                             field="public_examples")
+        return {"warm_start": warm_start_provenance(warm_start, cfg.model)}, []
+    if cfg.start == "pretrained":
+        if public_examples:
+            raise InputError("public examples are shown by the prompted start only", field="public_examples")
+        return {}, []
+    examples = start_examples(public_examples)
+    return {"warm_start": prompted_provenance(cfg.model, examples)}, examples
+
+
 def train_generator(pairs: TrainingPairs, out_dir: str | Path, cfg: GeneratorTrainConfig, *,
                     data_hash: str, dataset_id: str = "", resume: bool = False,
                     budget: budget_registry.BudgetPolicy | None = None, public: bool = False,
-                    warm_start: str | Path | None = None) -> PrivacyLedger:
+                    warm_start: str | Path | None = None,
+                    public_examples: list[tuple[str, str]] | None = None) -> PrivacyLedger:
     """Fine-tune ``cfg.model`` (or the public generator ``warm_start``) on ``pairs`` into ``out_dir``; returns
     the ledger.
 
@@ -88,6 +110,9 @@ def train_generator(pairs: TrainingPairs, out_dir: str | Path, cfg: GeneratorTra
     data (see the module docstring). ``cfg.hold_out``: train on that partition's fit part only (the ledger
     records the part), keeping the held-out part for a DP choice among the retrievers trained on this
     generator's queries (``retriever select`` with the same partition), which then composes in parallel.
+    ``warm_start``, ``cfg.start`` and ``public_examples`` (public (document, query) pairs, default
+    :data:`~privret.train.public_start.GENERIC_EXAMPLES`) set where training starts
+    (:mod:`privret.train.public_start`).
     """
     if public and math.isfinite(cfg.epsilon):
         raise InputError("public pairs are trained on without DP; the epsilon must be inf", field="epsilon")
@@ -97,16 +122,18 @@ def train_generator(pairs: TrainingPairs, out_dir: str | Path, cfg: GeneratorTra
     with distributed.main_lock(Path(out_dir), what="generator directory"):
         return _train_generator(pairs, Path(out_dir), cfg, data_hash=data_hash, dataset_id=dataset_id, resume=resume,
                                 budget=budget, public=public,
-                                warm_start=Path(warm_start) if warm_start is not None else None, part=part)
+                                warm_start=Path(warm_start) if warm_start is not None else None,
+                                public_examples=public_examples, part=part)
 
 
 def _train_generator(pairs: TrainingPairs, out_dir: Path, cfg: GeneratorTrainConfig, *, data_hash: str,
                      dataset_id: str, resume: bool, budget: budget_registry.BudgetPolicy | None, public: bool,
-                     warm_start: Path | None, part: LogPart | None) -> PrivacyLedger:
+                     warm_start: Path | None, public_examples: list[tuple[str, str]] | None,
+                     part: LogPart | None) -> PrivacyLedger:
     units = pairs.units(cfg.unit)
     run_plan = plan_run(cfg, len(units))
     private = run_plan.private
-    provenance = {"warm_start": warm_start_provenance(warm_start, cfg.model)} if warm_start is not None else {}
+    provenance, examples = public_start(cfg, warm_start, public_examples, public=public)
     trainable = f"{cfg.trainable}:top{cfg.trained_layers or 'all'}"
 
     def describe(*, steps: int, epsilon: float, secure_rng: bool) -> PrivacyLedger:
@@ -128,10 +155,13 @@ def _train_generator(pairs: TrainingPairs, out_dir: Path, cfg: GeneratorTrainCon
         settings = dict(max_doc_tokens=cfg.max_doc_tokens, max_query_tokens=cfg.max_query_tokens,
                         trained_layers=cfg.trained_layers, bf16=cfg.bf16)
         if warm_start is not None:
-            generator = load_trained_generator(warm_start, **settings)
-            generator.examples = []  # fine-tuning always uses the zero-shot prompt
+            generator = load_trained_generator(warm_start, **settings)  # with its own prompt's examples, if any
         else:
             generator = load_generator(cfg.model, **settings)
+            if examples and generator.kind != "causal":
+                raise InputError(f"few-shot prompts need a causal LM; {cfg.model} is {generator.kind}: start it "
+                                 "pretrained", field="start")
+            generator.examples = examples
         generator.make_trainable(cfg.trainable, lora_rank=cfg.lora_rank, lora_alpha=2 * cfg.lora_rank)
         params = generator.trainable_parameters()
         return _GeneratorTrainer(generator=generator, params=params,

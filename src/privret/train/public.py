@@ -16,8 +16,6 @@ private data as an argument; the pipeline gives them only public paths and docum
 
 from __future__ import annotations
 
-import hashlib
-import json
 from pathlib import Path
 
 from privret.data.pairs import load_pairs_jsonl
@@ -26,13 +24,8 @@ from privret.io import atomic_path, file_sha256
 from privret.models.generator import load_generator
 from privret.privacy.ledger import PrivacyLedger
 from privret.train.generator import train_generator
+from privret.train.public_start import examples_hash
 from privret.settings.training import GeneratorTrainConfig
-
-
-def examples_hash(examples: list[tuple[str, str]]) -> str:
-    """sha256 of exactly the examples a prompted generator shows (canonical JSON)."""
-    text = json.dumps([[doc, query] for doc, query in examples], ensure_ascii=False)
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 def write_prompted_generator(model: str, examples: list[tuple[str, str]], out_dir: str | Path, *, unit: str,
