@@ -13,7 +13,7 @@ from typing import Literal
 from pydantic import (BaseModel, ConfigDict, Field, ValidationError, field_serializer, field_validator,
                       model_validator)
 
-from privret.config_fields import ConfigPath
+from privret.settings.fields import ConfigPath
 from privret.data.beir import Document
 from privret.data.pairs import PrivacyUnit, examples_from_pairs
 from privret.errors import InputError, invalid_input
@@ -21,8 +21,8 @@ from privret.io import read_yaml_mapping
 from privret.models.device_spec import DeviceSpec
 from privret.privacy.budget import DEFAULT_CAP, BudgetPolicy, Cap
 from privret.retrieval.index import SearchIndex
-from privret.synth.settings import DocumentChoice, GenerateConfig, RoundTripFilterConfig
-from privret.train.settings import (METHODS, CandidateGrid, DPRetrieverConfig, DPRetrieverSettings, GeneratorSettings,
+from privret.settings.synthesis import DocumentChoice, GenerateConfig, RoundTripFilterConfig
+from privret.settings.training import (METHODS, CandidateGrid, DPRetrieverConfig, DPRetrieverSettings, GeneratorSettings,
                                     GeneratorTrainConfig, PrivateSelectionConfig, RetrieverTrainConfig,
                                     SelectionSettings)
 
@@ -96,7 +96,7 @@ class DirectDPGrid(BaseModel):
     """Direct DP training of the retriever on the original pairs: one row per (method, epsilon).
 
     A method whose settings hold units out (``hold_out``: a public partition of the log, see
-    :mod:`privret.privacy.partition`) trains on the fit part, and its row is followed by a DP choice on the
+    :mod:`privret.privacy.hold_out`) trains on the fit part, and its row is followed by a DP choice on the
     held-out part among the public encoder and the row's retriever interpolated with it (``held_out_choice``).
     The choice spends the row's own epsilon on the other part, so the chosen model costs what the row costs
     (parallel composition, add/remove neighbours). Each row's method and epsilon come from the grid and its unit
@@ -306,5 +306,5 @@ def load_config(path: str | Path) -> PipelineConfig:
 
 def _beside(config_path: Path, value: Path) -> Path:
     """``value`` as written, or resolved against the config's folder when relative (a NUL byte was refused by its
-    type, :data:`~privret.config_fields.ConfigPath`)."""
+    type, :data:`~privret.settings.fields.ConfigPath`)."""
     return value if value.is_absolute() else (config_path.parent / value).resolve()
