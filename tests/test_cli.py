@@ -153,6 +153,10 @@ def test_generator_config_file_and_flags(toy_beir, tmp_path, monkeypatch):
                          str(config))
         assert result.returncode == 2 and str(config) in result.stderr and field in result.stderr, result.stderr
         assert len(result.stderr.strip().splitlines()) == 1
+    config.write_text("hold_out:\n  salt: fixed before the log\n")
+    cfg = _generator_config(monkeypatch, "generator", "train-dp", "--data", str(toy_beir), "--out",
+                            str(tmp_path / "g"), "--config", str(config), "--hold-out", "0.25")
+    assert (cfg.hold_out.heldout_fraction, cfg.hold_out.salt) == (0.25, "fixed before the log")
     config.write_text("clip_norm: 0.5\n")
     result = run_cli("generator", "train", "--data", str(toy_beir), "--out", str(tmp_path / "g"), "--config",
                      str(config))

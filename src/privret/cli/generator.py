@@ -21,8 +21,7 @@ from privret.cli.options import (
     BudgetCapOpt,
     DataOpt,
     DatasetNameOpt,
-    HoldOutOpt,
-    HoldOutSaltOpt,
+    HoldOutForTrainingOpt,
     PairsOpt,
     ResumeOpt,
     SecureRngOpt,
@@ -126,8 +125,7 @@ def generator_train_dp(
     seed: SeedOpt = DEFAULT["seed"],
     resume: ResumeOpt = False,
     secure_rng: SecureRngOpt = DEFAULT["secure_rng"],
-    hold_out: HoldOutOpt = None,
-    hold_out_salt: HoldOutSaltOpt = None,
+    hold_out: HoldOutForTrainingOpt = None,
     budget_cap: BudgetCapOpt = None,
     allow_over_budget: AllowOverOpt = None,
     dataset_name: DatasetNameOpt = None,
@@ -143,8 +141,8 @@ def generator_train_dp(
     flags = given_values(model=model, epsilon=epsilon, delta=delta, unit=unit, clip_norm=clip_norm,
                          batch_size=batch_size, epochs=epochs, learning_rate=learning_rate, accountant=accountant,
                          seed=seed, secure_rng=secure_rng)
-    if hold_out is not None or hold_out_salt is not None:
-        flags["hold_out"] = hold_out_partition(hold_out, hold_out_salt)
+    if hold_out is not None:
+        flags["hold_out"] = hold_out_partition(hold_out, None)
     cfg = build_config(GeneratorTrainConfig, config_file=config, **flags)
     if not math.isfinite(cfg.epsilon):
         raise InputError("must be finite: a non-private fine-tune is privret generator train", path=config,

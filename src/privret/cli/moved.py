@@ -55,6 +55,8 @@ FLAGS |= {(("generator", command), "--" + field.replace("_", "-")):
           f"the field {field} of a --config FILE of privret generator {command}"
           for field in ("trainable", "lora_rank", "trained_layers", "max_doc_tokens", "checkpoint_every")
           for command in ("train", "train-dp")}
+FLAGS[("generator", "train-dp"), "--hold-out-salt"] = ("the field hold_out.salt of a --config FILE of privret generator "
+                                                      "train-dp")
 FLAGS |= {(("audit", "canaries"), "--" + field.replace("_", "-")):
           f"the field {section}{field} of a --config FILE of privret audit canaries"
           for section, fields in (("", ("candidates", "top_p", "alpha")),

@@ -49,9 +49,15 @@ DatasetNameOpt = Annotated[Optional[str], typer.Option(
 # the held-out part, composed in parallel
 HoldOutOpt = Annotated[Optional[float], typer.Option(
     "--hold-out", help="the expected share of privacy units held out of the log, in (0, 1), by a public salted hash "
-                       "of each unit's key: retriever train-dp and generator train-dp train on the rest, retriever "
-                       "select scores on these; with the same --hold-out and --hold-out-salt the two cost the larger "
-                       "epsilon, not the sum")]
+                       "of each unit's key: retriever train-dp and generator train-dp train on the rest (their salt: "
+                       "hold_out.salt in --config), retriever select scores on these; with the same share and salt "
+                       "the two cost the larger epsilon, not the sum")]
+# the DP trainers' --hold-out: their --config gives the salt (hold_out.salt)
+HoldOutForTrainingOpt = Annotated[Optional[float], typer.Option(
+    "--hold-out", help="train on the rest of the log, less this expected share of its units held out by a public "
+                       "salted hash of each unit's key (the salt: hold_out.salt in --config; default "
+                       "privret-hold-out), for retriever select with the same --hold-out and salt: the two cost "
+                       "the larger epsilon, not the sum")]
 HoldOutSaltOpt = Annotated[Optional[str], typer.Option(
     "--hold-out-salt", help="--hold-out: the public salt of the hash (any text fixed without looking at the log; "
                             "default privret-hold-out)")]

@@ -23,6 +23,7 @@ from privret.cli.options import (
     BudgetCapOpt,
     DataOpt,
     DatasetNameOpt,
+    HoldOutForTrainingOpt,
     HoldOutOpt,
     HoldOutSaltOpt,
     LearningRateOpt,
@@ -156,11 +157,7 @@ def retriever_train_dp(
     budget_cap: BudgetCapOpt = None,
     allow_over_budget: AllowOverOpt = None,
     dataset_name: DatasetNameOpt = None,
-    hold_out: Annotated[Optional[float], typer.Option(
-        "--hold-out", help="train on the rest of the log, less this expected share of its units held out by a public "
-                           "salted hash of each unit's key (the salt: hold_out.salt in --config; default "
-                           "privret-hold-out), for retriever select with the same --hold-out and salt: the two cost "
-                           "the larger epsilon, not the sum")] = None,
+    hold_out: HoldOutForTrainingOpt = None,
 ) -> None:
     from privret.privacy.budget import dataset_id
     from privret.train.dp_retriever import train_dp_retriever
