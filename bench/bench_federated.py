@@ -17,7 +17,7 @@ import torch
 from privret.data.fed_squad import build_fed_squad, load_fed_squad
 from privret.evaluate.statistics import mean_sd, paired_bootstrap_ci
 from privret.federated import local
-from privret.federated.config import FedConfig
+from privret.settings.federated import FedConfig
 from privret.federated.strategy import with_target_epsilon
 from privret.privacy.budget import BudgetPolicy
 from privret.federated.runner import (

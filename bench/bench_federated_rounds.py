@@ -17,7 +17,7 @@ from privret.data.fed_squad import load_fed_squad
 from privret.evaluate.statistics import paired_bootstrap_ci
 from privret.federated import local
 from privret.federated.arrays import load_arrays, load_weights, new_encoder
-from privret.federated.config import FedConfig
+from privret.settings.federated import FedConfig
 from privret.federated.runner import run_federated_local, save_result
 VARIANTS = {
     "before": dict(trainable="all", wire_dtype="float32", remine_every=1),

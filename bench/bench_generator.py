@@ -20,7 +20,7 @@ from privret.data.beir import load_beir
 from privret.data.pairs import pairs_from_beir
 from privret.models.generator import load_generator
 from privret.train import generator as gtrain
-from privret.train.settings import GeneratorTrainConfig
+from privret.settings.training import GeneratorTrainConfig
 
 
 def sampled_batches(units, batch_units: int, count: int, seed: int = 0) -> list[list[int]]:

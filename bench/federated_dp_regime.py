@@ -13,7 +13,7 @@ from bench_federated import add_data_arguments, add_recipe_arguments, per_questi
 
 from privret.data.fed_squad import load_fed_squad
 from privret.evaluate.statistics import mean_sd, paired_bootstrap_ci
-from privret.federated.config import FedConfig
+from privret.settings.federated import FedConfig
 from privret.federated.runner import evaluate_zero_shot, run_federated_local
 from privret.federated.strategy import with_target_epsilon
 from privret.privacy.budget import BudgetPolicy

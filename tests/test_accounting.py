@@ -10,9 +10,9 @@ from dp_accounting import pld
 
 from privret.privacy.accounting import spent_epsilon
 from privret.train.dp_retriever import plan
-from privret.train.settings import DPRetrieverConfig
+from privret.settings.training import DPRetrieverConfig
 from privret.train.generator import _plan
-from privret.train.settings import GeneratorTrainConfig
+from privret.settings.training import GeneratorTrainConfig
 
 
 def pld_epsilon(*, noise_multiplier: float, sample_rate: float, steps: int, delta: float) -> float:

@@ -19,7 +19,7 @@ from privret.privacy import commitment
 from privret.privacy.ledger import PrivacyLedger
 from privret.train import dp_run
 from privret.train.generator import train_generator
-from privret.train.settings import GeneratorTrainConfig
+from privret.settings.training import GeneratorTrainConfig
 
 RAW = hashlib.sha256(b"the private log").hexdigest()
 

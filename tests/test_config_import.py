@@ -23,7 +23,7 @@ def test_loading_a_config_imports_no_torch_nor_trainer(tmp_path):
         """))
     probe = textwrap.dedent(f"""\
         import sys
-        from privret.config import load_config
+        from privret.settings.pipeline import load_config
         config = load_config({str(config)!r})
         assert config.direct_dp.config("logit-dp", 2.0, config.unit).batch_size == 8
         print(",".join(m for m in {HEAVY!r} if m in sys.modules))
@@ -41,7 +41,7 @@ def test_loading_a_config_imports_no_torch_nor_trainer(tmp_path):
 def test_a_path_with_a_nul_byte_is_refused_with_its_field(tmp_path, extra, field):
     """Found by the property test of pipeline YAML: pathlib's resolve raised a bare ValueError on it. Every path
     field of a config is a ConfigPath, so each one is refused with its own name."""
-    from privret.config import load_config
+    from privret.settings.pipeline import load_config
     from privret.errors import InputError
 
     path = tmp_path / "p.yaml"
@@ -56,7 +56,7 @@ def test_changed_from_default_names_only_the_fields_given_another_value():
     passes, any other value is named; fields with a default factory and nested models compare by value."""
     from pydantic import BaseModel, Field
 
-    from privret.config_fields import changed_from_default
+    from privret.settings.fields import changed_from_default
 
     class Inner(BaseModel):
         k: int = 1

@@ -14,11 +14,11 @@ from privret.retrieval.metrics import evaluate_retriever
 from privret.models.encoder import load_encoder
 from privret.privacy.ledger import PrivacyLedger
 from privret.synth.generate import generate_synthetic
-from privret.synth.settings import GenerateConfig
+from privret.settings.synthesis import GenerateConfig
 from privret.train.generator import train_generator
-from privret.train.settings import GeneratorTrainConfig
+from privret.settings.training import GeneratorTrainConfig
 from privret.train.retriever import train_retriever
-from privret.train.settings import RetrieverTrainConfig
+from privret.settings.training import RetrieverTrainConfig
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow,
               pytest.mark.skipif(not (SHARED_DATA / "scifact").is_dir(), reason="../shared/data not present")]

@@ -16,7 +16,7 @@ from privret.data.beir import Document
 from privret.data.pairs import QueryDocPair, TrainingPairs
 from privret.errors import InputError
 from privret.models.encoder import load_encoder
-from privret.models.interpolation import interpolate
+from privret.models.wise_ft import interpolate
 from privret.privacy import budget
 from privret.privacy.ledger import PrivacyLedger
 from privret.privacy.private_selection import MECHANISM, choose, selection_ledger, selection_probabilities
@@ -30,7 +30,7 @@ from privret.train.private_selection import (
     unit_queries,
     unit_scores,
 )
-from privret.train.settings import PrivateSelectionConfig
+from privret.settings.training import PrivateSelectionConfig
 
 
 class SeededUniforms:
@@ -225,7 +225,7 @@ def test_a_held_out_choice_scores_the_held_out_units_only_and_costs_the_larger_e
                                                                                        monkeypatch):
     """With ``hold_out`` only the held-out units are scored, and a candidate trained on the fit part of the same
     partition composes with the choice in parallel: max(7, 0.5), in the ledger and in the registry."""
-    from privret.privacy.partition import FIT, HELDOUT, UnitPartition
+    from privret.privacy.hold_out import FIT, HELDOUT, UnitPartition
     from privret.train import private_selection
 
     partition = UnitPartition(salt="c", heldout_fraction=0.5)
@@ -298,7 +298,7 @@ def test_cli_select_refuses_a_bad_hold_out_naming_the_flag(toy_beir, tmp_path, f
 def test_cli_select_with_hold_out_prints_how_the_ledger_composed(toy_beir, tiny_bert_dir, tmp_path):
     """The printed composition keeps its [bracketed] parts (rich would read them as markup and drop them)."""
     from helpers import TOY_TRAIN
-    from privret.privacy.partition import FIT, UnitPartition
+    from privret.privacy.hold_out import FIT, UnitPartition
 
     texts = [text for _, text, _ in TOY_TRAIN]
     salt = next(s for s in map(str, range(100))  # a salt that splits the toy log's units both ways

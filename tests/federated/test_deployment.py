@@ -26,7 +26,7 @@ import pytest
 pytest.importorskip("flwr")
 
 from privret.data.fed_squad import build_fed_squad  # noqa: E402
-from privret.federated.config import FedConfig  # noqa: E402
+from privret.settings.federated import FedConfig  # noqa: E402
 from privret.federated.runner import write_flower_app  # noqa: E402
 
 BIN = Path(sys.executable).parent

@@ -9,7 +9,7 @@ flwr = pytest.importorskip("flwr")
 
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict  # noqa: E402
 
-from privret.federated.config import FedConfig  # noqa: E402
+from privret.settings.federated import FedConfig  # noqa: E402
 from privret.federated.strategy import dp_ledger, make_strategy, weighted_mean  # noqa: E402
 
 

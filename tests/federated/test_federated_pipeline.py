@@ -10,7 +10,7 @@ import pytest
 
 from privret.data.fed_squad import build_fed_squad, load_fed_squad
 from privret.federated import local
-from privret.federated.config import FedConfig
+from privret.settings.federated import FedConfig
 
 
 @pytest.fixture()

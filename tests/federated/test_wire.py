@@ -9,7 +9,7 @@ import pytest
 
 from privret.data.fed_squad import build_fed_squad
 from privret.federated import wire
-from privret.federated.config import FedConfig
+from privret.settings.federated import FedConfig
 
 pytest.importorskip("flwr")
 from flwr.app import Array, ArrayRecord  # noqa: E402

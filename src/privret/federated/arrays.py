@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from privret.federated.config import FedConfig
+from privret.settings.federated import FedConfig
 from privret.io import atomic_path
 
 try:  # flwr is needed for the apps only; the rest of privret.federated works without it

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from privret.config_fields import changed_from_default
+from privret.settings.fields import changed_from_default
 from privret.models.device_spec import DeviceSpec
 from privret.models.registry import DEFAULT_ENCODER
 

@@ -24,8 +24,8 @@ from typing import Callable
 from privret.data.beir import Document
 from privret.errors import InputError
 from privret.io import write_text_atomic
-from privret.privacy.partition_selection_config import PartitionSelectionConfig
-from privret.synth.settings import DocumentChoice
+from privret.settings.partition_selection import PartitionSelectionConfig
+from privret.settings.synthesis import DocumentChoice
 
 SELECTED_IDS_FILE = "documents.txt"  # in a selection directory, beside the DP selection's ledger
 

@@ -20,7 +20,7 @@ from privret.models.frozen_prefix import frozen_prefix
 from privret.privacy.clipping import clip_factors
 from privret.privacy.ghost_norms import GhostNorms
 from privret.privacy.logit_dp import loss_logit_grads, pair_norm_bounds, reweighting, row_losses
-from privret.train.settings import METHODS, DPRetrieverConfig
+from privret.settings.training import METHODS, DPRetrieverConfig
 
 
 @dataclass

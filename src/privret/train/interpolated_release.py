@@ -1,6 +1,6 @@
 """Release a fine-tuned retriever interpolated with its public base (WiSE-FT): post-processing, no privacy cost.
 
-``theta = (1 - weight) theta_base + weight theta_tuned`` (:func:`privret.models.interpolation.interpolate`).
+``theta = (1 - weight) theta_base + weight theta_tuned`` (:func:`privret.models.wise_ft.interpolate`).
 The base is public and ``weight`` must be fixed without the private log (a priori, or on a public proxy), so
 the output is a function of the tuned model alone and carries its ledger unchanged. Choosing ``weight`` *with*
 the private log is a different release: that is ``privret retriever select``
@@ -17,7 +17,7 @@ from pathlib import Path
 
 from privret.errors import InputError
 from privret.io import atomic_path, write_json_atomic
-from privret.models.interpolation import load_interpolated
+from privret.models.wise_ft import load_interpolated
 from privret.models.model_card import SETTINGS_FILES, write_model_card
 from privret.privacy.ledger import PrivacyLedger, has_ledger, require_public
 from privret.runlock import RunLock
