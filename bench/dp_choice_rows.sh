@@ -55,7 +55,7 @@ print(c['epochs'], c['max_doc_tokens'])" "$work/ret-eps7-s$g/recipe_selection.js
     ceiling:*)  # synthetic:<s> with the generator fine-tuned WITHOUT DP (epsilon inf): the most this route can
       # give at these settings (565 documents, one query each, the same recipe rule); no privacy claim
       s=${step#ceiling:}
-      [ -f "$work/gen-inf-s$s/privacy_ledger.json" ] || $P generator train --data $D --split train \
+      [ -f "$work/gen-inf-s$s/privacy_ledger.json" ] || $P generator train --non-private --data $D --split train \
           --seed "$s" --out "$work/gen-inf-s$s"
       [ -f "$work/syn-inf-s$s/manifest.json" ] || $P synth generate --model "$work/gen-inf-s$s" --data $D \
           --documents corpus --sample 565 --num-queries 1 --seed "$s" --out "$work/syn-inf-s$s"

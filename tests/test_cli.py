@@ -144,7 +144,8 @@ def test_generator_config_file_and_flags(toy_beir, tmp_path, monkeypatch):
                             str(tmp_path / "g"), "--config", str(config), "--lr", "5e-4", "--epsilon", "4")
     assert (cfg.lora_rank, cfg.trained_layers, cfg.checkpoint_every, cfg.learning_rate, cfg.epsilon) == (
         16, 4, 3, 5e-4, 4.0)
-    cfg = _generator_config(monkeypatch, "generator", "train", "--data", str(toy_beir), "--out", str(tmp_path / "g"),
+    cfg = _generator_config(monkeypatch, "generator", "train", "--non-private", "--data", str(toy_beir), "--out",
+                            str(tmp_path / "g"),
                             "--config", str(config), "--epochs", "2")
     assert (cfg.lora_rank, cfg.epochs, cfg.learning_rate, cfg.epsilon) == (16, 2.0, 1e-3, float("inf"))
     for text, field in (("lora_rnak: 4\n", "lora_rnak"), ("lora_rank: -1\n", "lora_rank")):

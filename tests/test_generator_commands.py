@@ -21,10 +21,23 @@ def _tiny_fine_tune(tmp_path):
     return ["--config", str(config), "--batch-size", "2", "--epochs", "1"]
 
 
+def test_generator_train_on_a_private_log_needs_non_private(toy_beir, tmp_path):
+    """generator train fine-tunes without DP: on a private log it runs only with --non-private (an old DP call of
+    generator train, which had no DP flag, must not become a non-private fine-tune unnoticed); --non-private with
+    public pairs is refused too. One line naming the flag, exit 2, nothing written."""
+    refused = run_cli("generator", "train", "--data", str(toy_beir), "--out", str(tmp_path / "g"))
+    assert refused.returncode == 2 and "--non-private" in refused.stderr and "train-dp" in refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1 and not (tmp_path / "g").exists()
+    pairs = tmp_path / "public.jsonl"
+    pairs.write_text(json.dumps({"query": "q", "doc": "d"}) + "\n")
+    refused = run_cli("generator", "train", "--non-private", "--public-pairs", str(pairs), "--out", str(tmp_path / "g"))
+    assert refused.returncode == 2 and "--non-private" in refused.stderr and not (tmp_path / "g").exists()
+
+
 def test_generator_train_without_dp_then_synth_generate(tiny_llama_dir, toy_beir, tmp_path):
     fine_tune = _tiny_fine_tune(tmp_path)
-    done = run_cli("generator", "train", "--data", str(toy_beir), "--model", str(tiny_llama_dir), "--out",
-                   str(tmp_path / "ceiling"), *fine_tune)
+    done = run_cli("generator", "train", "--non-private", "--data", str(toy_beir), "--model", str(tiny_llama_dir),
+                   "--out", str(tmp_path / "ceiling"), *fine_tune)
     assert done.returncode == 0, done.stderr
     ceiling = PrivacyLedger.load(tmp_path / "ceiling")
     assert (ceiling.mechanism, ceiling.epsilon, ceiling.steps) == ("none", math.inf, ceiling.planned_steps)

@@ -88,7 +88,7 @@ def test_pipeline_and_generator_refuse_a_locked_directory(tmp_path, tiny_llama_d
 def test_cli_second_process_exits_2(tmp_path, toy_beir):
     target = tmp_path / "gen"
     with RunLock(target):
-        result = subprocess.run([sys.executable, "-m", "privret.cli", "generator", "train", "--data", str(toy_beir),
+        result = subprocess.run([sys.executable, "-m", "privret.cli", "generator", "train", "--non-private", "--data", str(toy_beir),
                                  "--out", str(target), "--model", "/nonexistent-but-never-loaded"],
                                 capture_output=True, text=True, timeout=300)
     assert result.returncode == 2 and "another privret process" in result.stderr and "Traceback" not in result.stderr

@@ -73,6 +73,9 @@ def generator_train(
     learning_rate: LrOpt = DEFAULT["learning_rate"],
     seed: SeedOpt = DEFAULT["seed"],
     resume: ResumeOpt = False,
+    non_private: Annotated[bool, typer.Option(
+        "--non-private", help="confirm a fine-tune WITHOUT DP on the private log (--data or --pairs); the DP "
+                              "fine-tune is privret generator train-dp")] = False,
     config: ConfigOpt = None,
 ) -> None:
     from privret.train.generator import train_generator
@@ -89,8 +92,14 @@ def generator_train(
                        **given_values(model=model, unit=unit, batch_size=batch_size, epochs=epochs,
                                       learning_rate=learning_rate, seed=seed))
     if public_pairs is not None:
+        if non_private:
+            raise InputError("confirms training on a private log; --public-pairs are public", field="--non-private")
         ledger = train_public_generator(public_pairs, out_dir, cfg, resume=resume)
     else:
+        if not non_private:
+            raise InputError("generator train fine-tunes WITHOUT DP: add --non-private to train so on the private "
+                             "log, or use privret generator train-dp for the DP fine-tune",
+                             field="--data" if data is not None else "--pairs")
         training, data_hash = training_pairs(data, split, pairs)
         ledger = train_generator(training, out_dir, cfg, data_hash=data_hash, resume=resume, warm_start=warm_start)
     out.print(f"generator written to {out_dir}: {ledger.summary()}")
