@@ -13,6 +13,7 @@ import privret
 from helpers import TOY_DOCS, TOY_TEST, TOY_TRAIN, run_cli, write_tiny_bert
 from privret.errors import InputError
 from privret.privacy.ledger import PrivacyLedger
+from privret.train.public_start import examples_hash
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 # the settings of the small runs below (a few steps on the toy log of five queries)
@@ -143,9 +144,12 @@ def test_synthetic_route_carries_the_generator_ledger(tiny_llama_dir, tiny_bert_
     """DP generator -> queries in memory -> a non-private retriever on them: its ledger is the generator's, and the
     evaluation runs on a BEIR directory and on data in memory alike."""
     queries = {"t1": TOY_TEST[0][1], "t2": TOY_TEST[1][1]}
+    shown = [(TOY_DOCS[0][2], "aspirin heart risk")]
     with privret.train_dp_generator(str(tiny_llama_dir), _toy_records(), _toy_corpus(), epsilon=8.0, batch_size=3,
-                                    epochs=1, trained_layers=1, physical_batch=4, bf16=False) as generator:
+                                    epochs=1, trained_layers=1, physical_batch=4, bf16=False,
+                                    public_examples=shown) as generator:
         assert generator.ledger.epsilon == pytest.approx(8.0, rel=0.01) and generator.path.is_dir()
+        assert generator.ledger.provenance["warm_start"]["public_data_hash"] == examples_hash(shown)
         synthetic = privret.generate_queries(generator, _toy_corpus(), num_queries=2, max_new_tokens=6)
     assert not generator.path.exists()  # closed: the temporary generator is gone
     assert synthetic.ledger.epsilon == generator.ledger.epsilon and synthetic.manifest["generated"] == 12

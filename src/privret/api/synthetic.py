@@ -57,7 +57,8 @@ class SyntheticQueries:
 
 def train_dp_generator(model: str, pairs, corpus=None, *, epsilon: float, out_dir: str | Path | None = None,
                        split: str = "train", budget: BudgetPolicy | None = None, dataset_name: str | None = None,
-                       resume: bool = False, warm_start: str | Path | None = None, **settings) -> TrainedGenerator:
+                       resume: bool = False, warm_start: str | Path | None = None,
+                       public_examples: list[tuple[str, str]] | None = None, **settings) -> TrainedGenerator:
     """DP fine-tune the query generator ``model`` on document -> query ``pairs``.
 
     Parameters
@@ -71,6 +72,8 @@ def train_dp_generator(model: str, pairs, corpus=None, *, epsilon: float, out_di
         Target epsilon (``inf``: the non-private reference).
     warm_start : path, optional
         A generator made from public data only, to start from.
+    public_examples : list of (document, query), optional
+        Public pairs the prompt shows (``start="prompted"``, the default); privret's generic ones otherwise.
     **settings
         Fields of :class:`~privret.settings.training.GeneratorTrainConfig`.
 
@@ -84,7 +87,8 @@ def train_dp_generator(model: str, pairs, corpus=None, *, epsilon: float, out_di
     out = Path(out_dir) if out_dir is not None else Path(scratch.name) / "generator"
     try:
         train_generator(training, out, cfg, data_hash=data_hash, dataset_id=dataset_id(training, dataset_name),
-                        resume=resume, budget=budget_policy(budget, dataset_name), warm_start=warm_start)
+                        resume=resume, budget=budget_policy(budget, dataset_name), warm_start=warm_start,
+                        public_examples=public_examples)
     except BaseException:
         if scratch is not None:
             scratch.cleanup()
