@@ -177,8 +177,8 @@ def test_dp_generator_steps_run_without_dropout(tiny_t5_dir, tmp_path, monkeypat
         return step(generator, loss_module, items, *args, **kwargs)
 
     monkeypatch.setattr(gtrain, "_dp_step", checking)
-    cfg = GeneratorTrainConfig(model=str(tiny_t5_dir), epsilon=8.0, batch_size=4, epochs=1, trained_layers=None,
-                               lora_rank=4, bf16=False)
+    cfg = GeneratorTrainConfig(model=str(tiny_t5_dir), start="pretrained", epsilon=8.0, batch_size=4, epochs=1,
+                               trained_layers=None, lora_rank=4, bf16=False)  # no prompt to show examples in
     ledger = train_generator(generator_pairs(), tmp_path / "t5", cfg, data_hash="h")
     assert repeatable == [True] * ledger.steps and ledger.steps == 2
     assert ledger.random_sources == {"sampling": "torch generator seeded from os.urandom",
@@ -302,8 +302,8 @@ def test_seq2seq_generator_behind_the_same_interface(tiny_t5_dir, tmp_path):
         reference = torch.nn.functional.cross_entropy(logits, torch.tensor(ex.target_ids))
     assert loss.item() == pytest.approx(reference.item(), rel=1e-5)
     pairs = generator_pairs()
-    cfg = GeneratorTrainConfig(model=str(tiny_t5_dir), epsilon=8.0, batch_size=4, epochs=1, trained_layers=None,
-                               lora_rank=4, bf16=False)
+    cfg = GeneratorTrainConfig(model=str(tiny_t5_dir), start="pretrained", epsilon=8.0, batch_size=4, epochs=1,
+                               trained_layers=None, lora_rank=4, bf16=False)  # no prompt to show examples in
     ledger = train_generator(pairs, tmp_path / "t5", cfg, data_hash="h")
     assert ledger.mechanism == "dp-sgd" and ledger.steps > 0
     # it has no decoder stack to take the top k layers of: k is refused, not ignored under a ledger saying "top k"
