@@ -45,6 +45,15 @@ def test_the_rule_gives_the_two_measured_regimes(n, batch, epochs, steps):
     assert (scheduled.batch_size, scheduled.epochs) == (batch, epochs)
 
 
+@pytest.mark.parametrize("n, q, steps", [(807, 1.0, 48), (5747, 512 / 5747, 45)])
+def test_the_trainer_plans_an_unset_schedule_by_the_rule(n, q, steps):
+    """What a run over n units plans when neither batch nor epochs is given (train_dp_retriever schedules the
+    same way, on the units it trains on)."""
+    from privret.train.dp_retriever import plan
+
+    assert plan(DPRetrieverConfig(), n)[:3] == (q, steps, 1 / (2 * n))
+
+
 @pytest.mark.parametrize("n", [2, 100, 1024, 1025, 3000, 20_000, 60_000, 10**6])
 def test_the_rule_takes_about_48_steps_at_any_size(n):
     batch, epochs = dp_schedule(n)
