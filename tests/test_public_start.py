@@ -3,13 +3,15 @@ writing what the epsilon-0 prompted generator writes before any private step."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
 
-from helpers import GENERATOR_DOCS, generator_pairs
+from helpers import GENERATOR_DOCS, generator_pairs, run_cli
 from privret.errors import InputError
 from privret.models.generator import load_trained_generator, saved_examples
+from privret.privacy.ledger import PrivacyLedger
 from privret.settings.training import GeneratorTrainConfig
 from privret.train.generator import train_generator
 from privret.train.public import write_prompted_generator
@@ -84,3 +86,21 @@ def test_a_seq2seq_model_cannot_start_prompted(tiny_t5_dir, tmp_path):
     with pytest.raises(InputError, match="causal LM") as err:
         train_generator(generator_pairs(), tmp_path / "dp", cfg, data_hash="h")
     assert "start" in str(err.value)
+
+
+def test_train_dp_shows_the_public_examples_given_on_the_command_line(toy_beir, tiny_llama_dir, tmp_path):
+    public = tmp_path / "public.jsonl"
+    public.write_text("".join(json.dumps({"query": q, "doc": d}) + "\n" for d, q in SHOTS))
+    settings = tmp_path / "settings.yaml"
+    settings.write_text("trained_layers: 1\nlora_rank: 4\nbf16: false\nmax_doc_tokens: 16\n")
+    common = ["generator", "train-dp", "--data", str(toy_beir), "--model", str(tiny_llama_dir), "--epochs", "1",
+              "--batch-size", "2", "--config", str(settings), "--allow-over-budget"]
+    done = run_cli(*common, "--out", str(tmp_path / "dp"), "--public-examples", str(public))
+    assert done.returncode == 0, done.stderr
+    assert saved_examples(tmp_path / "dp") == SHOTS
+    ledger = PrivacyLedger.load(tmp_path / "dp")
+    assert ledger.provenance["warm_start"]["public_data_hash"] == examples_hash(SHOTS)
+    refused = run_cli(*common, "--out", str(tmp_path / "dp2"), "--public-examples", str(public),
+                      "--warm-start", str(tmp_path / "dp"))
+    assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1
+    assert "public_examples" in refused.stderr and not (tmp_path / "dp2").exists()
