@@ -1103,3 +1103,14 @@ def test_cli_hold_out_reaches_the_dp_config_and_is_refused_without_dp(tmp_path, 
         assert result.returncode == 2 and flags[0] in result.stderr and len(result.stderr.strip().splitlines()) == 1, \
             result.stderr
         assert not (tmp_path / "o").exists()
+
+
+def test_only_public_negatives_has_a_default_schedule():
+    """The schedule rule (batch and epochs from the log's size) is public-negatives' measured regime: another method
+    without batch_size or epochs is refused naming the missing field (naive's sensitivity grows with the batch)."""
+    assert DPRetrieverConfig().scheduled(807).batch_size == 807
+    for given, missing in (({}, "batch_size"), ({"batch_size": 32}, "epochs")):
+        with pytest.raises(InputError, match="public-negatives") as refused:
+            DPRetrieverConfig(method="naive", **given).scheduled(807)
+        assert refused.value.field == missing
+    assert DPRetrieverConfig(method="naive", batch_size=32, epochs=1).scheduled(807).batch_size == 32

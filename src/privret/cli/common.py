@@ -21,7 +21,7 @@ FLAG_OF_FIELD = {"learning_rate": "--lr", "cap": "--budget-cap", "allow_over": "
 # Fields that library functions raise errors on and that the commands take as flags of the same name: a bare
 # name here is always that flag (config files name their fields with a path, or with their section: a.b).
 OPTION_FIELDS = ("datasets", "label", "max_texts", "min_tokens", "sample", "subsample", "md5", "archive", "resume",
-                 "trust_remote_pickle", "unit", "run_dir", "weight", "test_articles", "public")
+                 "trust_remote_pickle", "unit", "run_dir", "weight", "test_articles", "public", "batch_size", "epochs")
 
 
 def flag(field: str) -> str:

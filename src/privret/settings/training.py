@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from privret.settings.fields import changed_from_default
 from privret.data.pairs import PrivacyUnit
+from privret.errors import InputError
 from privret.models.registry import DEFAULT_ENCODER, DEFAULT_GENERATOR
 from privret.privacy.hold_out import UnitPartition
 
@@ -245,9 +246,13 @@ class DPRetrieverConfig(DPRetrieverSettings):
 
     def scheduled(self, n_units: int) -> DPRetrieverConfig:
         """This config with ``batch_size`` and ``epochs``, where unset (None), from :func:`dp_schedule` of the
-        ``n_units`` units the run trains on."""
+        ``n_units`` units the run trains on; public-negatives only (the other methods need both given)."""
         if self.batch_size is not None and self.epochs is not None:
             return self
+        if self.method != "public-negatives":  # naive's sensitivity grows with the batch, logit-dp's cost with B^2
+            raise InputError(f"has no default for {self.method}: the schedule rule is public-negatives' measured "
+                             "regime; give `batch_size` and `epochs`",
+                             field="batch_size" if self.batch_size is None else "epochs")
         batch_size, epochs = dp_schedule(n_units, self.batch_size)
         return self.model_copy(update={"batch_size": batch_size, "epochs": self.epochs or epochs})
 
