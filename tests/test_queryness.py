@@ -102,3 +102,21 @@ def test_synthetic_queryness_reads_a_synthetic_set_and_its_manifest(tmp_path):
     (root / "manifest.json").write_text("[1]")
     with pytest.raises(InputError, match="JSON object"):
         synthetic_queryness(root)
+
+
+def test_the_report_and_the_pipeline_summary_state_each_synthetic_sets_queryness(tmp_path):
+    from privret.pipeline.summary import queryness_lines, synthetic_sets_queryness
+    from privret.report.collect import collect
+    from privret.report.render import render_html, render_markdown
+    from test_report import write_fake_run
+
+    run_dir = write_fake_run(tmp_path)
+    run = collect(run_dir)
+    assert "## Query-ness of the synthetic sets" in render_markdown(run)
+    assert "| eps-8/synthetic | 100.0% | 0.0% | 4 | - |" in render_markdown(run)
+    assert "id='queryness'" in render_html(run)
+    rows = [{"stage": "eps-8", "row": "DP synthetic (epsilon=8)"}, {"stage": "zero_shot", "row": "zero-shot"}]
+    measured = synthetic_sets_queryness(run_dir, rows)
+    assert list(measured) == ["eps-8"] and measured["eps-8"].outputs == 4
+    assert "| DP synthetic (epsilon=8) | 100.0% | 0.0% | 4 | - |" in queryness_lines(rows, measured)
+    assert queryness_lines(rows, {}) == []
