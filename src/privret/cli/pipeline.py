@@ -48,8 +48,9 @@ def pipeline(
 
 def demo(run_dir: Annotated[Path, typer.Option(help="where to write the demo run")] = Path("runs/demo"),
          device: DeviceOpt = "auto") -> None:
-    """The pipeline at epsilon = 8 on the bundled demo dataset: the non-private references, DP synthetic queries
-    (7 for the generator, 1 for a DP choice of retriever) and direct DP training of the retriever (8)."""
+    """The pipeline at epsilon = 8 on the bundled demo dataset: the non-private references, the epsilon = 0 bar (the
+    generator prompted with three public pairs), DP synthetic queries (7 for the generator, started from that
+    prompt, 1 for a DP choice of retriever) and direct DP training of the retriever (8)."""
     from privret.cli.demo import demo_config
     from privret.pipeline.run import run_pipeline
     from privret.pipeline.summary import summary_table
