@@ -1,55 +1,18 @@
 """Per-dataset registry of DP releases and their cumulative cost under composition.
 
-Every DP training run on a private dataset is a *release*. Training on the same data several
-times (an epsilon grid, a re-run, a direct-DP baseline) composes: an adversary who sees all the
-models learns more than from any one of them. The registry keeps every release, keyed by the
-dataset's identity (``PrivacyLedger.dataset_id``, see :func:`dataset_id`; ``data_hash`` for a
-ledger written before it existed), and reports what they cost together.
+Every DP run on a private dataset is a *release*, and releases on one dataset compose. A release is keyed by the
+dataset's identity, :func:`dataset_id` (the set of normalised (query text, document text) records, whatever the file
+format, order or split; a user-given ``--dataset-name`` instead; a ledger without it by its ``data_hash``), in one
+append-only JSON-lines file per dataset under ``$PRIVRET_BUDGET_DIR`` (default ``~/.cache/privret/budget``),
+appended and fsynced under an exclusive ``flock``. A release is recorded ``planned`` before its first update can
+reach disk and ``final`` when it ends, and costs its largest recorded step count: a killed run counts in full.
 
-Which releases share a dataset (:func:`dataset_id`): by default those whose private pairs have the
-same records, (query text, document text) after normalisation, whatever the file format, row order,
-split name or whether the documents came from a BEIR corpus or inline. No exact key recognises a
-near-duplicate (a log with one row edited, added or removed is another dataset by content); a
-user-given name (``--dataset-name``, a pipeline config's ``budget.dataset_name``) keys the
-registry instead of the content and so ties such versions together.
-
-Where it lives: one append-only JSON-lines file per dataset, ``<dir>/<key>.jsonl``, with
-``<dir>`` = ``$PRIVRET_BUDGET_DIR`` or ``$PRIVRET_CACHE/budget`` (default
-``~/.cache/privret/budget``). Records are appended and fsynced under an exclusive ``flock`` of
-``<key>.jsonl.lock``, so concurrent runs on one machine never lose a record. A release is
-recorded *before* its first update can reach disk (``status = "planned"``, with its planned
-steps) and again when it ends (``"final"``, with the steps its ledger counts); its cost is the
-largest step count recorded for it, so a run that was killed and never resumed still counts
-in full. Releases that an older privret keyed by the hash of the data files (``<data_hash>.jsonl``)
-still count for a release whose ledger has that ``data_hash``.
-
-What a run may spend (:func:`check_and_record`): all releases on the dataset together at most
-``cap`` (default :data:`DEFAULT_CAP`), and one privacy unit per dataset. Past either it is refused
-before training, unless the policy allows going over (``--allow-over-budget``), which runs with a
-:class:`BudgetWarning`.
-
-Composition (what :func:`compose` computes), for the releases of one dataset and one privacy
-unit (releases under another unit protect another kind of neighbour and are not composed here):
-
-* every release that is a Poisson-subsampled Gaussian mechanism (a ledger with a noise
-  multiplier sigma > 0, a sample rate q in (0, 1], ``steps`` and an Opacus accountant, as DP-SGD
-  and the direct DP retrievers write) joins one *history* ``[(sigma_i, q_i, T_i)]``. The
-  accountant composes the history as one adaptive sequence of sum_i T_i subsampled Gaussian
-  steps, which is valid for any order and adaptivity of the runs (RDP: Mironov 2017, Prop. 1,
-  additivity of Renyi divergence under adaptive composition, then one conversion to
-  (epsilon, delta); PRV: Gopi, Lee and Wutschitz 2021, the privacy random variables of the
-  steps add). We evaluate it at delta_G = the largest delta of those releases and report the
-  smaller of the RDP and the PRV upper bound (both are upper bounds on the same quantity);
-* any other release (unknown mechanism, no noise multiplier) adds its own (epsilon_i, delta_i)
-  by basic composition (Dwork and Roth 2014, Theorem 3.16), which is conservative.
-
-Total: ``epsilon = epsilon_G + sum epsilon_i``, ``delta = delta_G + sum delta_i``, for the releases
-that read the whole dataset. Releases that read one side of a partition of it (``Release.part``:
-a DP run on the fit part, a DP choice on the held-out part; :mod:`privret.privacy.hold_out`) are
-recorded under the whole dataset's key: each side's releases compose by the rule above, the larger
-side counts (parallel composition, add/remove neighbours), and that adds to the total. Non-private
-runs (epsilon = inf) are not DP releases and are not recorded: releasing such a model voids
-every guarantee on its data, whatever this registry says.
+:func:`check_and_record` refuses, before training, a release that would take its dataset past ``cap``
+(:data:`DEFAULT_CAP`) or use a second privacy unit, unless going over is allowed (a :class:`BudgetWarning`).
+:func:`compose`, per dataset and unit: Poisson-subsampled Gaussian releases form one history that Opacus's RDP and
+PRV accountants compose (valid for any order and adaptivity; the smaller bound, at the largest delta), any other
+release adds by basic composition, and the two sides of one partition count as the larger (docs/reliability.md,
+section 2; docs/privacy.md, section "A held-out choice, at no epsilon beyond the run's"). Non-DP runs are not recorded.
 """
 
 from __future__ import annotations
