@@ -122,7 +122,7 @@ def test_nothing_is_written_without_out_dir_and_the_registry_only_when_asked(tin
     (lambda m: privret.train_dp_retriever(m, _toy_records(), _toy_corpus(), epsilon=8.0, method="batch-clip",
                                           public_negatives=4), "public_negatives"),
     (lambda m: privret.train_retriever(m, _toy_records(), _toy_corpus(), learning_rate=0), "learning_rate"),
-    (lambda m: privret.evaluate(m, {"q": "aspirin"}, _toy_corpus(), {"q": {"d9": 1}}), "doc_id"),
+    (lambda m: privret.evaluate_retrieval(m, {"q": "aspirin"}, _toy_corpus(), {"q": {"d9": 1}}), "doc_id"),
 ])
 def test_bad_input_names_the_field(call, field, tiny_bert_dir, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
@@ -160,5 +160,16 @@ def test_synthetic_route_carries_the_generator_ledger(tiny_llama_dir, tiny_bert_
     model, ledger = privret.train_retriever(str(tiny_bert_dir), synthetic, batch_size=2)
     assert ledger.epsilon == generator.ledger.epsilon and ledger.mechanism == "dp-sgd"
     qrels = {"t1": {"d1": 1}, "t2": {"d6": 1}}
-    metrics = privret.evaluate(model, queries, _toy_corpus(), qrels)
+    metrics = privret.evaluate_retrieval(model, queries, _toy_corpus(), qrels)
     assert metrics["queries"] == 2 and 0 <= metrics["ndcg@10"] <= 1
+
+
+def test_no_api_name_is_shadowed_by_a_subpackage():
+    """An API name that is also a module of privret (privret.evaluate is a package) would be replaced by that module
+    once anything imports it: privret.<name>(...) would then fail depending on import order."""
+    import pkgutil
+
+    modules = {m.name for m in pkgutil.iter_modules(privret.__path__)}
+    assert modules and not set(privret.__all__) & modules
+    for name in privret.__all__:
+        assert callable(getattr(privret, name))

@@ -7,7 +7,7 @@ on first use, so that importing a torch-free module such as :mod:`privret.settin
 import importlib
 
 __version__ = "0.1.0"
-__all__ = ["SyntheticQueries", "TrainedGenerator", "evaluate", "generate_queries", "train_dp_generator",
+__all__ = ["SyntheticQueries", "TrainedGenerator", "evaluate_retrieval", "generate_queries", "train_dp_generator",
            "train_dp_retriever", "train_retriever"]
 
 

@@ -18,7 +18,7 @@ from privret.retrieval.index import SearchIndex
 from privret.retrieval.metrics import evaluate_retriever
 
 
-def evaluate(model, queries, corpus=None, qrels=None, *, split: str = "test", bf16: bool = True,
+def evaluate_retrieval(model, queries, corpus=None, qrels=None, *, split: str = "test", bf16: bool = True,
              cache_dir: str | Path | None = None, **search) -> dict[str, float]:
     """The mean metrics of ``model`` on judged queries: ``{"ndcg@10", "recall@10", "recall@100", "mrr@10",
     "queries"}``.
