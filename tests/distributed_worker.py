@@ -178,7 +178,7 @@ def dp_retriever_train(bert_dir: str, out_dir: str) -> None:
                           corpus=corpus)
     cfg = DPRetrieverConfig(method="public-negatives", model=bert_dir, clip_norm=0.02, batch_size=4, epochs=1.0,
                             max_query_tokens=32, max_doc_tokens=32, temperature=0.5, trainable="top:1",
-                            public_negatives=3, learning_rate=1e-3, dropout=False, epsilon=8.0)
+                            public_negatives=3, hard_negatives=0, learning_rate=1e-3, dropout=False, epsilon=8.0)
     train_dp_retriever(pairs, out_dir, cfg, data_hash="h", public_corpus=corpus)
 
 

@@ -151,7 +151,7 @@ def test_cli_second_release_on_a_reformatted_copy_passes_the_default_cap(toy_bei
 
     def args(out, *data):
         return ["retriever", "train-dp", *data, "--out", str(tmp_path / out), "--model", str(tiny_bert_dir),
-                "--method", "batch-clip", "--epsilon", "8", "--batch-size", "2", "--trainable", "top:1"]
+                "--method", "batch-clip", "--epsilon", "8", "--batch-size", "2", "--epochs", "1", "--trainable", "top:1"]
 
     copy = _pairs_file(tmp_path / "copy.jsonl", _toy_rows()[::-1])
     assert CliRunner().invoke(app, args("r1", "--data", str(toy_beir))).exit_code == 0
