@@ -11,6 +11,9 @@ mkdir -p "$work"
 P=.venv/bin/privret
 source bench/lib.sh
 D=../shared/data/scifact
+# the settings these rows were measured with: DP fine-tuning from the plain pretrained model, whole first lines kept
+printf 'start: pretrained\n' > "$work/generator-measured.yaml"
+printf 'first_sentence: false\ndrop_degenerate: false\n' > "$work/generate-measured.yaml"
 ev() { evaluate_once "$1" "$D" test "$2" --no-bf16; }  # $1 model, $2 out dir; float32 as the headline file
 choose() {  # $1 candidate, $2 output, $3 weights: the DP choice (epsilon 1), then the candidate and the choice on test
   [ -d "$2" ] || $P retriever select --data $D --split train --candidate "$1" --weights "$3" --epsilon 1 \
@@ -31,8 +34,9 @@ for step in "$@"; do
       # CLI default; configs/scifact.yaml writes two); the retriever's recipe chosen on its validation split
       s=${step#synthetic:}
       [ -f "$work/gen-eps7-s$s/privacy_ledger.json" ] || $P generator train-dp --data $D --split train --epsilon 7 \
+          --config "$work/generator-measured.yaml" \
           --seed "$s" --out "$work/gen-eps7-s$s" --allow-over-budget --resume
-      [ -f "$work/syn-eps7-s$s/manifest.json" ] || $P synth generate --model "$work/gen-eps7-s$s" --data $D \
+      [ -f "$work/syn-eps7-s$s/manifest.json" ] || $P synth generate --config "$work/generate-measured.yaml" --model "$work/gen-eps7-s$s" --data $D \
           --documents corpus --sample 565 --num-queries 1 --seed "$s" --out "$work/syn-eps7-s$s"
       [ -d "$work/ret-eps7-s$s" ] || $P retriever train --data "$work/syn-eps7-s$s" --out "$work/ret-eps7-s$s" \
           --select default
@@ -56,8 +60,9 @@ print(c['epochs'], c['max_doc_tokens'])" "$work/ret-eps7-s$g/recipe_selection.js
       # give at these settings (565 documents, one query each, the same recipe rule); no privacy claim
       s=${step#ceiling:}
       [ -f "$work/gen-inf-s$s/privacy_ledger.json" ] || $P generator train --non-private --data $D --split train \
+          --config "$work/generator-measured.yaml" \
           --seed "$s" --out "$work/gen-inf-s$s"
-      [ -f "$work/syn-inf-s$s/manifest.json" ] || $P synth generate --model "$work/gen-inf-s$s" --data $D \
+      [ -f "$work/syn-inf-s$s/manifest.json" ] || $P synth generate --config "$work/generate-measured.yaml" --model "$work/gen-inf-s$s" --data $D \
           --documents corpus --sample 565 --num-queries 1 --seed "$s" --out "$work/syn-inf-s$s"
       [ -d "$work/ret-inf-s$s" ] || $P retriever train --data "$work/syn-inf-s$s" --out "$work/ret-inf-s$s" \
           --select default
@@ -69,7 +74,7 @@ print(c['epochs'], c['max_doc_tokens'])" "$work/ret-eps7-s$g/recipe_selection.js
       scifact_public_claims $D/corpus.jsonl "$work/public-claims.jsonl"
       [ -d "$work/gen-prompted" ] || $P generator prompt --public-pairs "$work/public-claims.jsonl" --examples 3 \
           --out "$work/gen-prompted"
-      [ -f "$work/syn-prompted-s$s/manifest.json" ] || $P synth generate --model "$work/gen-prompted" --data $D \
+      [ -f "$work/syn-prompted-s$s/manifest.json" ] || $P synth generate --config "$work/generate-measured.yaml" --model "$work/gen-prompted" --data $D \
           --documents corpus --sample 565 --num-queries 1 --seed "$s" --out "$work/syn-prompted-s$s"
       [ -d "$work/ret-prompted-s$s" ] || $P retriever train --data "$work/syn-prompted-s$s" \
           --out "$work/ret-prompted-s$s" --select default
@@ -81,7 +86,7 @@ print(c['epochs'], c['max_doc_tokens'])" "$work/ret-eps7-s$g/recipe_selection.js
           --paragraphs 1000 --seed 0 --out "$work/squad-pairs.jsonl"
       [ -f "$work/gen-public-pairs/privacy_ledger.json" ] || $P generator train --public-pairs "$work/squad-pairs.jsonl" \
           --out "$work/gen-public-pairs" --resume
-      [ -f "$work/syn-public-pairs-s$s/manifest.json" ] || $P synth generate --model "$work/gen-public-pairs" --data $D \
+      [ -f "$work/syn-public-pairs-s$s/manifest.json" ] || $P synth generate --config "$work/generate-measured.yaml" --model "$work/gen-public-pairs" --data $D \
           --documents corpus --sample 565 --num-queries 1 --seed "$s" --out "$work/syn-public-pairs-s$s"
       [ -d "$work/ret-public-pairs-s$s" ] || $P retriever train --data "$work/syn-public-pairs-s$s" \
           --out "$work/ret-public-pairs-s$s" --select default

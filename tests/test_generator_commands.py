@@ -52,6 +52,20 @@ def test_generator_train_without_dp_then_synth_generate(tiny_llama_dir, toy_beir
                    str(tmp_path / "synthetic"), "--sample", "3")
     assert done.returncode == 0, done.stderr
     assert PrivacyLedger.load(tmp_path / "synthetic").epsilon == 0 and "synthetic queries for 3 documents" in done.stdout
+    # the rarely changed generation fields from --config, a flag over the file's field; a bad field names the file
+    settings = tmp_path / "generate.yaml"
+    settings.write_text("first_sentence: false\ndrop_degenerate: false\nmax_new_tokens: 6\nnum_queries: 3\n")
+    done = run_cli("synth", "generate", "--model", str(tmp_path / "public"), "--data", str(toy_beir), "--out",
+                   str(tmp_path / "configured"), "--sample", "2", "--num-queries", "2", "--config", str(settings))
+    assert done.returncode == 0, done.stderr
+    config = json.loads((tmp_path / "configured" / "manifest.json").read_text())["config"]
+    assert (config["first_sentence"], config["drop_degenerate"], config["max_new_tokens"], config["num_queries"]) == (
+        False, False, 6, 2)
+    settings.write_text("max_new_tokns: 6\n")
+    done = run_cli("synth", "generate", "--model", str(tmp_path / "public"), "--data", str(toy_beir), "--out",
+                   str(tmp_path / "refused"), "--config", str(settings))
+    assert done.returncode == 2 and str(settings) in done.stderr and "max_new_tokns" in done.stderr
+    assert not (tmp_path / "refused").exists()
 
 
 def test_generator_train_dp_writes_a_dp_ledger(tiny_llama_dir, toy_beir, tmp_path, monkeypatch):

@@ -7,8 +7,10 @@ from typing import Annotated, Optional
 
 import typer
 
-from privret.cli.common import build_config, out
-from privret.cli.options import device_option
+from privret.cli.common import build_config, given_values, out
+from privret.cli.options import config_file_option, device_option
+
+ConfigOpt = config_file_option("GenerateConfig")
 
 
 @device_option
@@ -32,11 +34,13 @@ def generate(
     seed: Annotated[int, typer.Option(help="seed of the sampling (each batch's own seed derives from it, so a "
                                            "resumed generation writes what an uninterrupted one writes)")] = 0,
     resume: Annotated[bool, typer.Option(help="continue an interrupted generation")] = False,
+    config: ConfigOpt = None,
 ) -> None:
     """Sample synthetic queries for public documents; writes a BEIR dataset carrying the ledger.
 
     Never reads private queries: the documents come from a public source or a DP selection, and
-    outputs are filtered only by the public --blocklist."""
+    outputs are dropped only by the public --blocklist and by checks of the output alone (cut at its first sentence
+    end, degenerate outputs dropped: the fields first_sentence and drop_degenerate of --config)."""
     from privret.data.beir import load_corpus
     from privret.privacy.ledger import PrivacyLedger
     from privret.settings.synthesis import DocumentChoice, GenerateConfig
@@ -54,7 +58,8 @@ def generate(
         ids = read_document_ids(Path(documents), corpus)
     docs = [corpus[d] for d in sampled(ids, build_config(DocumentChoice, sample=sample, seed=sample_seed))]
     blocked = _read_lines(blocklist) if blocklist is not None else []
-    cfg = build_config(GenerateConfig, num_queries=num_queries, top_p=top_p, batch_size=batch_size, seed=seed)
+    cfg = build_config(GenerateConfig, config_file=config, **given_values(num_queries=num_queries, top_p=top_p,
+                                                                          batch_size=batch_size, seed=seed))
     manifest = generate_synthetic(model, docs, out_dir, cfg, blocklist=blocked, document_selection=selection,
                                   resume=resume)
     out.print(f"{manifest['kept']} synthetic queries for {manifest['documents']} documents in {out_dir} "
