@@ -62,7 +62,7 @@ class QueryGenerator:
         self.trainable = "none"
         self.examples: list[tuple[str, str]] = []  # few-shot (document, query) pairs shown in every prompt
         self.device = resolve_device(device)  # None: the command's --device
-        # bf16 autocast (and bf16 activation cache) where native: ~2-3x faster on AMX CPUs and GPUs, far slower elsewhere
+        # bf16 autocast (and bf16 activation cache) where native: faster on AMX CPUs and GPUs, far slower elsewhere
         self.bf16 = uses_bf16(self.device, bf16)
         self.model.to(self.device)
         if self.tokenizer.pad_token_id is None:

@@ -34,8 +34,8 @@ def check_budget(epsilon: float, delta: float, n_units: int) -> None:
     if not math.isfinite(epsilon):
         return
     if not MIN_EPSILON <= epsilon <= MAX_EPSILON:
-        # outside this range Opacus's noise search does not terminate in useful time (measured: epsilon = 1e-9
-        # or 1000 ran > 60 s); epsilon > 50 protects nothing in practice, use inf for a non-private reference
+        # outside this range Opacus's noise search does not end in useful time; epsilon > 50 protects nothing in
+        # practice, use inf for a non-private reference
         raise InputError(f"target epsilon must be in [{MIN_EPSILON}, {MAX_EPSILON}] (or inf), got {epsilon}",
                          field="epsilon")
     if not (0 < delta < 1.0 / n_units):
