@@ -112,7 +112,9 @@ def generator_train(
     f"{REGIME}, DP-Adam lr {DEFAULT['learning_rate']:g}, expected batch {DEFAULT['batch_size']} units, "
     f"{DEFAULT['epochs']:g} epochs ({math.ceil(DEFAULT['epochs'] * SCIFACT_UNITS / DEFAULT['batch_size'])} steps "
     f"on SciFact's {SCIFACT_UNITS} units), C = {DEFAULT['clip_norm']:g}, the "
-    f"{DEFAULT['accountant'].upper()} accountant. Rarely changed settings come from --config."))
+    f"{DEFAULT['accountant'].upper()} accountant. It starts from the prompted generator: public examples in every "
+    "prompt, in training and sampling (--public-examples, else three generic ones); the measured SciFact rows started "
+    "from the plain model (start: pretrained in --config). Rarely changed settings come from --config."))
 @device_option
 def generator_train_dp(
     out_dir: OutOpt,
