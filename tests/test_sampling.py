@@ -7,6 +7,7 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
+from transformers.generation.logits_process import LogitsProcessorList, RepetitionPenaltyLogitsProcessor
 
 from helpers import TOY_DOCS
 from privret.models.generator import load_generator
@@ -15,6 +16,7 @@ from privret.models.decoding import sample_rows
 from privret.models.shared_prefix import NAME, shared_prefix_attention
 
 TEXT = st.text(alphabet="ab .\n\r\t\x0b\u2028", max_size=12)
+SAMPLING = {"top_p": 0.9, "temperature": 0.7, "max_new_tokens": 10}
 
 
 @given(TEXT, TEXT)
@@ -38,36 +40,52 @@ def _rows_and_cache(generator, docs, copies):
     return batch.repeat(copies), cache
 
 
-def test_rows_that_leave_the_batch_keep_the_draws_of_transformers_generate(tiny_llama_dir):
+def _sampled(generator, docs, penalty: float, settled) -> list[list[int]]:
+    """:func:`sample_rows` of two rows per document, seed 11."""
+    rows, cache = _rows_and_cache(generator, docs, 2)
+    torch.manual_seed(11)
+    return sample_rows(generator.model, rows.ids, rows.mask, rows.positions, cache, settled=settled,
+                       eos_token_ids={generator.tokenizer.eos_token_id}, repetition_penalty=penalty, **SAMPLING)
+
+
+@pytest.mark.parametrize("penalty, sharpen", [(1.0, 1.0), (4.0, 10.0)])
+def test_rows_that_leave_the_batch_keep_the_draws_of_transformers_generate(tiny_llama_dir, penalty, sharpen):
     """Same seed, same prompts: each row's tokens are those ``generate`` samples for it, up to the step where it
     settles; rows settle at different steps, so the batch shrinks while the others go on. A cache or mask not cut
-    to the rows still going, or a draw table of the wrong rows, would change the tokens after the first exit."""
+    to the rows still going, or a draw table of the wrong rows, would change the tokens after the first exit.
+    A repetition penalty is that of ``generate`` with transformers' processor on the sampled tokens only (the
+    prompt ignored): a row's own tokens, cut with it as it leaves; penalty 1 is ``generate`` without one. The
+    penalised case sharpens the logits (final norm x 10), so that without the penalty every row repeats one token
+    to the end."""
     generator = load_generator(str(tiny_llama_dir), bf16=False)
     generator.model.eval()
+    with torch.no_grad():
+        generator.model.model.norm.weight.mul_(sharpen)
     docs = [d for _, _, d in TOY_DOCS[:4]]
     eos = generator.tokenizer.eos_token_id
 
     def settled(ids: list[int]) -> bool:  # a rule on the content, as the first-line rule is
         return ids[-1] % 5 == 0
 
-    sampling = {"top_p": 0.9, "temperature": 0.7, "max_new_tokens": 10}
     with torch.no_grad():
         rows, cache = _rows_and_cache(generator, docs, 2)
+        penalised = {} if penalty == 1.0 else {"repetition_penalty": penalty, "logits_processor": LogitsProcessorList(
+            [RepetitionPenaltyLogitsProcessor(penalty, prompt_ignore_length=rows.ids.shape[1])])}
         torch.manual_seed(11)
         reference = generator.model.generate(input_ids=rows.ids, attention_mask=rows.mask, past_key_values=cache,
                                              do_sample=True, top_k=0, pad_token_id=generator.tokenizer.pad_token_id,
-                                             **sampling)[:, rows.ids.shape[1]:].tolist()
-        rows, cache = _rows_and_cache(generator, docs, 2)
-        torch.manual_seed(11)
-        ours = sample_rows(generator.model, rows.ids, rows.mask, rows.positions, cache, eos_token_ids={eos},
-                           settled=settled, **sampling)
+                                             **SAMPLING, **penalised)[:, rows.ids.shape[1]:].tolist()
+        ours = _sampled(generator, docs, penalty, settled)
+        if penalty != 1.0:
+            unpenalised = _sampled(generator, docs, 1.0, settled)
+            assert all(len(set(row)) == 1 for row in unpenalised) and ours != unpenalised
     expected = []
     for row in reference:
         cut = next((i + 1 for i in range(len(row)) if row[i] == eos or settled(row[:i + 1])), len(row))
         expected.append(row[:cut])
     assert ours == expected
     lengths = sorted(len(row) for row in ours)
-    assert lengths[0] < lengths[-1] == sampling["max_new_tokens"]  # some left early while others went on
+    assert lengths[0] < lengths[-1] == SAMPLING["max_new_tokens"]  # some left early while others went on
 
 
 def test_the_shared_prefix_attention_is_on_only_inside_its_context(tiny_llama_dir):

@@ -186,7 +186,7 @@ class CausalQueryGenerator(QueryGenerator):
 
     @torch.no_grad()
     def generate(self, docs, *, num_queries=1, top_p=0.8, temperature=1.0, max_new_tokens=48, seed=None,
-                 reuse_prefix=True, stop_at_sentence_end=False):
+                 reuse_prefix=True, stop_at_sentence_end=False, repetition_penalty=1.0):
         """``num_queries`` sampled queries for each of ``docs``. Each prompt's keys and values (all its tokens but
         the last) are computed once and repeated for its ``num_queries`` rows (:meth:`PromptBatch.own_cache`);
         sampling then starts from each row's last prompt token, so the draws are those of the whole prompts.
@@ -195,7 +195,8 @@ class CausalQueryGenerator(QueryGenerator):
         Without examples the batch is the plain left-padded one. A row leaves the batch once its first line is
         complete or it has ended (:func:`privret.models.decoding.sample_rows`: the draws are ``generate``'s), and
         with ``stop_at_sentence_end`` once its first sentence is (for a caller that keeps only that,
-        :func:`~privret.models.decoding.first_sentence`: what it keeps is unchanged)."""
+        :func:`~privret.models.decoding.first_sentence`: what it keeps is unchanged). ``repetition_penalty`` acts on
+        the row's sampled tokens, never the prompt's."""
         if not docs:
             return []
         if seed is not None:
@@ -208,8 +209,8 @@ class CausalQueryGenerator(QueryGenerator):
             rows, own = batch.repeat(num_queries), slice(batch.shared, None)
             new = sample_rows(self.model, rows.ids[:, own], rows.mask[:, own], rows.positions[:, own], cache,
                               eos_token_ids=self._eos_token_ids(), max_new_tokens=max_new_tokens, top_p=top_p,
-                              temperature=temperature, settled=lambda ids: self._first_line_settled(
-                                  ids, sentence=stop_at_sentence_end))
+                              temperature=temperature, repetition_penalty=repetition_penalty,
+                              settled=lambda ids: self._first_line_settled(ids, sentence=stop_at_sentence_end))
         texts = [self._decode(row) for row in new]
         return [texts[i * num_queries: (i + 1) * num_queries] for i in range(len(docs))]
 

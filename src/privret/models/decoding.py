@@ -1,16 +1,17 @@
 """Nucleus sampling from a causal LM that drops each row from the batch as soon as its answer is settled.
 
-``transformers``' ``generate`` keeps a finished row in the batch until every row is done. Here a row leaves the
-batch, its keys and values with it (``DynamicCache.batch_select_indices``), once it has sampled the end-of-text
-token or once ``settled`` says no further token can change what the caller keeps (a query generator keeps the
-first line), so each step runs only the rows still going.
-
-The draws are those of ``generate(do_sample=True)``: each row's next token comes from
-softmax(top-p(logits / temperature)) (``transformers``' own warpers, ``top_k`` off) by ``torch.multinomial`` over a
-full ``[rows, vocabulary]`` table in which a row that has left keeps its last distribution. So each step consumes
-the same random numbers as ``generate``, and with the same seed and logits every row gets ``generate``'s tokens
-until it leaves. Logits of a smaller batch may differ by float rounding, which can move a draw now and then; the
-distributions are unchanged.
+``transformers``' ``generate`` keeps a finished row until every row is done. Here a row leaves the batch, its keys
+and values with it (``DynamicCache.batch_select_indices``), once it has sampled the end-of-text token or once
+``settled`` says no further token can change what the caller keeps, so each step runs only the rows still going.
+The draws are those of ``generate(do_sample=True)``: softmax(top-p(logits / temperature)) (``transformers``'
+warpers, ``top_k`` off), ``torch.multinomial`` over a full ``[rows, vocabulary]`` table in which a row that has
+left keeps its last distribution, so each step consumes ``generate``'s random numbers and, with the same seed and
+logits, every row gets ``generate``'s tokens until it leaves (a smaller batch's logits may differ by float
+rounding, which can move a draw now and then; the distributions are unchanged). A repetition penalty r >= 1 (CTRL:
+A Conditional Transformer Language Model for Controllable Generation, Keskar, McCann, Varshney, Xiong and Socher)
+comes first: for each token the row has sampled (its output only; the prompt's examples and document are never
+penalised, so queries may keep the document's words) a positive logit l becomes l / r, a negative one l * r
+(``transformers``' ``RepetitionPenaltyLogitsProcessor`` on the output tokens); r = 1 skips it.
 """
 
 from __future__ import annotations
@@ -37,13 +38,21 @@ def sentence_settled(text: str) -> bool:
     return SENTENCE_END.search(text.strip()) is not None
 
 
+def penalise_repeats(logits: torch.Tensor, previous: torch.Tensor, penalty: float) -> torch.Tensor:
+    """``logits`` ``[rows, vocabulary]`` with the CTRL repetition penalty (module docstring) on the tokens of each
+    row of ``previous`` ``[rows, steps]``: positive logits divided by ``penalty``, negative ones multiplied."""
+    score = logits.gather(1, previous)
+    return logits.scatter(1, previous, torch.where(score < 0, score * penalty, score / penalty))
+
+
 @torch.no_grad()
 def sample_rows(model, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache, *,
                 eos_token_ids: set[int], max_new_tokens: int, top_p: float, temperature: float,
-                settled: Callable[[list[int]], bool]) -> list[list[int]]:
+                settled: Callable[[list[int]], bool], repetition_penalty: float = 1.0) -> list[list[int]]:
     """The sampled tokens of each row, continuing from ``cache`` (the keys and values of every prompt token but
     the last) with each row's last prompt token ``ids[:, -1]`` at position ``positions[:, -1]``; ``mask`` is the
-    prompts' attention mask. A row stops after an end-of-text token (kept) or once ``settled(its tokens)``."""
+    prompts' attention mask. A row stops after an end-of-text token (kept) or once ``settled(its tokens)``.
+    ``repetition_penalty``: on the row's sampled tokens (module docstring; 1: off)."""
     from transformers.generation.logits_process import (LogitsProcessorList, TemperatureLogitsWarper,
                                                         TopPLogitsWarper)
 
@@ -55,9 +64,12 @@ def sample_rows(model, ids: torch.Tensor, mask: torch.Tensor, positions: torch.T
     active = torch.arange(rows, device=ids.device)  # the original index of each row still in the batch
     step_ids, step_positions = ids[:, -1:], positions[:, -1:]
     table = None  # [rows, vocabulary]: the active rows' distributions; a row that has left keeps a stale one, ignored
+    sampled = ids.new_empty(rows, 0)  # [active rows, steps]: each active row's tokens so far (for the penalty)
     for _ in range(max_new_tokens):
         logits = model(input_ids=step_ids, attention_mask=mask, position_ids=step_positions, past_key_values=cache,
                        use_cache=True).logits[:, -1].float()
+        if repetition_penalty != 1.0 and sampled.shape[1]:
+            logits = penalise_repeats(logits, sampled, repetition_penalty)
         probs = torch.softmax(warpers(step_ids, logits), dim=-1)
         if table is None:
             table = torch.empty(rows, probs.shape[1], device=probs.device)
@@ -74,7 +86,9 @@ def sample_rows(model, ids: torch.Tensor, mask: torch.Tensor, positions: torch.T
             keep = torch.tensor(going, device=ids.device)
             cache.batch_select_indices(keep)
             active, tokens, mask, step_positions = active[keep], tokens[keep], mask[keep], step_positions[keep]
+            sampled = sampled[keep]
         step_ids = tokens[:, None]
+        sampled = torch.cat([sampled, step_ids], dim=1)
         mask = torch.cat([mask, mask.new_ones(len(active), 1)], dim=1)
         step_positions = step_positions + 1
     return out

@@ -137,11 +137,12 @@ class QueryGenerator:
     # -- sampling --------------------------------------------------------------------------
     @torch.no_grad()
     def generate(self, docs: list[str], *, num_queries: int = 1, top_p: float = 0.8, temperature: float = 1.0,
-                 max_new_tokens: int = 48, seed: int | None = None,
-                 stop_at_sentence_end: bool = False) -> list[list[str]]:
+                 max_new_tokens: int = 48, seed: int | None = None, stop_at_sentence_end: bool = False,
+                 repetition_penalty: float = 1.0) -> list[list[str]]:
         """Nucleus-sample ``num_queries`` queries for each document (one batched call, KV cache); each query's
         first line. ``stop_at_sentence_end``: a row may stop once its first sentence is complete (for a caller that
-        keeps only that, :func:`privret.models.decoding.first_sentence`)."""
+        keeps only that, :func:`privret.models.decoding.first_sentence`). ``repetition_penalty``: the CTRL penalty
+        on the tokens the row has sampled (:mod:`privret.models.decoding`; 1: off)."""
         raise NotImplementedError
 
     def _decode(self, ids) -> str:

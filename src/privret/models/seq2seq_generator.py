@@ -50,7 +50,7 @@ class Seq2SeqQueryGenerator(QueryGenerator):
 
     @torch.no_grad()
     def generate(self, docs, *, num_queries=1, top_p=0.8, temperature=1.0, max_new_tokens=48, seed=None,
-                 stop_at_sentence_end=False):  # transformers' generate runs every row to its end: nothing to stop
+                 stop_at_sentence_end=False, repetition_penalty=1.0):  # generate runs every row to its end
         if seed is not None:
             torch.manual_seed(seed)
         enc = self.tokenizer([self.PREFIX + d for d in docs], return_tensors="pt", padding=True, truncation=True,
@@ -58,6 +58,7 @@ class Seq2SeqQueryGenerator(QueryGenerator):
         self.model.eval()
         with self.autocast():
             out = self.model.generate(**enc, do_sample=True, top_p=top_p, top_k=0, temperature=temperature,
-                                      max_new_tokens=max_new_tokens, num_return_sequences=num_queries)
+                                      max_new_tokens=max_new_tokens, num_return_sequences=num_queries,
+                                      repetition_penalty=repetition_penalty)  # on the decoder's tokens only
         texts = [self._decode(row) for row in out]
         return [texts[i * num_queries: (i + 1) * num_queries] for i in range(len(docs))]

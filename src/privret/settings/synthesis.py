@@ -19,6 +19,9 @@ class GenerateConfig(BaseModel):
     num_queries: int = Field(1, gt=0, description="queries per document")
     top_p: float = Field(0.8, gt=0, le=1, allow_inf_nan=False)
     temperature: float = Field(1.0, gt=0, allow_inf_nan=False)
+    repetition_penalty: float = Field(1.0, ge=1, allow_inf_nan=False, description=(
+        "CTRL repetition penalty on the tokens the output has already sampled (not the prompt's): a positive logit "
+        "divided by it, a negative one multiplied, before temperature and top_p; 1 = off"))
     max_new_tokens: int = Field(48, gt=0)
     batch_size: int = Field(32, gt=0)
     seed: int = 0

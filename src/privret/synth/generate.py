@@ -138,7 +138,8 @@ def _generate(generator_dir, ledger: PrivacyLedger, documents, out_dir: Path, cf
                 outputs = generator.generate([d.full_text for d in batch], num_queries=cfg.num_queries,
                                              top_p=cfg.top_p, temperature=cfg.temperature,
                                              max_new_tokens=cfg.max_new_tokens, seed=cfg.seed * 1_000_003 + lo,
-                                             stop_at_sentence_end=cfg.first_sentence)
+                                             stop_at_sentence_end=cfg.first_sentence,
+                                             repetition_penalty=cfg.repetition_penalty)
                 lines = "".join(json.dumps({"doc_id": doc.id, "queries": queries}, ensure_ascii=False) + "\n"
                                 for doc, queries in zip(batch, outputs)).encode("utf-8")
                 _write_all(fd, lines)  # one batch, one append
