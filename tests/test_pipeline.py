@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from privret.settings.pipeline import DirectDPGrid, GeneratorStage, PipelineConfig
+from privret.settings.pipeline import DirectDPGrid, GeneratorStage, PipelineConfig, SimilaritySettings
 from privret.data.beir import load_beir
 from privret.data.pairs import pairs_from_beir
 from privret.errors import InputError
@@ -29,7 +29,8 @@ def _tiny_config(dataset, tiny_llama_dir, tiny_bert_dir) -> PipelineConfig:
                                settings={"model": str(tiny_bert_dir), "batch_size": 2, "epochs": 1, "trainable": "all",
                                          "learning_rate": 2e-5, "public_negatives": 3, "hard_negatives": 0},
                                per_method={"batch-clip": {"trainable": "top:1"}}),
-        synthetic_filter=RoundTripFilterConfig(encoder=str(tiny_bert_dir), top_k=2))
+        synthetic_filter=RoundTripFilterConfig(encoder=str(tiny_bert_dir), top_k=2),
+        similarity=SimilaritySettings(featurizer=str(tiny_bert_dir)))
 
 
 @pytest.fixture()
@@ -686,7 +687,7 @@ def test_summary_shows_retention_and_the_interval(tmp_path):
     assert all(cell in row for cell in ("│   8 │", "0.6250", "50.0%", "+0.2500 [+0.2500, +0.2500]")), row
     assert "+0.1250 [-]" in table and "…" not in table
     assert "No guarantee covers the original row" in markdown and "retention divides by" in markdown
-    write_summary(run_dir, rows, cfg)
+    write_summary(run_dir, rows, cfg, {})
     summary = (run_dir / "summary.json").read_text()
     assert "per_query" not in json.loads(summary)[0]
     assert "seconds" not in summary  # no timing in what a run releases by default (privret report's opt-in)
@@ -889,3 +890,66 @@ def test_a_generator_that_holds_units_out_makes_the_choice_of_its_retrievers_fre
     joint = json.loads((run_dir / "budget.json").read_text())  # eps-inf-selected chose on the whole log: it adds
     assert joint["releases"] == ["eps-4", "eps-4-selected", "eps-inf-selected"]
     assert joint["composition"]["query"]["epsilon"] == pytest.approx(4.0 + selected["epsilon"], rel=1e-3)
+
+
+# --- MAUVE of each synthetic set against the private queries: an operator's measurement, not DP ------------------
+
+def _mauve_in_summary(run_dir: Path) -> dict[str, float]:
+    return {r["stage"]: r["mauve_vs_private_queries"]["mauve"] for r in
+            json.loads((run_dir / "summary.json").read_text()) if "mauve_vs_private_queries" in r}
+
+
+def test_each_synthetic_set_has_its_mauve_in_the_summary_and_the_report_and_nowhere_released(small_run_dir):
+    from privret.evaluate.similarity import MAUVE_HEADER, MAUVE_NOTE
+    from privret.report.collect import collect
+    from privret.report.render import render_html, render_markdown
+
+    run_dir = small_run_dir
+    measured = _mauve_in_summary(run_dir)
+    assert list(measured) == ["eps-inf"] and 0 < measured["eps-inf"] <= 1 + 1e-12  # zero-shot, original: no set
+    stored = json.loads((run_dir / "eps-inf" / "mauve.json").read_text())
+    assert next(iter(stored)) == "contains_private_data" and stored["mauve"] == measured["eps-inf"]
+    assert stored["p_texts"] == 5 and stored["max_texts"] == 1000 and stored["private_split"] == "train"
+    record = json.loads((run_dir / "eps-inf" / "mauve.stage.json").read_text())["fingerprint"]
+    assert record["similarity"]["max_texts"] == 1000 and "eps-inf/synthetic" in record["after"]
+    markdown = (run_dir / "summary.md").read_text()
+    assert MAUVE_HEADER in markdown and MAUVE_NOTE in markdown and f"| {measured['eps-inf']:.4f} |" in markdown
+    run = collect(run_dir)
+    assert {r.key: r.mauve for r in run.rows if r.mauve is not None} == measured
+    for page in (render_markdown(run), render_html(run)):
+        assert MAUVE_HEADER in page and f"{measured['eps-inf']:.4f}" in page and "without DP" in page
+    released = [p for d in ("generator", "synthetic", "retriever") for p in (run_dir / "eps-inf" / d).rglob("*")
+                if p.is_file() and p.suffix in (".json", ".jsonl", ".md", ".txt", ".tsv")]
+    assert len(released) > 5 and not [p for p in released if b"mauve" in p.read_bytes().lower()]
+    assert "mauve" not in (run_dir / "budget.json").read_text().lower()
+
+
+def test_mauve_is_kept_on_a_rerun_and_a_changed_setting_is_refused(small_config, small_run_dir, monkeypatch):
+    from privret.pipeline import similarity
+    from privret.pipeline.run import run_pipeline
+
+    before = _mauve_in_summary(small_run_dir)
+    _forbid_work(monkeypatch, "train_generator", "generate_synthetic", "train_retriever", "evaluate_per_query")
+    monkeypatch.setattr(similarity, "mauve_of_texts", lambda *a, **k: pytest.fail("MAUVE was computed again"))
+    run_pipeline(small_config, small_run_dir)
+    assert _mauve_in_summary(small_run_dir) == before
+    with pytest.raises(InputError) as err:
+        run_pipeline(_changed(small_config, "similarity", max_texts=500), small_run_dir)
+    assert err.value.field == "similarity.max_texts" and "eps-inf/mauve.json" in str(err.value)
+    run_pipeline(_changed(small_config, "similarity", mauve=False), small_run_dir)  # off: not computed, not shown
+    assert _mauve_in_summary(small_run_dir) == {}
+    assert "MAUVE" not in (small_run_dir / "summary.md").read_text()
+
+
+def test_a_synthetic_set_of_the_private_queries_themselves_scores_mauve_1(small_config, small_run_dir):
+    from helpers import TOY_TRAIN
+
+    from privret.pipeline.run import run_pipeline
+
+    synthetic = small_run_dir / "eps-inf" / "synthetic"
+    (synthetic / "queries.jsonl").write_text("".join(json.dumps({"_id": q, "text": t}) + "\n" for q, t, _ in TOY_TRAIN))
+    (synthetic / "qrels" / "train.tsv").write_text(
+        "query-id\tcorpus-id\tscore\n" + "".join(f"{q}\t{ds[0]}\t1\n" for q, _, ds in TOY_TRAIN))
+    (small_run_dir / "eps-inf" / "mauve.json").unlink()
+    run_pipeline(small_config, small_run_dir)
+    assert _mauve_in_summary(small_run_dir)["eps-inf"] == pytest.approx(1.0)

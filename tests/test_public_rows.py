@@ -223,7 +223,8 @@ def test_prompted_and_public_pairs_rows_never_open_the_private_files(toy_beir, t
                                  bf16=False, warm_start="public-pairs"),
         generate=GenerateConfig(num_queries=1, max_new_tokens=4, batch_size=4),
         retriever=RetrieverTrainConfig(model=str(tiny_bert_dir), epochs=1, batch_size=4, bf16=False),
-        public_rows={"prompted": True, "public_pairs": public_pairs, "examples": 2})
+        public_rows={"prompted": True, "public_pairs": public_pairs, "examples": 2},
+        similarity={"featurizer": str(tiny_bert_dir)})
     built, build_row = [], pipeline.public_row
 
     def build_without_private_files(run, row, make_generator, documents):
@@ -243,6 +244,10 @@ def test_prompted_and_public_pairs_rows_never_open_the_private_files(toy_beir, t
     for name in ("public-prompted", "public-pairs"):
         assert PrivacyLedger.load(run_dir / name / "synthetic").is_public
     assert "| no private data (prompted) | 0 | - |" in (run_dir / "summary.md").read_text()
+    mauve = {r["stage"]: r["mauve_vs_private_queries"]["mauve"] for r in json.loads((run_dir / "summary.json").read_text())
+             if "mauve_vs_private_queries" in r}  # every synthetic set, the public ones too
+    assert sorted(mauve) == ["eps-inf", "public-pairs", "public-prompted"], mauve
+    assert all(0 < m <= 1 + 1e-12 for m in mauve.values()), mauve  # MAUVE is an area in the unit square
     for name in ("public-prompted", "public-pairs"):
         record = json.loads((run_dir / name / "synthetic" / "stage.json").read_text())["fingerprint"]
         assert set(record["after"]) == {f"{name}/generator", "documents"} and private_hash not in json.dumps(record)

@@ -87,7 +87,8 @@ def _config_with(toy_beir, field: str, model) -> PipelineConfig:
 
 
 @pytest.mark.parametrize("field", ["retriever.model", "generator.model", "synthetic_filter.encoder",
-                                   "direct_dp.settings.model", "direct_dp.per_method.public-negatives.model"])
+                                   "direct_dp.settings.model", "direct_dp.per_method.public-negatives.model",
+                                   "similarity.featurizer"])
 def test_the_pipeline_refuses_a_private_starting_model_before_writing_anything(field, private_encoder, toy_beir,
                                                                               tmp_path):
     """Every model a row starts from is checked before the first stage, not when its stage starts hours later."""
@@ -99,7 +100,8 @@ def test_the_pipeline_refuses_a_private_starting_model_before_writing_anything(f
 
 
 @pytest.mark.parametrize("field", ["retriever.model", "generator.model", "synthetic_filter.encoder",
-                                   "direct_dp.settings.model", "direct_dp.per_method.public-negatives.model"])
+                                   "direct_dp.settings.model", "direct_dp.per_method.public-negatives.model",
+                                   "similarity.featurizer"])
 def test_the_pipeline_refuses_a_missing_starting_model_before_writing_anything(field, toy_beir, tmp_path):
     """A starting model that is not there is named by its config field before the first stage (not only
     when its stage starts, after the references)."""

@@ -118,5 +118,5 @@ def test_the_report_and_the_pipeline_summary_state_each_synthetic_sets_queryness
     rows = [{"stage": "eps-8", "row": "DP synthetic (epsilon=8)"}, {"stage": "zero_shot", "row": "zero-shot"}]
     measured = synthetic_sets_queryness(run_dir, rows)
     assert list(measured) == ["eps-8"] and measured["eps-8"].outputs == 4
-    assert "| DP synthetic (epsilon=8) | 100.0% | 0.0% | 4 | - |" in queryness_lines(rows, measured)
-    assert queryness_lines(rows, {}) == []
+    assert "| DP synthetic (epsilon=8) | 100.0% | 0.0% | 4 | - |" in queryness_lines(rows, measured, {})
+    assert queryness_lines(rows, {}, {}) == []

@@ -132,6 +132,8 @@ def test_cli_similarity_writes_json(datasets, tiny_bert_dir, tmp_path):
                                       "--json", str(out_json)])
     assert result.exit_code == 0, result.output
     saved = json.loads(out_json.read_text())
+    assert out_json.read_text().splitlines()[1].lstrip().startswith('"contains_private_data": "PRIVATE DATA: similarity')
+    assert "No DP guarantee covers it" in saved["contains_private_data"]
     assert saved["pairs"] == 6 and 0 <= saved["mauve"] <= 1 and saved["mauve_details"]["num_buckets"] == 2
     assert "BLEU" in result.output
 

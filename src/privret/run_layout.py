@@ -23,3 +23,4 @@ PUBLIC_ROWS = {PUBLIC_PROMPTED: "no private data (prompted)", PUBLIC_PAIRS: "no 
 
 GENERATOR, SYNTHETIC, RETRIEVER = "generator", "synthetic", "retriever"  # the stage directories of a row
 METRICS_FILE, TIMING_FILE = "metrics.json", "timing.json"  # in a row's directory
+MAUVE_FILE = "mauve.json"  # in the directory of a row with its own synthetic set: MAUVE against the private queries

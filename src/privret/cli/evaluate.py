@@ -136,10 +136,14 @@ def evaluate_similarity(
     seed: Annotated[int, typer.Option(help="subsampling seed (MAUVE's k-means seed stays 25)")] = 0,
     json_out: JsonResultOpt = None,
 ) -> None:
-    """Corpus BLEU (sacrebleu) and MAUVE between synthetic and original queries (Carranza et al., section 6.2)."""
+    """Corpus BLEU (sacrebleu) and MAUVE between synthetic and original queries (Carranza et al., section 6.2).
+
+    Both read the private split without DP: no guarantee covers them, and the --json file says so on its first key.
+    """
     from rich.table import Table
 
-    from privret.evaluate.similarity import MauveSettings, evaluate_similarity as run
+    from privret.audit.private_output import mark_private
+    from privret.evaluate.similarity import PRIVATE_FIGURES, MauveSettings, evaluate_similarity as run
     from privret.privacy.ledger import format_epsilon
     from privret.io import write_json_atomic
 
@@ -160,5 +164,5 @@ def evaluate_similarity(
     table.add_row(format_epsilon(result["synthetic"]["epsilon"], missing="?"), f"{result['bleu']:.4f}", f"{result['mauve']:.4f}",
                   str(result["pairs"]), featurizer)
     out.print(table)
-    if json_out is not None:
-        write_json_atomic(json_out, result)
+    if json_out is not None:  # its first key says it holds figures of the private split, not covered by DP
+        write_json_atomic(json_out, mark_private(result, PRIVATE_FIGURES))

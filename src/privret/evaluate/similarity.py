@@ -27,6 +27,15 @@ from privret.data.beir import BeirDataset, load_beir
 from privret.errors import InputError
 
 SYNTHETIC_SPLIT = "train"
+PRIVATE_FIGURES = ("similarity scores of synthetic queries to the private split's queries, and counts of those "
+                   "queries, computed without DP")
+"""What a similarity result holds of the private data (the warning its JSON starts with)."""
+MAUVE_HEADER = "MAUVE vs private queries (not DP)"
+MAUVE_NOTE = ("MAUVE vs private queries: MAUVE of the synthetic set against the private log's queries (its train_split, "
+              "a seeded subsample of each side; privret.evaluate.similarity). It reads the private log without DP, so "
+              "no guarantee covers it: an operator's measurement, like the original-pairs row, kept in the row's "
+              "mauve.json and never in a synthetic set, a model or a ledger.")
+"""The header and legend of the MAUVE column (the pipeline's summary.md and the report)."""
 
 
 @dataclass
@@ -121,6 +130,22 @@ def _subsample(items: list, limit: int | None, seed: int) -> list:
     return random.Random(seed).sample(items, limit)
 
 
+def mauve_of_texts(p_texts: list[str], q_texts: list[str], encoder, *, featurizer: str, settings: MauveSettings,
+                   max_texts: int | None, seed: int, batch_size: int = 64) -> dict:
+    """MAUVE of ``q_texts`` against ``p_texts`` with ``encoder`` (loaded from ``featurizer``), each side first
+    subsampled to ``max_texts`` (uniform, ``seed`` for P, ``seed + 1`` for Q); the result records how."""
+    from privret.models.registry import resolve
+
+    p_texts = _subsample(p_texts, max_texts, seed)
+    q_texts = _subsample(q_texts, max_texts, seed + 1)
+    p_feat = featurise(encoder, p_texts, batch_size=batch_size)
+    q_feat = featurise(encoder, q_texts, batch_size=batch_size)
+    result = mauve_from_features(p_feat, q_feat, settings)
+    return {**result, "featurizer": featurizer, "featurizer_location": resolve(featurizer),
+            "embedding_dim": int(p_feat.shape[1]), "p_texts": len(p_texts), "q_texts": len(q_texts),
+            "settings": settings.kwargs(), "subsample_seed": seed, "max_texts": max_texts}
+
+
 def evaluate_similarity(private_root: str | Path, split: str, synthetic_root: str | Path, *,
                         featurizer: str = "minilm-l6", mauve: MauveSettings | None = None,
                         max_texts: int | None = None, seed: int = 0, batch_size: int = 64) -> dict:
@@ -130,7 +155,6 @@ def evaluate_similarity(private_root: str | Path, split: str, synthetic_root: st
     every aligned synthetic query.
     """
     from privret.models.encoder import load_encoder
-    from privret.models.registry import resolve
 
     settings = mauve or MauveSettings()
     if max_texts is not None and max_texts < 2:
@@ -140,15 +164,9 @@ def evaluate_similarity(private_root: str | Path, split: str, synthetic_root: st
     aligned = align(private, split, synthetic)
     bleu = corpus_bleu(aligned.hypotheses, aligned.references)
 
-    p_texts = [private.queries[q] for q in _subsample(aligned.reference_ids, max_texts, seed)]
-    q_texts = _subsample(aligned.hypotheses, max_texts, seed + 1)
-    encoder = load_encoder(featurizer)
-    p_feat = featurise(encoder, p_texts, batch_size=batch_size)
-    q_feat = featurise(encoder, q_texts, batch_size=batch_size)
-    mauve_result = mauve_from_features(p_feat, q_feat, settings)
-    mauve_result.update({"featurizer": featurizer, "featurizer_location": resolve(featurizer),
-                         "embedding_dim": int(p_feat.shape[1]), "p_texts": len(p_texts), "q_texts": len(q_texts),
-                         "settings": settings.kwargs(), "subsample_seed": seed})
+    mauve_result = mauve_of_texts([private.queries[q] for q in aligned.reference_ids], aligned.hypotheses,
+                                  load_encoder(featurizer), featurizer=featurizer, settings=settings,
+                                  max_texts=max_texts, seed=seed, batch_size=batch_size)
 
     manifest = _read_manifest(Path(synthetic_root))
     ledger = manifest.get("ledger", {}) if isinstance(manifest, dict) else {}

@@ -26,6 +26,8 @@ def check_starting_models(cfg: PipelineConfig) -> None:
               (cfg.generator.model, "generator.model", "generator training")]  # every epsilon has a generator row
     if cfg.synthetic_filter is not None:
         models.append((cfg.synthetic_filter.encoder, "synthetic_filter.encoder", "the round-trip filter"))
+    if cfg.similarity.mauve:
+        models.append((cfg.similarity.featurizer, "similarity.featurizer", "MAUVE's features"))
     for method in grid.methods if grid.epsilons else []:
         model = grid.config(method, grid.epsilons[0], cfg.unit).model
         models.append((model, f"direct_dp.{grid.section(method, 'model')}.model", "direct DP training"))

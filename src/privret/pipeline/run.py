@@ -1,5 +1,6 @@
 """Running a grid (:func:`run_pipeline`): every stage of the plan (:mod:`privret.pipeline.stages`) not yet done,
-row by row (:mod:`privret.pipeline.rows`), then the summary (:mod:`privret.pipeline.summary`).
+row by row (:mod:`privret.pipeline.rows`), then the MAUVE of each synthetic set (:mod:`privret.pipeline.similarity`)
+and the summary (:mod:`privret.pipeline.summary`).
 
 The run directory is locked for the whole run. Nothing is written before the config has passed
 :mod:`privret.pipeline.preflight` and every finished stage has been checked against the config
@@ -20,6 +21,7 @@ from privret.models.device import use_device
 from privret.pipeline.preflight import check_dp_budgets, check_settings_split, check_starting_models
 from privret.pipeline.rows import (Run, console, direct_row, original_row, public_row, selected_row,
                                    synthetic_documents, synthetic_row)
+from privret.pipeline.similarity import mauve_stages
 from privret.pipeline.stages import check_stages, dp_start_examples, plan_stages
 from privret.pipeline.summary import write_summary
 from privret.privacy.budget import dataset_id
@@ -96,5 +98,5 @@ def _run_grid(cfg: PipelineConfig, run_dir: Path) -> list[dict]:
             console.rule(f"DP choice on the held-out units: {row.method}, epsilon = {format_epsilon(row.epsilon)}")
             choice = run.cfg.direct_dp.held_out_selection(row.method, row.epsilon, run.cfg.unit)
             rows.append(selected_row(run, row.selected, choice))
-    write_summary(run_dir, rows, cfg)
+    write_summary(run_dir, rows, cfg, mauve_stages(run, plan.mauve))
     return rows

@@ -25,9 +25,9 @@ from privret.settings.pipeline import PipelineConfig
 from privret.errors import InputError
 from privret.io import file_sha256, write_json_atomic
 from privret.models.query_generator import GENERATOR_FILE
-from privret.run_layout import (DIRECT_ROW_PREFIX, DOCUMENTS, DP_ROW_PREFIX, FILTERED_SUFFIX, GENERATOR, METRICS_FILE,
-                                     ORIGINAL, PUBLIC_PAIRS, PUBLIC_PROMPTED, PUBLIC_ROWS, RETRIEVER, SELECTED_SUFFIX,
-                                     SYNTHETIC, ZERO_SHOT)
+from privret.run_layout import (DIRECT_ROW_PREFIX, DOCUMENTS, DP_ROW_PREFIX, FILTERED_SUFFIX, GENERATOR, MAUVE_FILE,
+                                METRICS_FILE, ORIGINAL, PUBLIC_PAIRS, PUBLIC_PROMPTED, PUBLIC_ROWS, RETRIEVER,
+                                SELECTED_SUFFIX, SYNTHETIC, ZERO_SHOT)
 from privret.privacy.commitment import commit
 from privret.privacy.ledger import format_epsilon
 from privret.synth.documents import SELECTED_IDS_FILE
@@ -123,6 +123,7 @@ class StagePlan:
     public: dict[str, SyntheticRow] = field(default_factory=dict)
     dp: list[SyntheticRow] = field(default_factory=list)
     direct: list[DirectRow] = field(default_factory=list)
+    mauve: list[Stage] = field(default_factory=list)  # each made from one synthetic set (its only upstream stage)
 
     def add(self, name: str, fingerprint: dict, **kw) -> Stage:
         stage = make_stage(self.run_dir, name, fingerprint, **kw)
@@ -192,7 +193,20 @@ def plan_stages(cfg: PipelineConfig, run_dir: Path, *, data_hash: str, evaluatio
                     {"private_selection": choice.model_dump(mode="json"), **train}, metrics, after=(trained.retriever,),
                     done=SELECTION_FILE)
             plan.direct.append(direct)
+    if cfg.similarity.mauve:
+        _mauve_stages(plan, {"similarity": cfg.similarity.model_dump(mode="json"), "train_split": cfg.train_split,
+                             "data_hash": train["data_hash"]})
     return plan
+
+
+def _mauve_stages(plan: StagePlan, fingerprint: dict) -> None:
+    """A MAUVE stage (``<row>/mauve.json``) after every synthetic set of the plan: the public rows', the DP rows'
+    and their filtered copies'."""
+    for row in [*plan.public.values(), *plan.dp]:
+        for synthetic in (row.synthetic, row.filtered.synthetic if row.filtered else None):
+            if synthetic is not None:
+                name = f"{synthetic.output.parent.name}/{MAUVE_FILE}"
+                plan.mauve.append(plan.add(name, fingerprint, after=(synthetic,)))
 
 
 def dp_start_examples(cfg: PipelineConfig, few_shot: list[tuple[str, str]] | None) -> list[tuple[str, str]] | None:

@@ -1,7 +1,8 @@
 """The summary of a pipeline run: ``summary.json``, ``summary.md`` (Table 3 layout of Carranza et al., with
 retention and the CI against zero-shot, and, when the run has rows made without private data, the CI
 against the best of them: the epsilon = 0 bar a DP row must clear; then the query-ness of each synthetic set,
-:mod:`privret.synth.queryness`) and ``budget.json`` (what releasing every row together costs)."""
+:mod:`privret.synth.queryness`, and its MAUVE against the private queries, an operator's measurement not covered by
+DP) and ``budget.json`` (what releasing every row together costs)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from privret.run_layout import (BUDGET_FILE, CHOICE, DIRECT_ROW_PREFIX, DOCUMENT
                                      RETRIEVER, SELECTED_SUFFIX, SUMMARY_FILE, SUMMARY_MARKDOWN, SYNTHETIC)
 from privret.privacy.ledger_composition import run_composition, run_composition_sentence
 from privret.privacy.ledger import LEDGER_FILE, format_epsilon
+from privret.evaluate.similarity import MAUVE_HEADER, MAUVE_NOTE
 from privret.synth.queryness import Queryness, synthetic_queryness
 
 SUMMARY_COLUMNS = ("training data", "epsilon", "delta", "NDCG@10", "retention", "ΔNDCG@10 vs zero-shot [95% CI]",
@@ -111,22 +113,25 @@ def synthetic_sets_queryness(run_dir: Path, rows: list[dict]) -> dict[str, Query
             if (run_dir / r["stage"] / SYNTHETIC / "manifest.json").is_file()}
 
 
-def queryness_lines(rows: list[dict], measured: dict[str, Queryness]) -> list[str]:
-    """The summary.md table of each synthetic set's query-ness (empty without one)."""
+def queryness_lines(rows: list[dict], measured: dict[str, Queryness], mauve: dict[str, dict]) -> list[str]:
+    """The summary.md table of each synthetic set's query-ness, and its MAUVE against the private queries when the
+    run measured it (:mod:`privret.pipeline.similarity`); empty without a synthetic set."""
     if not measured:
         return []
-    lines = ["| synthetic set of | query-like | degenerate | outputs | degenerate outputs by reason |",
-             "|---|---:|---:|---:|---|"]
+    lines = ["| synthetic set of | query-like | degenerate | outputs | degenerate outputs by reason |"
+             + (f" {MAUVE_HEADER} |" if mauve else ""), "|---|---:|---:|---:|---|"
+             + ("---:|" if mauve else "")]
     for r in rows:
         if (found := measured.get(r["stage"])) is not None:
             reasons = ", ".join(f"{reason} {count}" for reason, count in sorted(found.reasons.items())) or "-"
+            score = (f" {mauve[r['stage']]['mauve']:.4f} |" if r["stage"] in mauve else " - |") if mauve else ""
             lines.append(f"| {r['row']} | {found.query_like:.1%} | {found.degenerate:.1%} | {found.outputs} | "
-                         f"{reasons} |")
+                         f"{reasons} |{score}")
     return ["", f"Query-ness of each synthetic set, computed on the set alone (post-processing): query-like = one "
                 f"sentence or question of at most {next(iter(measured.values())).max_words} words and not "
                 "degenerate; degenerate = empty, one word, a copy of the document's title or first sentence or of "
                 "a prompt's example query, or a repeated run (privret.synth.queryness); outputs generation dropped "
-                "count in both.", ""] + lines
+                "count in both." + (f" {MAUVE_NOTE}" if mauve else ""), ""] + lines
 
 
 def run_releases(run_dir: Path) -> list[tuple[str, Path]]:
@@ -149,14 +154,17 @@ def run_releases(run_dir: Path) -> list[tuple[str, Path]]:
     return [(path.relative_to(run_dir).parts[0], path.parent) for path in ledgers]
 
 
-def write_summary(run_dir: Path, rows: list[dict], cfg: PipelineConfig) -> None:
+def write_summary(run_dir: Path, rows: list[dict], cfg: PipelineConfig, mauve: dict[str, dict]) -> None:
     """``summary.json`` (each row's figures; no per-query scores and no timing, which the report shows only when
-    asked: ``privret report --show-private-timings-and-counts``), ``budget.json`` and ``summary.md``."""
+    asked: ``privret report --show-private-timings-and-counts``), ``budget.json`` and ``summary.md``. ``mauve``: the
+    MAUVE of each synthetic set against the private queries, by row (:func:`privret.pipeline.similarity.mauve_stages`;
+    not DP, so summary.md's legend says so)."""
     measured = synthetic_sets_queryness(run_dir, rows)
     write_json_atomic(run_dir / SUMMARY_FILE, [
         {**{k: v for k, v in r.items() if k not in ("per_query", "eval_seconds")},
-         **({"queryness": measured[r["stage"]].as_dict()} if r["stage"] in measured else {})} for r in rows])
+         **({"queryness": measured[r["stage"]].as_dict()} if r["stage"] in measured else {}),
+         **({"mauve_vs_private_queries": mauve[r["stage"]]} if r["stage"] in mauve else {})} for r in rows])
     joint = run_composition(run_releases(run_dir))  # what releasing every row together costs (docs/reliability.md)
     write_json_atomic(run_dir / BUDGET_FILE, joint)
     write_text_atomic(run_dir / SUMMARY_MARKDOWN, summary_markdown(rows, cfg) + "\n".join(
-        queryness_lines(rows, measured) + ["", run_composition_sentence(joint), ""]))
+        queryness_lines(rows, measured, mauve) + ["", run_composition_sentence(joint), ""]))

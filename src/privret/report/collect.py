@@ -3,7 +3,7 @@
 Required: at least one ``metrics.json`` row. Shown when present: ``zero_shot/`` and ``original/`` (the references);
 ``per_query.json`` beside a ``metrics.json`` (the paired bootstrap interval against zero-shot,
 :mod:`privret.evaluate.statistics`); ``eps-<e>/`` (metrics, the generator's ledger, ``synthetic/`` examples,
-query-ness and manifest, ``timing.json``); ``direct-<method>-eps-<e>[-selected]/`` (metrics and ledger); ``similarity.json``,
+query-ness and manifest, ``timing.json``, ``mauve.json``); ``direct-<method>-eps-<e>[-selected]/`` (metrics and ledger); ``similarity.json``,
 ``canaries.json`` or ``canaries/canaries.json``; any top-level JSON shaped like ``privret evaluate retrieval --datasets``
 output; ``config.json``. See docs/report.md.
 
@@ -21,9 +21,9 @@ from pathlib import Path
 
 from privret.errors import InputError
 from privret.evaluate.statistics import PER_QUERY_FILE, Versus, versus_bar, versus_zero_shot
-from privret.run_layout import (CONFIG_FILE, DIRECT_ROW_PREFIX, DP_ROW_PREFIX, FILTERED_SUFFIX, GENERATOR, METRICS_FILE,
-                                     ORIGINAL, PUBLIC_ROWS, RETRIEVER, SELECTED_SUFFIX, SUMMARY_FILE, SYNTHETIC,
-                                     TIMING_FILE, ZERO_SHOT)
+from privret.run_layout import (CONFIG_FILE, DIRECT_ROW_PREFIX, DP_ROW_PREFIX, FILTERED_SUFFIX, GENERATOR, MAUVE_FILE,
+                                METRICS_FILE, ORIGINAL, PUBLIC_ROWS, RETRIEVER, SELECTED_SUFFIX, SUMMARY_FILE,
+                                SYNTHETIC, TIMING_FILE, ZERO_SHOT)
 from privret.privacy.ledger import LEDGER_FILE, format_epsilon
 from privret.synth.queryness import Queryness, synthetic_queryness
 
@@ -48,6 +48,7 @@ class Row:
     per_query: dict[str, float] | None = None  # NDCG@10 per test query, when the run kept it
     grid_epsilon: float | None = None  # a DP row's epsilon in the run's grid (its directory name); None otherwise
     queryness: Queryness | None = None  # of the synthetic set it trained on, when it has one
+    mauve: float | None = None  # that set's MAUVE against the private queries (mauve.json; not DP), when measured
 
     @property
     def is_reference(self) -> bool:
@@ -185,6 +186,8 @@ def collect(run_dir: str | Path, *, show_private_queries: bool = False, show_pri
         r.per_query = _per_query(run_dir / r.key / PER_QUERY_FILE)
         if (run_dir / r.key / SYNTHETIC / "manifest.json").is_file():
             r.queryness = synthetic_queryness(run_dir / r.key / SYNTHETIC)
+        if (run_dir / r.key / MAUVE_FILE).is_file():
+            r.mauve = _mauve(run_dir / r.key / MAUVE_FILE)
         if r.method not in ("zero-shot",) and r.ledger is None:
             notes.append(f"{r.key}: no privacy ledger found")
     if not rows:
@@ -197,6 +200,14 @@ def collect(run_dir: str | Path, *, show_private_queries: bool = False, show_pri
                    examples=_examples(run_dir, config, stages, show_private_queries, examples), notes=notes,
                    versus=versus_zero_shot(scores), bar=bar, versus_bar=against_bar,
                    private_timings_and_counts=show_private_timings_and_counts)
+
+
+def _mauve(path: Path) -> float:
+    """The score of a pipeline's ``<row>/mauve.json`` (:mod:`privret.pipeline.similarity`)."""
+    data = read_json(path)
+    if not isinstance(data, dict) or not isinstance(data.get("mauve"), (int, float)):
+        raise InputError("expected an object with a numeric 'mauve'", path=path, field="mauve")
+    return float(data["mauve"])
 
 
 def _per_query(path: Path) -> dict[str, float] | None:

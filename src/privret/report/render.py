@@ -11,6 +11,7 @@ import base64
 import html
 from datetime import datetime, timezone
 
+from privret.evaluate.similarity import MAUVE_HEADER, MAUVE_NOTE
 from privret.evaluate.statistics import COVERAGE, EXPLANATION
 from privret.report.cells import epsilon_cell, epsilon_value, escape, html_table, number_cell
 from privret.report.collect import RunData
@@ -41,12 +42,19 @@ QUERYNESS_NOTE = (f"Computed on each synthetic set alone (post-processing of its
                   "or a repeated run (privret.synth.queryness). Outputs generation dropped count in both.")
 
 
-def queryness_rows(run: RunData) -> list[list[str]]:
-    """The escaped cells of :data:`QUERYNESS_HEADERS` for every row trained on a synthetic set."""
-    return [[escape(f"{r.key}/{SYNTHETIC}"), f"{r.queryness.query_like:.1%}", f"{r.queryness.degenerate:.1%}",
-             str(r.queryness.outputs),
-             escape(", ".join(f"{k} {n}" for k, n in sorted(r.queryness.reasons.items())) or "-")]
-            for r in run.rows if r.queryness is not None]
+def queryness_table(run: RunData) -> tuple[list[str], list[list[str]], str] | None:
+    """Headers, escaped cells and legend of the query-ness table (a row per synthetic set), with a MAUVE column when
+    the run measured MAUVE against the private queries (``<row>/mauve.json``); None without a synthetic set."""
+    rows = [r for r in run.rows if r.queryness is not None]
+    if not rows:
+        return None
+    mauve = any(r.mauve is not None for r in rows)
+    cells = [[escape(f"{r.key}/{SYNTHETIC}"), f"{r.queryness.query_like:.1%}", f"{r.queryness.degenerate:.1%}",
+              str(r.queryness.outputs),
+              escape(", ".join(f"{k} {n}" for k, n in sorted(r.queryness.reasons.items())) or "-")]
+             + ([number_cell(r.mauve)] if mauve else []) for r in rows]
+    return (QUERYNESS_HEADERS + ([MAUVE_HEADER] if mauve else []), cells,
+            QUERYNESS_NOTE + (f" {MAUVE_NOTE}" if mauve else ""))
 
 
 def render_html(run: RunData) -> str:
@@ -92,10 +100,10 @@ def render_html(run: RunData) -> str:
                      "covered by the DP guarantee.</p>", similarity_section(run)]
     if run.canaries:
         sections += ["<h2 id='leakage'>Privacy leakage (Table 7 of Carranza et al.)</h2>", canary_section(run)]
-    if queryness := queryness_rows(run):
+    if (queryness := queryness_table(run)) is not None:
+        headers, cells, note = queryness
         sections += ["<h2 id='queryness'>Query-ness of the synthetic sets</h2>",
-                     html_table(QUERYNESS_HEADERS, queryness, {1, 2, 3}),
-                     f"<p class='muted'>{escape(QUERYNESS_NOTE)}</p>"]
+                     html_table(headers, cells, {1, 2, 3, 5}), f"<p class='muted'>{escape(note)}</p>"]
     if run.examples is not None:
         sections += ["<h2 id='examples'>Example synthetic queries (Table 2 of Carranza et al.)</h2>",
                      examples_section(run)]
@@ -129,11 +137,12 @@ def render_markdown(run: RunData) -> str:
         for row in result["rows"]:
             lines.append(f"| {row.get('source', '?')} | {epsilon_cell(epsilon_value(row.get('epsilon')))} | "
                          + " | ".join(number_cell((row["metrics"].get(d) or {}).get("ndcg@10")) for d in names) + " |")
-    if queryness := queryness_rows(run):
-        lines += ["", "## Query-ness of the synthetic sets", "", "| " + " | ".join(QUERYNESS_HEADERS) + " |",
-                  "|---|---:|---:|---:|---|"]
-        lines += ["| " + " | ".join(html.unescape(c) for c in row) + " |" for row in queryness]
-        lines += ["", QUERYNESS_NOTE]
+    if (queryness := queryness_table(run)) is not None:
+        headers, cells, note = queryness
+        lines += ["", "## Query-ness of the synthetic sets", "", "| " + " | ".join(headers) + " |",
+                  "|---|---:|---:|---:|---|" + "---:|" * (len(headers) - 5)]
+        lines += ["| " + " | ".join(html.unescape(c) for c in row) + " |" for row in cells]
+        lines += ["", note]
     if run.similarity:
         lines += ["", "## Similarity", "", "| synthetic set | ε | BLEU | MAUVE |", "|---|---:|---:|---:|"]
         lines += [f"| {s['label']} | {epsilon_cell(s['epsilon'])} | {number_cell(s['bleu'])} | "

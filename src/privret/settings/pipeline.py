@@ -214,6 +214,18 @@ class BudgetSettings(BaseModel):
         return BudgetPolicy(cap=self.cap, allow_over=self.allow_over)
 
 
+class SimilaritySettings(BaseModel):
+    """MAUVE of every synthetic set of the run against the private log's queries (``train_split``), each side a
+    uniform seeded subsample of at most ``max_texts``: an operator's measurement, read without DP."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    mauve: bool = Field(True, description="compute it (rows <row>/mauve.json; not DP, never released)")
+    max_texts: int = Field(1000, ge=2, description="texts per side (synthetic, private), subsampled with `seed`")
+    seed: int = Field(0, ge=0, description="the subsample's seed")
+    featurizer: str = Field("minilm-l6", min_length=1, description="the sentence encoder of MAUVE's features")
+
+
 class PipelineConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -242,6 +254,8 @@ class PipelineConfig(BaseModel):
                           "retrievers and their interpolations (extra rows eps-<e>-selected; their ledgers add "
                           "this epsilon)")
     budget: BudgetSettings = BudgetSettings()
+    similarity: SimilaritySettings = Field(SimilaritySettings(), description="MAUVE of each synthetic set against the "
+                                                                             "private queries (not DP)")
     search: SearchIndex = Field(SearchIndex(), description="the FAISS index every evaluation searches: exact "
                                                             "(default), hnsw or ivf (privret.retrieval.index)")
     device: DeviceSpec = Field("auto", description="where models run: auto (CUDA when available, else CPU), cpu, "
