@@ -83,6 +83,7 @@ def write_fake_run(root: Path) -> Path:
         (syn / "qrels" / "train.tsv").write_text("query-id\tcorpus-id\tscore\n"
                                                  + "".join(f"syn-{d}-0\t{d}\t1\n" for d, _, _ in DOCS))
         (syn / "manifest.json").write_text(json.dumps({"ledger": ledger.model_dump(mode="json")}))
+    (run / "eps-8" / "mauve.json").write_text(json.dumps({"mauve": 0.41, "featurizer": "minilm-l6"}))  # the pipeline's
     filtered = run / "eps-8-filtered"
     _metrics(filtered / "metrics.json", 0.53)
     _ledger(8.0, "dp-sgd").save(_mk(filtered / "synthetic"))
@@ -139,6 +140,7 @@ def test_collect_reads_every_row_and_ledger(fake_run):
     assert direct.ledger["mechanism"] == "logit-dp" and direct.epsilon == 8.0
     assert [s["epsilon"] for s in run.similarity] == [math.inf, 16.0, 8.0]
     assert run.similarity[1]["label"] == "eps-16" and run.similarity[1]["mauve"] == 0.37
+    assert {r.key: r.mauve for r in run.rows if r.mauve is not None} == {"eps-8": 0.41}  # the pipeline's mauve.json
     assert run.canaries["results"][0]["rows"][0]["exposure_mean"] == 6.64
     assert run.zero_shot_datasets[0]["file"] == "zero_shot_datasets.json"
     assert not run.notes  # every trained row has its ledger
@@ -309,6 +311,10 @@ def test_bad_metrics_file_is_one_clear_error(fake_run):
     (fake_run / "eps-8" / "metrics.json").write_text(json.dumps({"ndcg@10": 0.52}))
     (fake_run / "eps-8" / "per_query.json").write_text(json.dumps({"t1": 0.42}))  # not {qid: {metric: value}}
     with pytest.raises(InputError, match=r"eps-8/per_query.json, field 'ndcg@10': expected \{query id"):
+        build_report(fake_run)
+    (fake_run / "eps-8" / "per_query.json").unlink()
+    (fake_run / "eps-8" / "mauve.json").write_text(json.dumps({"mauve": "high"}))
+    with pytest.raises(InputError, match=r"eps-8/mauve.json, field 'mauve': expected an object with a numeric"):
         build_report(fake_run)
 
 
