@@ -1,9 +1,11 @@
 """The CTRL repetition penalty of synthetic-query sampling (``GenerateConfig.repetition_penalty``): transformers'
 ``RepetitionPenaltyLogitsProcessor`` on the sampled tokens only, a planted case in the decoding loop, and the
-setting's path from a config file, a pipeline config and the Python API to the loop, a value below 1 refused."""
+setting's path from a config file, a pipeline config and the Python API to the loop, a value below 1 refused, and
+the record that pins an interrupted generation (the penalty in it only when on)."""
 
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 
 import pytest
@@ -13,11 +15,13 @@ from transformers.generation.logits_process import RepetitionPenaltyLogitsProces
 import privret
 from helpers import TOY_DOCS, run_cli
 from privret.cli.common import build_config
+from privret.data.sources import as_corpus
 from privret.errors import InputError
 from privret.models import causal_generator
 from privret.models.decoding import penalise_repeats, sample_rows
 from privret.settings.pipeline import load_config
 from privret.settings.synthesis import GenerateConfig
+from privret.synth.generate import generate_synthetic
 from privret.train.public import write_prompted_generator
 
 
@@ -84,11 +88,16 @@ def test_synth_generate_refuses_a_penalty_below_one_in_one_line(toy_beir, tmp_pa
     assert len(done.stderr.strip().splitlines()) == 1 and not (tmp_path / "synthetic").exists()
 
 
-def test_the_api_setting_reaches_the_decoding_loop(tiny_llama_dir, tmp_path, monkeypatch):
-    """``privret.generate_queries(..., repetition_penalty=r)`` samples every batch with r (the synthetic set's
-    manifest records it); without it, with 1 (off)."""
+def _prompted(tiny_llama_dir, tmp_path):
     write_prompted_generator(str(tiny_llama_dir), [(TOY_DOCS[0][2], "aspirin heart risk")], tmp_path / "gen",
                              unit="query")
+    return tmp_path / "gen"
+
+
+def test_the_api_setting_reaches_the_decoding_loop(tiny_llama_dir, tmp_path, monkeypatch):
+    """``privret.generate_queries(..., repetition_penalty=r)`` samples every batch with r (the synthetic set's
+    manifest records it); without it, with the default."""
+    generator = _prompted(tiny_llama_dir, tmp_path)
     used: list[float] = []
 
     def recording(*args, repetition_penalty, **kwargs):
@@ -97,9 +106,37 @@ def test_the_api_setting_reaches_the_decoding_loop(tiny_llama_dir, tmp_path, mon
 
     monkeypatch.setattr(causal_generator, "sample_rows", recording)
     corpus = {doc_id: {"title": title, "text": text} for doc_id, title, text in TOY_DOCS[:3]}
-    synthetic = privret.generate_queries(tmp_path / "gen", corpus, repetition_penalty=1.7, max_new_tokens=4,
+    synthetic = privret.generate_queries(generator, corpus, repetition_penalty=1.7, max_new_tokens=4,
                                          batch_size=2)
     assert used == [1.7, 1.7] and synthetic.manifest["config"]["repetition_penalty"] == 1.7
     used.clear()
-    privret.generate_queries(tmp_path / "gen", corpus, max_new_tokens=4)
+    privret.generate_queries(generator, corpus, max_new_tokens=4)
     assert used == [GenerateConfig().repetition_penalty]
+
+
+def test_an_interrupted_generation_without_a_penalty_resumes_only_without_one(tiny_llama_dir, tmp_path, monkeypatch):
+    """The partial generation's record holds the penalty only when it is on: a record without it (penalty off)
+    resumes with penalty 1 and is refused with another."""
+    generator = _prompted(tiny_llama_dir, tmp_path)
+    docs = list(as_corpus({doc_id: {"title": title, "text": text} for doc_id, title, text in TOY_DOCS[:4]}).values())
+    batches: list[int] = []
+
+    def killed_after_one_batch(self, texts, **_):
+        if batches:
+            raise RuntimeError("killed")
+        batches.append(len(texts))
+        return [["a query"] for _ in texts]
+
+    monkeypatch.setattr(causal_generator.CausalQueryGenerator, "generate", killed_after_one_batch)
+    off = GenerateConfig(repetition_penalty=1.0, batch_size=2)
+    with pytest.raises(RuntimeError, match="killed"):
+        generate_synthetic(generator, docs, tmp_path / "syn", off)
+    record = json.loads((tmp_path / "syn.partial" / "meta.json").read_text())["config"]
+    assert "repetition_penalty" not in record and record["batch_size"] == 2
+    with pytest.raises(InputError) as refused:
+        generate_synthetic(generator, docs, tmp_path / "syn", off.model_copy(update={"repetition_penalty": 1.3}),
+                           resume=True)
+    assert refused.value.field == "config"
+    monkeypatch.setattr(causal_generator.CausalQueryGenerator, "generate",
+                        lambda self, texts, **_: [["a query"] for _ in texts])
+    assert generate_synthetic(generator, docs, tmp_path / "syn", off, resume=True)["generated"] == 4

@@ -31,6 +31,14 @@ class GenerateConfig(BaseModel):
                                                     "(privret.synth.queryness): post-processing of the output and "
                                                     "its public document")
 
+    def recorded(self) -> dict:
+        """The settings as a run records them to check a resumed or repeated run against (JSON): every field, but
+        ``repetition_penalty`` only when on, so that a record without it stands for sampling without a penalty."""
+        settings = self.model_dump(mode="json")
+        if self.repetition_penalty == 1.0:
+            del settings["repetition_penalty"]
+        return settings
+
 
 class RoundTripFilterConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")

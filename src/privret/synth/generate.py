@@ -117,7 +117,7 @@ def _generate(generator_dir, ledger: PrivacyLedger, documents, out_dir: Path, cf
     partial_dir = out_dir.with_name(out_dir.name + ".partial")
     ids = [d.id for d in documents]
     meta = {"generator": str(Path(generator_dir).absolute()), "generator_ledger": ledger.created_at,
-            "config": cfg.model_dump(mode="json"),
+            "config": cfg.recorded(),
             "documents": hashlib.sha256("\n".join(ids).encode("utf-8")).hexdigest()}
     group.from_main(lambda: _open_partial(out_dir, partial_dir, meta, resume=resume))
     own_file = partial_dir / ("generated.jsonl" if group.main else f"generated.rank{group.rank}.jsonl")
