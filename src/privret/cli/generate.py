@@ -40,7 +40,9 @@ def generate(
 
     Never reads private queries: the documents come from a public source or a DP selection, and
     outputs are dropped only by the public --blocklist and by checks of the output alone (cut at its first sentence
-    end, degenerate outputs dropped: the fields first_sentence and drop_degenerate of --config)."""
+    end, degenerate outputs dropped: the fields first_sentence and drop_degenerate of --config). Sampling is nucleus
+    (--top-p) with a repetition penalty on the tokens each output has already written, never the prompt's (the
+    field repetition_penalty of --config, default 1.2; 1 = off)."""
     from privret.data.beir import load_corpus
     from privret.privacy.ledger import PrivacyLedger
     from privret.settings.synthesis import DocumentChoice, GenerateConfig
