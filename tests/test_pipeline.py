@@ -953,3 +953,21 @@ def test_a_synthetic_set_of_the_private_queries_themselves_scores_mauve_1(small_
     (small_run_dir / "eps-inf" / "mauve.json").unlink()
     run_pipeline(small_config, small_run_dir)
     assert _mauve_in_summary(small_run_dir)["eps-inf"] == pytest.approx(1.0)
+
+
+def test_synthetic_fingerprint_names_the_repetition_penalty_only_when_on(tmp_path):
+    """A synthetic set recorded before the penalty existed (no field: sampled without one) matches a config with
+    penalty 1 and is stale under any other penalty, the default 1.2 included."""
+    from privret.pipeline.stages import first_difference, plan_stages
+
+    def fingerprint(penalty):
+        cfg = PipelineConfig(name="x", dataset=tmp_path, epsilons=[8.0],
+                             generate=GenerateConfig(repetition_penalty=penalty))
+        plan = plan_stages(cfg, tmp_path / "run", data_hash="h", evaluation="e", corpus="c", few_shot=None)
+        return plan.stages["eps-8/synthetic"].fingerprint
+
+    recorded_before = fingerprint(1.0)
+    assert "repetition_penalty" not in recorded_before["generate"]
+    assert first_difference(recorded_before, fingerprint(1.0)) is None
+    assert first_difference(recorded_before, fingerprint(1.2)) == ("generate.repetition_penalty", "<absent>", 1.2)
+    assert GenerateConfig().repetition_penalty == 1.2

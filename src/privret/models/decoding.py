@@ -1,17 +1,15 @@
 """Nucleus sampling from a causal LM that drops each row from the batch as soon as its answer is settled.
 
-``transformers``' ``generate`` keeps a finished row until every row is done. Here a row leaves the batch, its keys
-and values with it (``DynamicCache.batch_select_indices``), once it has sampled the end-of-text token or once
-``settled`` says no further token can change what the caller keeps, so each step runs only the rows still going.
-The draws are those of ``generate(do_sample=True)``: softmax(top-p(logits / temperature)) (``transformers``'
-warpers, ``top_k`` off), ``torch.multinomial`` over a full ``[rows, vocabulary]`` table in which a row that has
-left keeps its last distribution, so each step consumes ``generate``'s random numbers and, with the same seed and
-logits, every row gets ``generate``'s tokens until it leaves (a smaller batch's logits may differ by float
-rounding, which can move a draw now and then; the distributions are unchanged). A repetition penalty r >= 1 (CTRL:
-A Conditional Transformer Language Model for Controllable Generation, Keskar, McCann, Varshney, Xiong and Socher)
-comes first: for each token the row has sampled (its output only; the prompt's examples and document are never
-penalised, so queries may keep the document's words) a positive logit l becomes l / r, a negative one l * r
-(``transformers``' ``RepetitionPenaltyLogitsProcessor`` on the output tokens); r = 1 skips it.
+Unlike ``transformers``' ``generate``, a row leaves the batch (its keys and values with it,
+``DynamicCache.batch_select_indices``) once it has sampled end-of-text or once ``settled`` says no further token
+can change what the caller keeps. The draws are ``generate(do_sample=True)``'s: softmax(top-p(logits /
+temperature)), ``torch.multinomial`` over a full ``[rows, vocabulary]`` table in which a row that has left keeps
+its last distribution, so with the same seed and logits every row gets ``generate``'s tokens until it leaves (a
+smaller batch's logits may differ by float rounding; the distributions are unchanged). A repetition penalty r >= 1
+(Keskar et al., "CTRL: A Conditional Transformer Language Model for Controllable Generation") comes first: for
+each token the row has sampled (its output only; the prompt is never penalised, so queries may keep the
+document's words) a positive logit l becomes l / r, a negative one l * r (``transformers``'
+``RepetitionPenaltyLogitsProcessor`` on the output tokens); r = 1 skips it.
 """
 
 from __future__ import annotations

@@ -226,7 +226,7 @@ def _synthetic_row(plan: StagePlan, row: str, generator: Stage, cfg: PipelineCon
     ``data``: what the synthetic set's fingerprint adds about the private data (nothing for a public row);
     ``corpus``: the hash of the corpus the filter searches.
     """
-    synthetic = plan.add(f"{row}/{SYNTHETIC}", {"generate": cfg.generate.model_dump(mode="json"), **data},
+    synthetic = plan.add(f"{row}/{SYNTHETIC}", {"generate": cfg.generate.recorded(), **data},
                          after=(generator, plan.documents))
     retriever = {"retriever": cfg.retriever.model_dump(mode="json")}
     label = PUBLIC_ROWS[row] if epsilon is None else f"DP synthetic (epsilon={format_epsilon(epsilon)})"
