@@ -9,8 +9,7 @@ run's joint privacy cost; :mod:`~privret.run_layout` names what is where. Layout
     eps-<e>/{generator,synthetic,retriever}/        a DP synthetic row (and -filtered, -selected variants)
     public-prompted/, public-pairs/                 the rows without private data (epsilon 0), the same layout
     direct-<method>-eps-<e>/retriever/              direct DP training on the original pairs (and -selected)
-    <row>/metrics.json, <row>/per_query.json        each row's test metrics, and per test query (for the CI)
-    <row>/mauve.json                                a synthetic set's MAUVE against the private queries (not DP)
+    <row>/metrics.json, per_query.json, mauve.json  test metrics, per test query (for the CI); MAUVE (not DP)
     <output>/stage.json, <row>/metrics.stage.json   each stage's fingerprint
     summary.json, summary.md, budget.json           the table (Carranza et al., Table 3 layout) and the joint cost
     cache/embeddings/<key>.npy                      the public zero-shot encoder's corpus embeddings
