@@ -55,7 +55,9 @@ class CanaryAuditConfig(BaseModel):
     repetitions: list[int] = Field(default_factory=lambda: [1, 10, 100], min_length=1)
     candidates: int = Field(100, ge=2, le=100_000)
     samples: int = Field(10, gt=0, description="queries sampled per canary document for 'leaked'")
-    top_p: float = Field(0.8, gt=0, le=1)
+    top_p: float = Field(0.8, gt=0, le=1, description="nucleus sampling for 'leaked', with no repetition penalty: "
+                                                      "the synthesis default's penalty would hold back a secret's "
+                                                      "repeated digits, so the audit samples without it")
     subsample: int | None = Field(None, gt=0, description="private pairs kept (uniform, seeded); None = all")
     alpha: float = Field(0.05, gt=0, lt=1, description="confidence of the epsilon lower bound is 1 - alpha")
     seed: int = 0
