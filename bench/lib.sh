@@ -1,4 +1,4 @@
-# Shell helpers of bench/direct_regimes.sh and bench/dp_choice_rows.sh (sourced, not run; reproduces no table itself).
+# Shell helpers of the bench scripts (sourced, not run; reproduces no table itself).
 # Each script sets P, the privret command.
 
 # evaluate_once MODEL DATA SPLIT OUT [privret evaluate retrieval options...]
