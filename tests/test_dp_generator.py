@@ -20,6 +20,32 @@ from privret.settings.training import GeneratorTrainConfig
 
 torch.set_num_threads(1)
 
+def test_top_layer_loss_with_a_shared_few_shot_prefix_matches_full_model(tiny_llama_dir, monkeypatch):
+    """The frozen layers' output of the few-shot prompts, their common start computed once: each example's loss
+    is the full model's, and the start is really shared (prepare runs it once, batch 1)."""
+    from privret.models import causal_generator
+
+    gen = load_generator(str(tiny_llama_dir), trained_layers=1, bf16=False)
+    gen.examples = [(GENERATOR_DOCS[2], GENERATOR_QUERIES[2]), (GENERATOR_DOCS[3], GENERATOR_QUERIES[3])]
+    ex = [gen.example(GENERATOR_DOCS[0], GENERATOR_QUERIES[0]), gen.example(GENERATOR_DOCS[1], GENERATOR_QUERIES[6])]
+    shared = causal_generator.shared_prefix_length([e.prompt_ids for e in ex])
+    assert shared > 20
+    widths = []
+    real_pad = causal_generator.right_pad
+    monkeypatch.setattr(causal_generator, "right_pad", lambda rows, pad: widths.append(len(rows[0])) or
+                        real_pad(rows, pad))
+    batch = gen.collate(gen.prepare(ex))
+    assert widths[0] == len(ex[0].prompt_ids) + len(ex[0].target_ids) - shared  # only its own tokens ran
+    with torch.no_grad():
+        cached = gen.loss_module()(**batch)
+        for row, e in enumerate(ex):
+            ids = torch.tensor([e.prompt_ids + e.target_ids])
+            logits = gen.model(input_ids=ids).logits[0]
+            n = len(e.prompt_ids)
+            reference = torch.nn.functional.cross_entropy(logits[n - 1:-1], torch.tensor(e.target_ids))
+            assert cached[row].item() == pytest.approx(reference.item(), rel=1e-5)
+
+
 @pytest.fixture(params=["lora", "full"])
 def tiny_setup(tiny_llama_dir, request):
     gen = load_generator(str(tiny_llama_dir), trained_layers=1, bf16=False)

@@ -10,11 +10,13 @@ batch once its first line is written (:mod:`privret.models.decoding`).
 
 Speed (models with ``model.layers``): with ``trained_layers = k`` only the top ``k`` decoder layers are
 trained (LoRA or full). The frozen lower layers are a fixed function of the input, so their output is
-computed once per example and cached (:meth:`CausalQueryGenerator.prepare`); each step then runs only the
-top layers, and the LM head only at the positions that predict query tokens.
+computed once per example and cached (:meth:`CausalQueryGenerator.prepare`, the prompts' common start once for
+all); each step then runs only the top layers, and the LM head only at the positions that predict query tokens.
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import torch
 import torch.nn.functional as F
@@ -22,6 +24,7 @@ from torch import nn
 
 from privret.models.decoding import sample_rows, sentence_settled
 from privret.models.prompt_batch import PromptBatch, left_pad_after_prefix, shared_prefix_length
+from privret.models.shared_prefix import attending_to_prefix
 from privret.models.query_generator import Example, QueryGenerator, first_line_settled, right_pad, without_dropout
 
 INSTRUCTION = "Write a short search query that this document answers."
@@ -130,36 +133,59 @@ class CausalQueryGenerator(QueryGenerator):
             n_prompt = len(ex.prompt_ids)
             items.append({"input_ids": ids, "predict_positions": torch.arange(n_prompt - 1, len(ids) - 1),
                           "target_ids": torch.tensor(ex.target_ids)})
-        if not self._layered:
+        if not self._layered or not items:
             return items
-        # Cache the input of the first trained layer: the frozen lower layers never change.
+        # Cache the input of the first trained layer: the frozen lower layers never change. The prompts' common
+        # start (instruction and few-shot examples) is computed once; each example then runs only its own tokens,
+        # attending to that start's keys and values (privret.models.shared_prefix).
         base = self._base()
-        start = self.first_trained_layer
+        shared = shared_prefix_length([ex.prompt_ids for ex in examples])
+        with self._frozen_layers_output(base) as frozen:
+            prefix_hidden, prefix_cache = frozen(items[0]["input_ids"][None, :shared]) if shared else (None, None)
+            reading = attending_to_prefix(base, prefix_cache) if shared else contextlib.nullcontext()
+            with reading:
+                for lo in range(0, len(items), batch_size):
+                    chunk = items[lo: lo + batch_size]
+                    ids, mask = right_pad([c["input_ids"][shared:] for c in chunk], self.tokenizer.pad_token_id)
+                    hidden, _ = frozen(ids, mask, first_position=shared)
+                    for row, c in enumerate(chunk):
+                        own = hidden[row, : len(c["input_ids"]) - shared]
+                        c["hidden"] = own.clone() if prefix_hidden is None else torch.cat([prefix_hidden[0], own])
+                    if progress is not None:
+                        progress(len(chunk))
+        return items
+
+    @contextlib.contextmanager
+    def _frozen_layers_output(self, base):
+        """While active, a function of ``(ids[, mask], first_position=0)`` returning (the input of the first
+        trained layer for those tokens, at positions counted from ``first_position``, on the CPU; the cache of
+        the frozen layers' keys and values the forward filled)."""
         captured: list[torch.Tensor] = []
 
         def grab(_module, args, kwargs):
             captured.append(args[0] if args else kwargs["hidden_states"])
             raise _StopForward
 
-        handle = base.model.layers[start].register_forward_pre_hook(grab, with_kwargs=True)
+        def run(ids: torch.Tensor, mask: torch.Tensor | None = None, first_position: int = 0):
+            from transformers import DynamicCache
+
+            captured.clear()
+            cache = DynamicCache()
+            positions = torch.arange(first_position, first_position + ids.shape[1]).expand(ids.shape[0], -1)
+            with self.autocast():
+                try:
+                    base.model(input_ids=ids.to(self.device), position_ids=positions.to(self.device),
+                               attention_mask=None if mask is None else mask.to(self.device),
+                               past_key_values=cache, use_cache=True)
+                except _StopForward:
+                    pass
+            return captured[0].to(torch.bfloat16 if self.bf16 else torch.float32).cpu(), cache
+
+        handle = base.model.layers[self.first_trained_layer].register_forward_pre_hook(grab, with_kwargs=True)
         try:
-            for lo in range(0, len(items), batch_size):
-                chunk = items[lo: lo + batch_size]
-                ids, mask = right_pad([c["input_ids"] for c in chunk], self.tokenizer.pad_token_id)
-                captured.clear()
-                with self.autocast():
-                    try:
-                        base.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device))
-                    except _StopForward:
-                        pass
-                hidden = captured[0].to(torch.bfloat16 if self.bf16 else torch.float32).cpu()
-                for row, c in enumerate(chunk):
-                    c["hidden"] = hidden[row, : len(c["input_ids"])].clone()
-                if progress is not None:
-                    progress(len(chunk))
+            yield run
         finally:
             handle.remove()
-        return items
 
     def collate(self, items):
         pad = self.tokenizer.pad_token_id
