@@ -11,9 +11,10 @@ mkdir -p "$work"
 P=.venv/bin/privret
 source bench/lib.sh
 D=../shared/data/scifact
-# the settings these rows were measured with: DP fine-tuning from the plain pretrained model, whole first lines kept
+# the settings these rows were measured with: DP fine-tuning from the plain pretrained model, whole first lines kept,
+# no repetition penalty
 printf 'start: pretrained\n' > "$work/generator-measured.yaml"
-printf 'first_sentence: false\ndrop_degenerate: false\n' > "$work/generate-measured.yaml"
+printf 'first_sentence: false\ndrop_degenerate: false\nrepetition_penalty: 1\n' > "$work/generate-measured.yaml"
 ev() { evaluate_once "$1" "$D" test "$2" --no-bf16; }  # $1 model, $2 out dir; float32 as the headline file
 choose() {  # $1 candidate, $2 output, $3 weights: the DP choice (epsilon 1), then the candidate and the choice on test
   [ -d "$2" ] || $P retriever select --data $D --split train --candidate "$1" --weights "$3" --epsilon 1 \

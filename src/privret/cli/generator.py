@@ -113,8 +113,8 @@ def generator_train(
     f"{DEFAULT['epochs']:g} epochs ({math.ceil(DEFAULT['epochs'] * SCIFACT_UNITS / DEFAULT['batch_size'])} steps "
     f"on SciFact's {SCIFACT_UNITS} units), C = {DEFAULT['clip_norm']:g}, the "
     f"{DEFAULT['accountant'].upper()} accountant. It starts from the prompted generator: public examples in every "
-    "prompt, in training and sampling (--public-examples, else three generic ones); the measured SciFact rows started "
-    "from the plain model (start: pretrained in --config). Rarely changed settings come from --config."))
+    "prompt, in training and sampling (--public-examples, else three generic ones; start: pretrained in --config for "
+    "the zero-shot prompt). Rarely changed settings come from --config."))
 @device_option
 def generator_train_dp(
     out_dir: OutOpt,
