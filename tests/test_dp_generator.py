@@ -20,6 +20,18 @@ from privret.settings.training import GeneratorTrainConfig
 
 torch.set_num_threads(1)
 
+def _assert_cached_losses_are_the_full_models(gen, ex, batch) -> None:
+    """Each example's loss from the cached frozen layers equals the whole model's on its prompt and query."""
+    with torch.no_grad():
+        cached = gen.loss_module()(**batch)
+        for row, e in enumerate(ex):
+            ids = torch.tensor([e.prompt_ids + e.target_ids])
+            logits = gen.model(input_ids=ids).logits[0]
+            n = len(e.prompt_ids)
+            reference = torch.nn.functional.cross_entropy(logits[n - 1:-1], torch.tensor(e.target_ids))
+            assert cached[row].item() == pytest.approx(reference.item(), rel=1e-5)
+
+
 def test_top_layer_loss_with_a_shared_few_shot_prefix_matches_full_model(tiny_llama_dir, monkeypatch):
     """The frozen layers' output of the few-shot prompts, their common start computed once: each example's loss
     is the full model's, and the start is really shared (prepare runs it once, batch 1)."""
@@ -36,14 +48,7 @@ def test_top_layer_loss_with_a_shared_few_shot_prefix_matches_full_model(tiny_ll
                         real_pad(rows, pad))
     batch = gen.collate(gen.prepare(ex))
     assert widths[0] == len(ex[0].prompt_ids) + len(ex[0].target_ids) - shared  # only its own tokens ran
-    with torch.no_grad():
-        cached = gen.loss_module()(**batch)
-        for row, e in enumerate(ex):
-            ids = torch.tensor([e.prompt_ids + e.target_ids])
-            logits = gen.model(input_ids=ids).logits[0]
-            n = len(e.prompt_ids)
-            reference = torch.nn.functional.cross_entropy(logits[n - 1:-1], torch.tensor(e.target_ids))
-            assert cached[row].item() == pytest.approx(reference.item(), rel=1e-5)
+    _assert_cached_losses_are_the_full_models(gen, ex, batch)
 
 
 @pytest.fixture(params=["lora", "full"])
@@ -59,14 +64,7 @@ def test_top_layer_loss_matches_full_model(tiny_llama_dir):
     gen = load_generator(str(tiny_llama_dir), trained_layers=1, bf16=False)
     ex = [gen.example(GENERATOR_DOCS[0], GENERATOR_QUERIES[0]), gen.example(GENERATOR_DOCS[1], GENERATOR_QUERIES[6])]
     batch = gen.collate(gen.prepare(ex))
-    with torch.no_grad():
-        cached = gen.loss_module()(**batch)
-        for row, e in enumerate(ex):
-            ids = torch.tensor([e.prompt_ids + e.target_ids])
-            logits = gen.model(input_ids=ids).logits[0]
-            n = len(e.prompt_ids)
-            reference = torch.nn.functional.cross_entropy(logits[n - 1:-1], torch.tensor(e.target_ids))
-            assert cached[row].item() == pytest.approx(reference.item(), rel=1e-5)
+    _assert_cached_losses_are_the_full_models(gen, ex, batch)
 
 
 def brute_force_clipped_sum(gen, pairs, items, units, chosen, clip_norm):
